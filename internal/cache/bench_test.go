@@ -1,0 +1,78 @@
+package cache
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// BenchmarkCacheHit measures the whole hit path of one query: parse the
+// client's packet, look it up, write the answer. It must not allocate.
+func BenchmarkCacheHit(b *testing.B) {
+	c := New(Config{})
+	raw, q := query(b, "svc-1.default.svc.cluster.local.", dns.TypeA, 1232, false)
+	e, err := Build(answer(b, "svc-1.default.svc.cluster.local.", dns.TypeA, 0, []string{"svc-1.default.svc.cluster.local. 30 IN A 10.96.0.10"}, nil, true), q, clusterP, 0, t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.Put(e)
+	out := make([]byte, 0, 1232)
+	var pq wire.Query
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := wire.ParseQuery(raw, &pq); err != nil {
+			b.Fatal(err)
+		}
+		hit := c.Get(&pq, t0)
+		if hit == nil {
+			b.Fatal("miss")
+		}
+		out = hit.Write(out[:0], &pq, t0, 1232, 1232)
+	}
+}
+
+// BenchmarkCacheHitParallel is the same with every core hitting 20 names.
+func BenchmarkCacheHitParallel(b *testing.B) {
+	c := New(Config{})
+	var raws [][]byte
+	for i := 0; i < 20; i++ {
+		name := fmt.Sprintf("name-%d.example.", i)
+		raw, q := query(b, name, dns.TypeA, 1232, false)
+		e, _ := Build(answer(b, name, dns.TypeA, 0, []string{name + " 300 IN A 192.0.2.1"}, nil, true), q, externalP, 0, t0)
+		c.Put(e)
+		raws = append(raws, raw)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		out := make([]byte, 0, 1232)
+		var pq wire.Query
+		i := 0
+		for pb.Next() {
+			_ = wire.ParseQuery(raws[i%len(raws)], &pq)
+			if hit := c.Get(&pq, t0); hit != nil {
+				out = hit.Write(out[:0], &pq, t0, 1232, 1232)
+			}
+			i++
+		}
+	})
+}
+
+// BenchmarkEntryBytes reports the memory accounted per typical entry.
+func BenchmarkEntryBytes(b *testing.B) {
+	c := New(Config{SuccessCapacity: 1 << 30})
+	for i := 0; i < b.N; i++ {
+		name := fmt.Sprintf("host-%d.example.", i)
+		_, q := query(b, name, dns.TypeA, 0, false)
+		e, _ := Build(answer(b, name, dns.TypeA, 0, []string{name + " 300 IN A 192.0.2.1"}, nil, false), q, externalP, 0, t0)
+		c.Put(e)
+	}
+	st := c.Stats()
+	if st.Entries[Success] > 0 {
+		b.ReportMetric(float64(st.Bytes)/float64(st.Entries[Success]), "bytes/entry")
+	}
+}

@@ -1,0 +1,298 @@
+package cache
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// Config sizes a Cache.
+type Config struct {
+	// SuccessCapacity and DenialCapacity bound the number of entries of
+	// each kind (SERVFAIL entries count as denials). Defaults are the stock
+	// node-local-dns': 9984 each.
+	SuccessCapacity int
+	DenialCapacity  int
+	// MaxBytes bounds the memory held by entries (see Entry.size); 0 means
+	// no byte bound.
+	MaxBytes int64
+	// Shards is the number of independently locked LRU lists, a power of
+	// two; 0 picks a default.
+	Shards int
+}
+
+// defaultShards: enough that two to eight serving goroutines rarely meet on
+// one lock, few enough that per-shard capacities stay large (9984 / 64 =
+// 156 entries per shard, so LRU order is still meaningful).
+const defaultShards = 64
+
+// evictScan is how many entries from the LRU tail are looked at for an
+// expired one before the tail itself is evicted.
+const evictScan = 8
+
+// Cache is a sharded LRU of answers keyed by the question (lower-cased
+// name, type, class, DO and CD bits). It is safe for concurrent use.
+type Cache struct {
+	shards []shard
+	mask   uint64
+	flight Flight
+	// gauges, kept exactly on every insert and removal.
+	entries [numKinds]atomic.Int64
+	bytes   atomic.Int64
+}
+
+type shard struct {
+	mu    sync.Mutex
+	items map[uint64]*Entry
+	// lru[k] is a circular list per kind (head.next is the most recent).
+	lru      [numKinds]Entry
+	count    [numKinds]int
+	bytes    int64
+	capacity [numKinds]int
+	maxBytes int64
+	stats    shardStats
+	_        [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+type shardStats struct {
+	hits      [numKinds]uint64
+	misses    uint64
+	inserts   uint64
+	evictions uint64
+}
+
+// New returns an empty cache.
+func New(cfg Config) *Cache {
+	n := cfg.Shards
+	if n <= 0 {
+		n = defaultShards
+	}
+	for n&(n-1) != 0 {
+		n++
+	}
+	if cfg.SuccessCapacity <= 0 {
+		cfg.SuccessCapacity = 9984
+	}
+	if cfg.DenialCapacity <= 0 {
+		cfg.DenialCapacity = 9984
+	}
+	c := &Cache{shards: make([]shard, n), mask: uint64(n - 1)}
+	per := func(total int) int { return max(1, (total+n-1)/n) }
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.items = make(map[uint64]*Entry)
+		for k := range s.lru {
+			s.lru[k].next, s.lru[k].prev = &s.lru[k], &s.lru[k]
+		}
+		s.capacity[Success] = per(cfg.SuccessCapacity)
+		s.capacity[Denial] = per(cfg.DenialCapacity)
+		// SERVFAIL entries are few and short-lived; they share the denial
+		// budget so an upstream outage cannot grow the cache.
+		s.capacity[ServFail] = max(1, s.capacity[Denial]/4)
+		if cfg.MaxBytes > 0 {
+			s.maxBytes = max(1, cfg.MaxBytes/int64(n))
+		}
+	}
+	return c
+}
+
+// Flight returns the cache's miss coalescer.
+func (c *Cache) Flight() *Flight { return &c.flight }
+
+// Get returns the fresh entry answering q at now (unix ns), or nil. An
+// expired entry is removed. The returned entry is immutable and may be used
+// after Get returns. Hits and misses are counted.
+func (c *Cache) Get(q *wire.Query, now int64) *Entry { return c.get(q, now, true) }
+
+// Peek is Get without counting a hit or miss or touching the LRU order.
+func (c *Cache) Peek(q *wire.Query, now int64) *Entry { return c.get(q, now, false) }
+
+func (c *Cache) get(q *wire.Query, now int64, count bool) *Entry {
+	flags := keyFlags(q)
+	h := hashQuestion(q.Name, q.Type, q.Class, flags)
+	s := &c.shards[h&c.mask]
+	s.mu.Lock()
+	e := s.items[h]
+	if e == nil || !e.matches(q, flags) {
+		if count {
+			s.stats.misses++
+		}
+		s.mu.Unlock()
+		return nil
+	}
+	if e.Expired(now) {
+		c.remove(s, e)
+		if count {
+			s.stats.misses++
+		}
+		s.mu.Unlock()
+		return nil
+	}
+	if count {
+		s.moveToFront(e)
+		s.stats.hits[e.kind]++
+	}
+	s.mu.Unlock()
+	return e
+}
+
+// Put stores e, replacing any entry for the same question, and evicts
+// least recently used entries (expired ones first) to stay within the
+// capacities. Uncacheable entries are ignored. It reports whether e was
+// stored.
+func (c *Cache) Put(e *Entry) bool {
+	if e.kind >= numKinds || e.expires <= e.stored {
+		return false
+	}
+	s := &c.shards[e.hash&c.mask]
+	size := e.size()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.maxBytes > 0 && size > s.maxBytes {
+		return false
+	}
+	if old := s.items[e.hash]; old != nil {
+		c.remove(s, old)
+	}
+	for s.count[e.kind] >= s.capacity[e.kind] {
+		c.evict(s, e.kind, e.stored)
+	}
+	for s.maxBytes > 0 && s.bytes+size > s.maxBytes {
+		k := s.largestKind()
+		if k >= numKinds {
+			break
+		}
+		c.evict(s, k, e.stored)
+	}
+	s.items[e.hash] = e
+	s.pushFront(e)
+	s.count[e.kind]++
+	s.bytes += size
+	s.stats.inserts++
+	c.entries[e.kind].Add(1)
+	c.bytes.Add(size)
+	return true
+}
+
+// evict removes one entry of kind k: an expired one near the LRU tail if
+// there is one, else the tail.
+func (c *Cache) evict(s *shard, k Kind, now int64) {
+	head := &s.lru[k]
+	victim := head.prev
+	if victim == head {
+		return
+	}
+	for i, e := 0, head.prev; i < evictScan && e != head; i, e = i+1, e.prev {
+		if e.Expired(now) {
+			victim = e
+			break
+		}
+	}
+	c.remove(s, victim)
+	s.stats.evictions++
+}
+
+// largestKind picks the list to evict from under byte pressure: the kind
+// holding most entries.
+func (s *shard) largestKind() Kind {
+	best, n := numKinds, 0
+	for k := Kind(0); k < numKinds; k++ {
+		if s.count[k] > n {
+			best, n = k, s.count[k]
+		}
+	}
+	return best
+}
+
+func (c *Cache) remove(s *shard, e *Entry) {
+	delete(s.items, e.hash)
+	e.prev.next = e.next
+	e.next.prev = e.prev
+	e.prev, e.next = nil, nil
+	s.count[e.kind]--
+	size := e.size()
+	s.bytes -= size
+	c.entries[e.kind].Add(-1)
+	c.bytes.Add(-size)
+}
+
+func (s *shard) pushFront(e *Entry) {
+	head := &s.lru[e.kind]
+	e.prev = head
+	e.next = head.next
+	head.next.prev = e
+	head.next = e
+}
+
+func (s *shard) moveToFront(e *Entry) {
+	head := &s.lru[e.kind]
+	if head.next == e {
+		return
+	}
+	e.prev.next = e.next
+	e.next.prev = e.prev
+	e.prev = head
+	e.next = head.next
+	head.next.prev = e
+	head.next = e
+}
+
+// Stats is a snapshot of the cache's counters and gauges.
+type Stats struct {
+	Hits      [numKinds]uint64 // by Kind
+	Misses    uint64
+	Inserts   uint64
+	Evictions uint64
+	Entries   [numKinds]int64 // by Kind
+	Bytes     int64
+}
+
+// Stats sums the per-shard counters. It takes each shard lock briefly; call
+// it from a metrics scrape, not per query.
+func (c *Cache) Stats() Stats {
+	var st Stats
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		for k := range st.Hits {
+			st.Hits[k] += s.stats.hits[k]
+		}
+		st.Misses += s.stats.misses
+		st.Inserts += s.stats.inserts
+		st.Evictions += s.stats.evictions
+		s.mu.Unlock()
+	}
+	for k := range st.Entries {
+		st.Entries[k] = c.entries[k].Load()
+	}
+	st.Bytes = c.bytes.Load()
+	return st
+}
+
+// Kinds lists the kinds that are stored, for metrics labels.
+func Kinds() []Kind { return []Kind{Success, Denial, ServFail} }
+
+// hashQuestion is FNV-1a over the lower-cased name, type, class and key
+// flags. Collisions are harmless: Get compares the stored question.
+func hashQuestion(name []byte, qtype, qclass uint16, flags uint8) uint64 {
+	const (
+		offset = 14695981039346656037
+		prime  = 1099511628211
+	)
+	h := uint64(offset)
+	for _, c := range name {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		h ^= uint64(c)
+		h *= prime
+	}
+	h ^= uint64(qtype)
+	h *= prime
+	h ^= uint64(qclass)
+	h *= prime
+	h ^= uint64(flags)
+	h *= prime
+	return h
+}

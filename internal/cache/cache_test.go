@@ -1,0 +1,148 @@
+package cache
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+func TestCapacityEvictsLRU(t *testing.T) {
+	c := New(Config{SuccessCapacity: 4, DenialCapacity: 4, Shards: 1})
+	put := func(name string) {
+		_, q := query(t, name, dns.TypeA, 0, false)
+		e, err := Build(answer(t, name, dns.TypeA, 0, []string{name + " 30 IN A 1.1.1.1"}, nil, false), q, externalP, 0, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Put(e)
+	}
+	get := func(name string) bool {
+		_, q := query(t, name, dns.TypeA, 0, false)
+		return c.Get(q, t0) != nil
+	}
+	for i := 0; i < 4; i++ {
+		put(fmt.Sprintf("n%d.example.", i))
+	}
+	get("n0.example.") // n0 is now the most recent; n1 the least
+	put("n4.example.")
+	if get("n1.example.") {
+		t.Fatal("least recently used entry survived")
+	}
+	for _, n := range []string{"n0", "n2", "n3", "n4"} {
+		if !get(n + ".example.") {
+			t.Fatalf("%s evicted", n)
+		}
+	}
+	st := c.Stats()
+	if st.Entries[Success] != 4 || st.Evictions != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestEvictsExpiredFirst(t *testing.T) {
+	c := New(Config{SuccessCapacity: 3, Shards: 1})
+	add := func(name string, ttl int, now int64) {
+		_, q := query(t, name, dns.TypeA, 0, false)
+		e, _ := Build(answer(t, name, dns.TypeA, 0, []string{fmt.Sprintf("%s %d IN A 1.1.1.1", name, ttl)}, nil, false), q, externalP, 0, now)
+		c.Put(e)
+	}
+	add("old.example.", 30, t0)
+	add("short.example.", 1, t0)
+	add("new.example.", 30, t0)
+	later := t0 + int64(2*time.Second)
+	add("x.example.", 30, later)
+	_, q := query(t, "old.example.", dns.TypeA, 0, false)
+	if c.Get(q, later) == nil {
+		t.Fatal("the LRU entry was evicted although an expired one was there")
+	}
+}
+
+func TestByteBudget(t *testing.T) {
+	const budget = 1 << 20
+	c := New(Config{SuccessCapacity: 1 << 20, MaxBytes: budget, Shards: 4})
+	for i := 0; i < 20000; i++ {
+		name := fmt.Sprintf("host-%d.example.", i)
+		_, q := query(t, name, dns.TypeA, 0, false)
+		e, _ := Build(answer(t, name, dns.TypeA, 0, []string{name + " 30 IN A 1.1.1.1"}, nil, false), q, externalP, 0, t0)
+		c.Put(e)
+	}
+	st := c.Stats()
+	if st.Bytes > budget {
+		t.Fatalf("%d bytes held, budget %d", st.Bytes, budget)
+	}
+	if st.Evictions == 0 || st.Entries[Success] == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The gauges are exact: they equal the sum over what is stored.
+	var sum int64
+	var n int64
+	for i := range c.shards {
+		for _, e := range c.shards[i].items {
+			sum += e.size()
+			n++
+		}
+	}
+	if sum != st.Bytes || n != st.Entries[Success] {
+		t.Fatalf("gauges %d bytes/%d entries, actual %d/%d", st.Bytes, st.Entries[Success], sum, n)
+	}
+}
+
+func TestFlightCoalesces(t *testing.T) {
+	var f Flight
+	var calls atomic.Int32
+	release := make(chan struct{})
+	_, q := query(t, "a.example.", dns.TypeA, 0, false)
+	_, qUpper := query(t, "A.EXAMPLE.", dns.TypeA, 0, false)
+	want := &Entry{}
+	var wg sync.WaitGroup
+	var shared atomic.Int32
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		qq := q
+		if i%2 == 1 {
+			qq = qUpper
+		}
+		go func() {
+			defer wg.Done()
+			e, s, err := f.Do(qq, func() (*Entry, error) {
+				calls.Add(1)
+				<-release
+				return want, nil
+			})
+			if err != nil || e != want {
+				t.Errorf("got %v %v", e, err)
+			}
+			if s {
+				shared.Add(1)
+			}
+		}()
+	}
+	for deadline := time.Now().Add(5 * time.Second); f.InFlight() == 0 || calls.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no call started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Give the other 99 a chance to join before releasing; joining late is
+	// also fine (they would start a second call), so only count below.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		f.mu.Lock()
+		n := 0
+		for _, c := range f.calls {
+			n = c.dups
+		}
+		f.mu.Unlock()
+		if n == 99 {
+			break
+		}
+	}
+	close(release)
+	wg.Wait()
+	if calls.Load() != 1 || shared.Load() != 99 {
+		t.Fatalf("%d calls, %d shared; want 1 and 99", calls.Load(), shared.Load())
+	}
+}

@@ -1,0 +1,301 @@
+package cache
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// Kind is what an entry answers, for capacities, TTL caps and metrics.
+type Kind uint8
+
+// Kinds of entries.
+const (
+	// Success: NOERROR with records in the answer section.
+	Success Kind = iota
+	// Denial: NXDOMAIN, or NOERROR without answer records (NODATA), with
+	// an SOA in the authority section (RFC 2308).
+	Denial
+	// ServFail: a SERVFAIL from the upstream, kept only briefly.
+	ServFail
+	// Uncacheable answers are relayed to the client and never stored.
+	Uncacheable
+	numKinds = Uncacheable
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Success:
+		return "success"
+	case Denial:
+		return "denial"
+	case ServFail:
+		return "servfail"
+	}
+	return "uncacheable"
+}
+
+// Flag bits that are part of the cache key.
+const (
+	keyDO = 1 << 0
+	keyCD = 1 << 1
+)
+
+// ErrMismatch means the upstream answered a different question: such an
+// answer is neither cached nor relayed.
+var ErrMismatch = errors.New("cache: answer does not match the question")
+
+// ttlField records where a TTL is in Entry.msg and the value to count down
+// from (the received TTL, capped at the entry's lifetime).
+type ttlField struct {
+	off uint16
+	ttl uint32
+}
+
+// Entry is one cached answer: the upstream response as packed wire bytes
+// (question name lower-cased, OPT removed, AA and TC cleared), plus the
+// offsets of its TTL fields. Entries are immutable once built, so a reader
+// may use one after the shard lock is released.
+type Entry struct {
+	msg     []byte
+	ttls    []ttlField
+	nameLen uint16
+	qtype   uint16
+	qclass  uint16
+	flags   uint8
+	kind    Kind
+	rcode   uint8
+	hash    uint64
+	stored  int64 // unix nanoseconds
+	expires int64 // unix nanoseconds
+	// LRU links, owned by the shard lock.
+	prev, next *Entry
+}
+
+// Kind reports what the entry answers.
+func (e *Entry) Kind() Kind { return e.kind }
+
+// Rcode reports the entry's response code.
+func (e *Entry) Rcode() int { return int(e.rcode) }
+
+// TTL reports the entry's lifetime in the cache.
+func (e *Entry) TTL() time.Duration { return time.Duration(e.expires - e.stored) }
+
+// Expired reports whether the entry's lifetime is over at now (unix ns).
+func (e *Entry) Expired(now int64) bool { return now >= e.expires }
+
+// size is the memory the entry accounts for: its buffers plus the struct
+// and a map slot. The struct and map overhead is an estimate measured with
+// runtime.MemStats in TestMemoryBound.
+func (e *Entry) size() int64 {
+	return int64(cap(e.msg)) + int64(cap(e.ttls))*8 + entryOverhead
+}
+
+// entryOverhead is the Entry struct (~112 B), the map slot (~24 B) and
+// allocator rounding of the two buffers, rounded up.
+const entryOverhead = 192
+
+// Policy caps the lifetime of entries in one part of the name space.
+type Policy struct {
+	SuccessMax time.Duration // cap on positive answers
+	DenialMax  time.Duration // cap on NXDOMAIN / NODATA (RFC 2308 §5)
+	MinTTL     time.Duration // floor for both; 0 honours a TTL of 0 (not cached)
+}
+
+// Build makes an entry from the upstream response resp to the query q,
+// deciding its kind and lifetime. An answer to another question returns
+// ErrMismatch; a malformed one returns wire.ErrFormat. The returned entry
+// can always answer the client, even when its kind is Uncacheable.
+func Build(resp []byte, q *wire.Query, pol Policy, servfailTTL time.Duration, now int64) (*Entry, error) {
+	var a wire.Answer
+	if err := wire.ParseAnswer(resp, &a); err != nil {
+		return nil, err
+	}
+	if a.Flags&wire.FlagQR == 0 || a.Type != q.Type || a.Class != q.Class || !wire.EqualNameFold(a.Name, q.Name) {
+		return nil, ErrMismatch
+	}
+	// Records past the OPT (rare) are dropped with it: their compression
+	// pointers may point at names that would move.
+	end := a.End
+	_, an, ns, ar := wire.Counts(resp)
+	if a.OPTStart >= 0 {
+		end = a.OPTStart
+		ar = 0
+		for _, rr := range a.RRs {
+			if rr.Section == wire.SectionAdditional && rr.Start < a.OPTStart {
+				ar++
+			}
+		}
+	}
+	msg := make([]byte, end)
+	copy(msg, resp[:end])
+	wire.SetCounts(msg, 1, an, ns, ar)
+	// Store the question name lower-cased: hits write the client's case.
+	for i := wire.HeaderLen; i < wire.HeaderLen+len(a.Name); i++ {
+		if c := msg[i]; 'A' <= c && c <= 'Z' {
+			msg[i] = c + 'a' - 'A'
+		}
+	}
+	flags := a.Flags &^ (wire.FlagAA | wire.FlagTC)
+	wire.SetFlags(msg, flags)
+
+	e := &Entry{
+		msg:     msg,
+		nameLen: uint16(len(a.Name)),
+		qtype:   a.Type,
+		qclass:  a.Class,
+		flags:   keyFlags(q),
+		rcode:   uint8(a.Rcode4()),
+		stored:  now,
+	}
+	e.hash = hashQuestion(q.Name, q.Type, q.Class, e.flags)
+	e.kind, e.expires = classify(&a, pol, servfailTTL, now)
+	if a.Rcode > 0xF || a.Flags&wire.FlagTC != 0 || e.expires <= now {
+		// Extended rcodes live in the OPT we drop; a truncated answer is
+		// not the whole answer; a lifetime of 0 means do not cache.
+		e.kind = Uncacheable
+	}
+	life := uint32((e.expires - now) / int64(time.Second))
+	n := 0
+	for _, rr := range a.RRs {
+		if rr.Start < end {
+			n++
+		}
+	}
+	e.ttls = make([]ttlField, 0, n)
+	for _, rr := range a.RRs {
+		if rr.Start >= end {
+			continue
+		}
+		t := rr.TTL
+		if e.kind != Uncacheable && t > life {
+			t = life
+		}
+		e.ttls = append(e.ttls, ttlField{off: uint16(rr.TTLOff), ttl: t})
+	}
+	return e, nil
+}
+
+// classify decides the kind and the expiry time of an answer.
+func classify(a *wire.Answer, pol Policy, servfailTTL time.Duration, now int64) (Kind, int64) {
+	switch a.Rcode {
+	case wire.RcodeServFail:
+		if servfailTTL <= 0 {
+			return Uncacheable, now
+		}
+		return ServFail, now + int64(servfailTTL)
+	case wire.RcodeSuccess, wire.RcodeNXDomain:
+	default:
+		return Uncacheable, now
+	}
+	answers := 0
+	minTTL := uint32(0xFFFFFFFF)
+	var soa *wire.RR
+	for i := range a.RRs {
+		rr := &a.RRs[i]
+		switch rr.Section {
+		case wire.SectionAnswer:
+			answers++
+			minTTL = min(minTTL, rr.TTL)
+		case wire.SectionAuthority:
+			minTTL = min(minTTL, rr.TTL)
+			if rr.Type == wire.TypeSOA && soa == nil {
+				soa = rr
+			}
+		}
+	}
+	if a.Rcode == wire.RcodeSuccess && answers > 0 {
+		return Success, now + int64(clamp(time.Duration(minTTL)*time.Second, pol.MinTTL, pol.SuccessMax))
+	}
+	// NXDOMAIN or NODATA: the SOA says how long the denial holds
+	// (RFC 2308 §5: the lesser of its TTL and its MINIMUM field). Without
+	// one there is no stated lifetime, so the denial is not stored.
+	if soa == nil {
+		return Uncacheable, now
+	}
+	ttl := min(soa.TTL, soa.SOAMinimum)
+	return Denial, now + int64(clamp(time.Duration(ttl)*time.Second, pol.MinTTL, pol.DenialMax))
+}
+
+func clamp(d, lo, hi time.Duration) time.Duration {
+	if d > hi {
+		d = hi
+	}
+	if d < lo {
+		d = lo
+	}
+	return d
+}
+
+func keyFlags(q *wire.Query) uint8 {
+	var f uint8
+	if q.DO {
+		f |= keyDO
+	}
+	if q.CD() {
+		f |= keyCD
+	}
+	return f
+}
+
+// matches reports whether e answers the question of q (the guard against
+// hash collisions).
+func (e *Entry) matches(q *wire.Query, flags uint8) bool {
+	return e.qtype == q.Type && e.qclass == q.Class && e.flags == flags &&
+		int(e.nameLen) == len(q.Name) &&
+		wire.EqualNameFold(e.msg[wire.HeaderLen:wire.HeaderLen+int(e.nameLen)], q.Name)
+}
+
+// Write appends the answer for the client query q to dst and returns it.
+// It writes the client's ID, RD bit and qname case, the remaining TTLs at
+// now (unix ns), and the client's OPT (advertising ednsSize), and truncates
+// to maxSize with TC set when the answer does not fit: the truncated answer
+// keeps only the header, question and OPT, and the client retries over TCP.
+// It does not allocate when dst has room.
+func (e *Entry) Write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSize uint16) []byte {
+	start := len(dst)
+	dst = append(dst, e.msg...)
+	out := dst[start:]
+	wire.SetID(out, q.ID)
+	flags := wire.Flags(out)&^(wire.FlagRD|wire.FlagAD) | q.Flags&wire.FlagRD | wire.FlagRA
+	if q.DO || q.Flags&wire.FlagAD != 0 {
+		// RFC 6840 §5.8: AD only for clients that asked about DNSSEC.
+		flags |= wire.Flags(e.msg) & wire.FlagAD
+	}
+	wire.SetFlags(out, flags)
+	copy(out[wire.HeaderLen:], q.Name)
+	age := now - e.stored
+	if age < 0 {
+		age = 0
+	}
+	ageSec := uint32(age / int64(time.Second))
+	for _, f := range e.ttls {
+		t := uint32(0)
+		if f.ttl > ageSec {
+			t = f.ttl - ageSec
+		}
+		binary.BigEndian.PutUint32(out[f.off:], t)
+	}
+	if q.EDNS {
+		_, an, ns, ar := wire.Counts(out)
+		wire.SetCounts(out, 1, an, ns, ar+1)
+		dst = wire.AppendOPT(dst, ednsSize, q.DO, 0)
+		out = dst[start:]
+	}
+	if len(out) <= maxSize {
+		return dst
+	}
+	qEnd := wire.HeaderLen + int(e.nameLen) + 4
+	dst = dst[:start+qEnd]
+	out = dst[start:]
+	wire.SetFlags(out, wire.Flags(out)|wire.FlagTC)
+	if q.EDNS {
+		wire.SetCounts(out, 1, 0, 0, 1)
+		dst = wire.AppendOPT(dst, ednsSize, q.DO, 0)
+	} else {
+		wire.SetCounts(out, 1, 0, 0, 0)
+	}
+	return dst
+}

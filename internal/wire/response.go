@@ -1,0 +1,89 @@
+package wire
+
+import "encoding/binary"
+
+// OPTLen is the size of an OPT record without options.
+const OPTLen = 11
+
+// AppendOPT appends an OPT pseudo-record (RFC 6891 §6.1.2) advertising size,
+// with the DO bit and the upper 8 bits of an extended rcode.
+func AppendOPT(dst []byte, size uint16, do bool, rcode int) []byte {
+	var flags uint16
+	if do {
+		flags = 1 << 15
+	}
+	return append(dst,
+		0,          // root name
+		0, TypeOPT, // type
+		byte(size>>8), byte(size), // class: UDP payload size
+		byte(rcode>>4), 0, // extended rcode, version 0
+		byte(flags>>8), byte(flags),
+		0, 0, // rdlength
+	)
+}
+
+// AppendError appends an answer to the query in raw (parsed into q) that
+// carries rcode and no records: the question is echoed when it was read, the
+// client's RD and CD bits are kept, and an OPT is added when the client sent
+// one (or when rcode is BADVERS, which only exists in an OPT).
+func AppendError(dst, raw []byte, q *Query, rcode int, ednsSize uint16) []byte {
+	flags := uint16(FlagQR|FlagRA) | uint16(q.Opcode)<<opcodeShift | q.Flags&(FlagRD|FlagCD) | uint16(rcode&rcodeMask)
+	qd := uint16(0)
+	if q.HasQ {
+		qd = 1
+	}
+	ar := uint16(0)
+	withOPT := q.EDNS || rcode > 0xF
+	if withOPT {
+		ar = 1
+	}
+	dst = append(dst, byte(q.ID>>8), byte(q.ID), byte(flags>>8), byte(flags),
+		byte(qd>>8), byte(qd), 0, 0, 0, 0, byte(ar>>8), byte(ar))
+	if q.HasQ {
+		dst = append(dst, raw[HeaderLen:q.QEnd]...)
+	}
+	if withOPT {
+		dst = AppendOPT(dst, ednsSize, q.DO, rcode)
+	}
+	return dst
+}
+
+// AppendUpstreamQuery appends the query sent upstream for q: ID 0 (the
+// transport assigns one), RD set, the client's CD bit, the question with
+// the name lower-cased (so every client's spelling shares one cache entry
+// and one upstream query), and an OPT advertising size with the client's
+// DO bit.
+func AppendUpstreamQuery(dst []byte, q *Query, size uint16) []byte {
+	flags := uint16(FlagRD) | q.Flags&FlagCD
+	dst = append(dst, 0, 0, byte(flags>>8), byte(flags), 0, 1, 0, 0, 0, 0, 0, 1)
+	dst = AppendLower(dst, q.Name)
+	dst = binary.BigEndian.AppendUint16(dst, q.Type)
+	dst = binary.BigEndian.AppendUint16(dst, q.Class)
+	return AppendOPT(dst, size, q.DO, 0)
+}
+
+// SetID writes id into the header of b.
+func SetID(b []byte, id uint16) { binary.BigEndian.PutUint16(b[offID:], id) }
+
+// ID reads the header ID of b.
+func ID(b []byte) uint16 { return binary.BigEndian.Uint16(b[offID:]) }
+
+// Flags reads the header flags word of b.
+func Flags(b []byte) uint16 { return binary.BigEndian.Uint16(b[offFlags:]) }
+
+// SetFlags writes the header flags word of b.
+func SetFlags(b []byte, f uint16) { binary.BigEndian.PutUint16(b[offFlags:], f) }
+
+// Counts returns the four section counts of the header of b.
+func Counts(b []byte) (qd, an, ns, ar uint16) {
+	return binary.BigEndian.Uint16(b[offQDCount:]), binary.BigEndian.Uint16(b[offANCount:]),
+		binary.BigEndian.Uint16(b[offNSCount:]), binary.BigEndian.Uint16(b[offARCount:])
+}
+
+// SetCounts writes the four section counts into the header of b.
+func SetCounts(b []byte, qd, an, ns, ar uint16) {
+	binary.BigEndian.PutUint16(b[offQDCount:], qd)
+	binary.BigEndian.PutUint16(b[offANCount:], an)
+	binary.BigEndian.PutUint16(b[offNSCount:], ns)
+	binary.BigEndian.PutUint16(b[offARCount:], ar)
+}
