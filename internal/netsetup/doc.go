@@ -1,0 +1,81 @@
+// Package netsetup owns the node's network plumbing for the NodeLocal DNS
+// cache: the link that holds the local addresses, the iptables rules that let
+// DNS to and from those addresses skip conntrack and pass the host firewall,
+// the reconciler that keeps both in place, and the teardown that removes
+// exactly what was added.
+//
+// It must not serve DNS, must not import prometheus or any other internal
+// package of this module: it reports through the [Observer] interface and
+// logs through the injected [log/slog.Logger].
+//
+// # Lifecycle
+//
+//	s, err := netsetup.New(cfg)         // validates, touches nothing
+//	err = s.EnsureLink(ctx)             // before the DNS listeners bind
+//	... start listeners on cfg.Addrs ...
+//	err = s.EnsureRules(ctx)            // after the listeners are up
+//	go s.Run(ctx)                       // reconciler, returns when ctx is done
+//	... on exit, unless -skipteardown ...
+//	err = s.Teardown(deadlineCtx)       // rules first, then the link
+//
+// # Link
+//
+// EnsureLink creates a link of type dummy named [Config.InterfaceName], sets
+// it up and adds every address as /32 (IPv4) or /128 (IPv6, with IFA_F_NODAD
+// so the address is usable at once, without duplicate address detection).
+// If a link of that name already exists, of any type, it is adopted: it is
+// set up and the missing addresses are added. If the kernel has no dummy
+// link type, EnsureLink returns an error wrapping [ErrNoDummy]; the daemon can
+// run with -setupinterface=false and a link created by other means.
+//
+// # Rules
+//
+// For each local address IP, DNS port P and health port H (IPv4 through
+// iptables, IPv6 through ip6tables), inserted at position 1 so they come
+// before kube-proxy's rules, each with a comment naming nodelocaldns:
+//
+//	raw    PREROUTING  -d IP -p tcp|udp --dport P  -j NOTRACK
+//	filter INPUT       -d IP -p tcp|udp --dport P  -j ACCEPT
+//	raw    OUTPUT      -s IP -p tcp|udp --sport P  -j NOTRACK
+//	filter OUTPUT      -s IP -p tcp|udp --sport P  -j ACCEPT
+//	raw    OUTPUT      -d IP -p tcp|udp --dport P  -j NOTRACK   (host-network clients)
+//	raw    OUTPUT      -d IP -p tcp     --dport H  -j NOTRACK   (when H > 0)
+//	raw    OUTPUT      -s IP -p tcp     --sport H  -j NOTRACK   (when H > 0)
+//
+// EnsureRules is idempotent: a rule is inserted only after the exact rule
+// was checked (iptables -C) and found missing, and copies beyond the first
+// (left by an older daemon or a racing writer) are deleted, so after any
+// number of calls each rule exists exactly once. Every iptables call waits
+// for the xtables lock for at most [Config.LockWait].
+//
+// A rule carrying our comment and our exact specification is ours, whoever
+// inserted it: Teardown deletes every copy of each of our rules and nothing
+// else.
+//
+// # Backend
+//
+// With Backend "auto" the iptables backend (legacy or nft) is chosen the
+// way Kubernetes' iptables-wrappers chooses it: the side whose save output
+// holds kubelet's KUBE-IPTABLES-HINT or KUBE-KUBELET-CANARY chain (nft's
+// mangle table checked first, then all of legacy), else the side with more
+// rules, else nft. The choice is made once, on the first EnsureRules, logged
+// in one line and reported through [Observer.Backend].
+//
+// # Reconciler
+//
+// Run re-asserts the link, its addresses and (once EnsureRules has been
+// called) the rules every [Config.SyncInterval]. It also subscribes to
+// netlink link and address updates and repairs a deleted or downed link or a
+// removed address within about a second.
+//
+// # Teardown
+//
+// Teardown stops the reconciler's work, deletes the rules, then deletes the
+// link if this process created it, or otherwise removes only the addresses
+// this process added. It gives up when the context's deadline passes.
+//
+// # Errors counted
+//
+// Setup failures are reported through [Observer.SetupError] with the kinds
+// listed in [SetupErrorKinds], the names the stock node-cache uses.
+package netsetup

@@ -1,0 +1,217 @@
+package netsetup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/coreos/go-iptables/iptables"
+)
+
+// Setup error kinds, as the stock node-cache names them.
+const (
+	KindIPTables       = "iptables"        // an iptables check, insert or delete failed
+	KindIPTablesLock   = "iptables_lock"   // the xtables lock was held longer than LockWait
+	KindInterfaceAdd   = "interface_add"   // the link could not be created
+	KindInterfaceCheck = "interface_check" // the link could not be looked up, set up or given its addresses
+	KindConfigMap      = "configmap"       // not reported here; listed so the counter is complete
+)
+
+// SetupErrorKinds lists every kind [Observer.SetupError] may be called with
+// (plus "configmap", reported elsewhere), so a metric can start each at 0.
+var SetupErrorKinds = []string{KindIPTables, KindIPTablesLock, KindInterfaceAdd, KindInterfaceCheck, KindConfigMap}
+
+// Backend names.
+const (
+	BackendAuto   = "auto"
+	BackendLegacy = "legacy"
+	BackendNFT    = "nft"
+)
+
+// Defaults.
+const (
+	// DefaultInterfaceName is the link name the stock node-cache uses.
+	DefaultInterfaceName = "nodelocaldns"
+	// DefaultPort is the DNS port.
+	DefaultPort = 53
+	// DefaultSyncInterval is the stock node-cache's check interval: frequent
+	// enough that a flushed rule set is back within a minute, rare enough
+	// that a node with many DaemonSets does not queue on the xtables lock.
+	DefaultSyncInterval = 60 * time.Second
+	// DefaultLockWait bounds each iptables call's wait for the xtables lock.
+	// 5 s: kube-proxy's iptables-restore of a large ruleset holds the lock
+	// for a few seconds; longer would stall a reconcile pass behind it.
+	DefaultLockWait = 5 * time.Second
+)
+
+// maxIfNameLen is IFNAMSIZ (16) minus the terminating NUL.
+const maxIfNameLen = 15
+
+// ErrNoDummy is wrapped by EnsureLink's error when the kernel cannot create
+// a link of type dummy.
+var ErrNoDummy = errors.New("kernel has no dummy link type (CONFIG_DUMMY not built and module not loadable)")
+
+// ErrClosed is returned by EnsureLink and EnsureRules after Teardown.
+var ErrClosed = errors.New("netsetup: torn down")
+
+// Config says what to set up. The zero value of each field means its default.
+type Config struct {
+	InterfaceName  string        // link name, default "nodelocaldns"
+	Addrs          []netip.Addr  // every -localip; IPv4 and/or IPv6
+	Port           int           // DNS port, default 53
+	HealthPort     int           // health port (NOTRACK to and from it), 0 = none
+	SetupInterface bool          // -setupinterface: own the link and its addresses
+	SetupIPTables  bool          // -setupiptables: own the rules
+	Backend        string        // "auto" (default), "legacy" or "nft"
+	SyncInterval   time.Duration // reconcile period, default 60 s
+	LockWait       time.Duration // bound on waiting for the xtables lock, default 5 s, at least 1 s
+	Logger         *slog.Logger  // default slog.Default()
+	Observer       Observer      // may be nil
+}
+
+// Observer receives what an operator wants counted. Calls may come from any
+// goroutine; implementations must be safe for concurrent use.
+type Observer interface {
+	// SetupError counts one failure of the given kind (see SetupErrorKinds).
+	SetupError(kind string)
+	// Backend reports the iptables backend, "legacy" or "nft", once chosen.
+	Backend(name string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) SetupError(string) {}
+func (nopObserver) Backend(string)    {}
+
+// Setup owns the link and the rules described by a Config. Its methods are
+// safe for concurrent use; they are serialised internally.
+type Setup struct {
+	cfg   Config
+	log   *slog.Logger
+	obs   Observer
+	rules []Rule
+
+	// linkIndex is the index of our link, 0 if unknown; read by the netlink
+	// watcher without taking mu.
+	linkIndex atomic.Int32
+
+	// sem serialises the methods; a channel rather than a sync.Mutex so
+	// that waiting for it honours a context.
+	sem         chan struct{}
+	closed      bool                // Teardown has run
+	linkCreated bool                // we created the link (else adopted)
+	adopted     bool                // the adopted link was logged
+	addedAddrs  map[netip.Addr]bool // addresses we added to the link
+	rulesWanted bool                // EnsureRules has been called
+	backend     string              // chosen backend, "" until the first EnsureRules
+	tables      map[family]*iptables.IPTables
+}
+
+// New validates cfg, fills in defaults and returns a Setup. It touches
+// neither links nor rules.
+func New(cfg Config) (*Setup, error) {
+	if cfg.InterfaceName == "" {
+		cfg.InterfaceName = DefaultInterfaceName
+	}
+	if len(cfg.InterfaceName) > maxIfNameLen {
+		return nil, fmt.Errorf("netsetup: interface name %q longer than %d bytes", cfg.InterfaceName, maxIfNameLen)
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultPort
+	}
+	if cfg.Port < 1 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("netsetup: port %d out of range", cfg.Port)
+	}
+	if cfg.HealthPort < 0 || cfg.HealthPort > 65535 {
+		return nil, fmt.Errorf("netsetup: health port %d out of range", cfg.HealthPort)
+	}
+	switch cfg.Backend {
+	case "":
+		cfg.Backend = BackendAuto
+	case BackendAuto, BackendLegacy, BackendNFT:
+	default:
+		return nil, fmt.Errorf("netsetup: unknown iptables backend %q (want auto, legacy or nft)", cfg.Backend)
+	}
+	if cfg.SyncInterval <= 0 {
+		cfg.SyncInterval = DefaultSyncInterval
+	}
+	if cfg.LockWait <= 0 {
+		cfg.LockWait = DefaultLockWait
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
+	addrs, err := cleanAddrs(cfg.Addrs)
+	if err != nil {
+		return nil, err
+	}
+	if len(addrs) == 0 && (cfg.SetupInterface || cfg.SetupIPTables) {
+		return nil, errors.New("netsetup: no local address")
+	}
+	cfg.Addrs = addrs
+	return &Setup{
+		cfg:        cfg,
+		log:        cfg.Logger.With("component", "netsetup"),
+		obs:        cfg.Observer,
+		rules:      rulesFor(addrs, cfg.Port, cfg.HealthPort),
+		addedAddrs: make(map[netip.Addr]bool),
+		sem:        make(chan struct{}, 1),
+	}, nil
+}
+
+// lock takes the Setup's lock or gives up when ctx is done.
+func (s *Setup) lock(ctx context.Context) error {
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Setup) unlock() { <-s.sem }
+
+// cleanAddrs unmaps IPv4-in-IPv6 addresses, rejects invalid and zoned ones
+// and drops duplicates, keeping the order.
+func cleanAddrs(in []netip.Addr) ([]netip.Addr, error) {
+	seen := make(map[netip.Addr]bool, len(in))
+	out := make([]netip.Addr, 0, len(in))
+	for _, a := range in {
+		if !a.IsValid() {
+			return nil, errors.New("netsetup: invalid local address")
+		}
+		if a.Zone() != "" {
+			return nil, fmt.Errorf("netsetup: local address %s has a zone", a)
+		}
+		a = a.Unmap()
+		if seen[a] {
+			continue
+		}
+		seen[a] = true
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// Rules returns the rules EnsureRules installs, in the order of the package
+// documentation.
+func (s *Setup) Rules() []Rule {
+	return append([]Rule(nil), s.rules...)
+}
+
+// BackendName returns the chosen iptables backend, "" before the first
+// EnsureRules.
+func (s *Setup) BackendName() string {
+	s.sem <- struct{}{}
+	defer s.unlock()
+	return s.backend
+}
+
+var _ Observer = nopObserver{}
