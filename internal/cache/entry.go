@@ -51,7 +51,11 @@ var ErrMismatch = errors.New("cache: answer does not match the question")
 // from (the received TTL, capped at the entry's lifetime).
 type ttlField struct {
 	off uint16
-	ttl uint32
+	// name is the offset of the record's owner name when it is the
+	// question name written out in full (an uncompressing upstream): hits
+	// write the client's case there too. 0 when not.
+	name uint16
+	ttl  uint32
 }
 
 // Entry is one cached answer: the upstream response as packed wire bytes
@@ -173,7 +177,11 @@ func Build(resp []byte, q *wire.Query, pol Policy, servfailTTL time.Duration, no
 		if e.kind != Uncacheable && t > life {
 			t = life
 		}
-		e.ttls = append(e.ttls, ttlField{off: uint16(rr.TTLOff), ttl: t})
+		f := ttlField{off: uint16(rr.TTLOff), ttl: t}
+		if n := len(a.Name); rr.TTLOff-4-rr.Start == n && wire.EqualNameFold(msg[rr.Start:rr.Start+n], a.Name) {
+			f.name = uint16(rr.Start)
+		}
+		e.ttls = append(e.ttls, f)
 	}
 	return e, nil
 }
@@ -277,6 +285,9 @@ func (e *Entry) Write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 			t = f.ttl - ageSec
 		}
 		binary.BigEndian.PutUint32(out[f.off:], t)
+		if f.name != 0 {
+			copy(out[f.name:], q.Name)
+		}
 	}
 	if q.EDNS {
 		_, an, ns, ar := wire.Counts(out)

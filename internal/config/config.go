@@ -1,0 +1,371 @@
+// Package config owns the daemon's typed configuration: the command-line
+// flags (named as the stock node-cache names them where they mean the same
+// thing), the node's resolv.conf, and their validation.
+//
+// It opens no sockets and touches nothing on the node: Parse is pure over
+// its arguments, the environment and the files it is pointed at, so
+// -check-config can run it on its own.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is everything the daemon needs to start.
+type Config struct {
+	LocalIPs []netip.Addr
+	Port     int
+
+	// KubeDNS is the cluster DNS service that answers the cluster domain
+	// and the reverse zones; invalid (zero) in local mode.
+	KubeDNS netip.AddrPort
+	// KubeDNSSource says where KubeDNS came from, for logs.
+	KubeDNSSource string
+	LocalMode     bool
+	ClusterDomain string // FQDN with trailing dot, lower case
+	ResolvConf    string
+	// Nameservers are the node's resolvers read from ResolvConf (after
+	// following systemd-resolved's stub and dropping our own addresses).
+	Nameservers []netip.AddrPort
+
+	MetricsAddr string
+	HealthPort  int
+
+	SetupInterface bool
+	SetupIPTables  bool
+	SkipTeardown   bool
+	InterfaceName  string
+	SyncInterval   time.Duration
+	IPTablesMode   string
+
+	Cache CacheConfig
+
+	UDPSockets     int
+	MaxUDPSize     int
+	MaxInflight    int
+	MaxTCPConns    int
+	TCPIdleTimeout time.Duration
+	ForwardTimeout time.Duration
+	TCPPoolSize    int
+
+	LogFormat   string
+	CheckConfig bool
+	PProf       bool
+}
+
+// CacheConfig sizes the cache and caps lifetimes.
+type CacheConfig struct {
+	SuccessCapacity   int
+	DenialCapacity    int
+	MaxBytes          int64
+	ClusterSuccessTTL time.Duration
+	ClusterDenialTTL  time.Duration
+	SuccessTTL        time.Duration
+	DenialTTL         time.Duration
+	MinTTL            time.Duration
+	ServFailTTL       time.Duration
+}
+
+// ErrUsage marks a configuration error: the daemon prints it and exits 2.
+var ErrUsage = errors.New("invalid configuration")
+
+// Env reads an environment variable; os.Getenv in production.
+type Env func(string) string
+
+// Parse reads args (without the program name) into a Config, reading the
+// environment through env and files from disk. Every error wraps ErrUsage
+// and says which flag or file is wrong. Help (-h) returns flag.ErrHelp.
+func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
+	fs := flag.NewFlagSet("nodelocaldns", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &Config{}
+	var localIP, kubeDNS, upstreamSvc, clusterDomain string
+	var maxBytes string
+	fs.StringVar(&localIP, "localip", "169.254.20.10", "comma-separated IPv4/IPv6 addresses to serve DNS on (and to put on the interface)")
+	fs.IntVar(&c.Port, "port", 53, "DNS port to listen on")
+	fs.StringVar(&upstreamSvc, "upstreamsvc", "kube-dns", "Service whose NAME_SERVICE_HOST environment variable holds the kube-dns address")
+	fs.StringVar(&kubeDNS, "kube-dns", "", "kube-dns address IP[:port]; wins over -upstreamsvc")
+	fs.BoolVar(&c.LocalMode, "local-mode", false, "no cluster: forward every name to the node's resolvers and do not touch interfaces or iptables")
+	fs.StringVar(&clusterDomain, "cluster-domain", "cluster.local", "cluster DNS domain, forwarded to kube-dns")
+	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf listing the node's resolvers")
+	fs.StringVar(&c.MetricsAddr, "metrics-listen-address", "", "address for /metrics, /health and /ready (default: first -localip, port 9253)")
+	fs.IntVar(&c.HealthPort, "health-port", 8080, "health port, exempted from conntrack next to the DNS port")
+	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
+	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
+	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
+	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
+	fs.DurationVar(&c.SyncInterval, "syncinterval", 60*time.Second, "how often interface and rules are re-asserted")
+	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
+	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", 9984, "cache entries for positive answers")
+	fs.IntVar(&c.Cache.DenialCapacity, "denial-capacity", 9984, "cache entries for NXDOMAIN/NODATA answers")
+	fs.StringVar(&maxBytes, "cache-max-bytes", "64Mi", "memory bound for cached answers (bytes; suffixes Ki, Mi, Gi)")
+	fs.DurationVar(&c.Cache.ClusterSuccessTTL, "cluster-success-ttl", 30*time.Second, "TTL cap for positive answers in the cluster domain")
+	fs.DurationVar(&c.Cache.ClusterDenialTTL, "cluster-denial-ttl", 5*time.Second, "TTL cap for denials in the cluster domain")
+	fs.DurationVar(&c.Cache.SuccessTTL, "success-ttl", 30*time.Second, "TTL cap for positive answers outside the cluster domain")
+	fs.DurationVar(&c.Cache.DenialTTL, "denial-ttl", 30*time.Second, "TTL cap for denials outside the cluster domain")
+	fs.DurationVar(&c.Cache.MinTTL, "min-ttl", 0, "TTL floor; 0 honours a TTL of 0 (not cached)")
+	fs.DurationVar(&c.Cache.ServFailTTL, "servfail-ttl", 2*time.Second, "how long an upstream SERVFAIL is cached (0 disables, at most 5s)")
+	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
+	fs.IntVar(&c.MaxUDPSize, "max-udp-size", 1232, "largest UDP answer, and the EDNS size we advertise")
+	fs.IntVar(&c.MaxInflight, "max-inflight", 1024, "concurrent cache misses; past it queries get SERVFAIL at once")
+	fs.IntVar(&c.MaxTCPConns, "max-tcp-conns", 1000, "open client TCP connections")
+	fs.DurationVar(&c.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close client TCP connections idle this long")
+	fs.DurationVar(&c.ForwardTimeout, "forward-timeout", 4*time.Second, "bound on resolving one miss (glibc retries after 5s)")
+	fs.IntVar(&c.TCPPoolSize, "tcp-pool-size", 2, "pipelined TCP connections per kube-dns server")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
+	fs.BoolVar(&c.PProf, "pprof", false, "serve /debug/pprof/ on the metrics address")
+	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, usage("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	var err error
+	if c.LocalIPs, err = parseIPs(localIP); err != nil {
+		return nil, usage("-localip: %v", err)
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		return nil, usage("-port: %d is not a port", c.Port)
+	}
+	if c.HealthPort < 0 || c.HealthPort > 65535 {
+		return nil, usage("-health-port: %d is not a port", c.HealthPort)
+	}
+	if c.ClusterDomain, err = normalizeDomain(clusterDomain); err != nil {
+		return nil, usage("-cluster-domain: %v", err)
+	}
+	if c.LocalMode {
+		if kubeDNS != "" {
+			return nil, usage("-local-mode and -kube-dns exclude each other")
+		}
+		if !set["setupinterface"] {
+			c.SetupInterface = false
+		}
+		if !set["setupiptables"] {
+			c.SetupIPTables = false
+		}
+	} else {
+		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil {
+			return nil, err
+		}
+	}
+	if c.MetricsAddr == "" {
+		c.MetricsAddr = netip.AddrPortFrom(c.LocalIPs[0], 9253).String()
+	} else if _, err := netip.ParseAddrPort(c.MetricsAddr); err != nil {
+		if _, _, err2 := splitHostPort(c.MetricsAddr); err2 != nil {
+			return nil, usage("-metrics-listen-address: %q is not HOST:PORT", c.MetricsAddr)
+		}
+	}
+	if c.SyncInterval <= 0 {
+		return nil, usage("-syncinterval: must be positive, got %v", c.SyncInterval)
+	}
+	switch c.IPTablesMode {
+	case "auto", "legacy", "nft":
+	default:
+		return nil, usage("-iptables-mode: %q is not auto, legacy or nft", c.IPTablesMode)
+	}
+	if c.InterfaceName == "" || len(c.InterfaceName) > 15 || strings.ContainsAny(c.InterfaceName, "/ \t") {
+		return nil, usage("-interfacename: %q is not a valid interface name (1-15 characters, no '/' or spaces)", c.InterfaceName)
+	}
+	if err := c.Cache.validate(); err != nil {
+		return nil, err
+	}
+	if c.Cache.MaxBytes, err = parseBytes(maxBytes); err != nil {
+		return nil, usage("-cache-max-bytes: %v", err)
+	}
+	if c.UDPSockets < 0 || c.UDPSockets > 256 {
+		return nil, usage("-udp-sockets: %d is not between 0 and 256", c.UDPSockets)
+	}
+	if c.UDPSockets == 0 {
+		c.UDPSockets = runtime.GOMAXPROCS(0)
+	}
+	if c.MaxUDPSize < 512 || c.MaxUDPSize > 65535 {
+		return nil, usage("-max-udp-size: %d is not between 512 and 65535", c.MaxUDPSize)
+	}
+	if c.MaxInflight <= 0 || c.MaxTCPConns <= 0 || c.TCPPoolSize <= 0 {
+		return nil, usage("-max-inflight, -max-tcp-conns and -tcp-pool-size must be positive")
+	}
+	if c.TCPIdleTimeout <= 0 || c.ForwardTimeout <= 0 {
+		return nil, usage("-tcp-idle-timeout and -forward-timeout must be positive")
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return nil, usage("-log-format: %q is not text or json", c.LogFormat)
+	}
+	if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
+		return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
+	}
+	return c, nil
+}
+
+func (cc *CacheConfig) validate() error {
+	if cc.SuccessCapacity <= 0 || cc.DenialCapacity <= 0 {
+		return usage("-success-capacity and -denial-capacity must be positive")
+	}
+	for name, d := range map[string]time.Duration{
+		"-cluster-success-ttl": cc.ClusterSuccessTTL, "-cluster-denial-ttl": cc.ClusterDenialTTL,
+		"-success-ttl": cc.SuccessTTL, "-denial-ttl": cc.DenialTTL,
+	} {
+		if d <= 0 {
+			return usage("%s: must be positive, got %v", name, d)
+		}
+		if d < cc.MinTTL {
+			return usage("%s: %v is below -min-ttl %v", name, d, cc.MinTTL)
+		}
+	}
+	if cc.MinTTL < 0 {
+		return usage("-min-ttl: must not be negative")
+	}
+	// SERVFAIL must never outlive an upstream blip by much.
+	if cc.ServFailTTL < 0 || cc.ServFailTTL > 5*time.Second {
+		return usage("-servfail-ttl: %v is not between 0 and 5s", cc.ServFailTTL)
+	}
+	return nil
+}
+
+func usage(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrUsage, fmt.Sprintf(format, args...))
+}
+
+func parseIPs(s string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	seen := map[netip.Addr]bool{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an IP address", f)
+		}
+		a = a.Unmap()
+		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
+			return nil, fmt.Errorf("%q cannot be a listen address (unspecified, multicast or zoned)", f)
+		}
+		if !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("at least one address is required")
+	}
+	return out, nil
+}
+
+// kubeDNSAddr resolves the kube-dns address: -kube-dns wins; else the
+// Service's NAME_SERVICE_HOST (and NAME_SERVICE_PORT) set by the kubelet.
+func kubeDNSAddr(explicit, svc string, env Env) (netip.AddrPort, string, error) {
+	if explicit != "" {
+		ap, err := ParseServer(explicit)
+		if err != nil {
+			return netip.AddrPort{}, "", usage("-kube-dns: %v", err)
+		}
+		return ap, "-kube-dns", nil
+	}
+	if svc == "" {
+		return netip.AddrPort{}, "", usage("no kube-dns address: set -kube-dns IP[:port] or -upstreamsvc NAME, or run with -local-mode")
+	}
+	name := strings.ToUpper(strings.ReplaceAll(svc, "-", "_")) + "_SERVICE_HOST"
+	host := env(name)
+	if host == "" {
+		return netip.AddrPort{}, "", usage("no kube-dns address: $%s is not set (is -upstreamsvc %q the name of a Service?); set -kube-dns IP[:port] or use -local-mode", name, svc)
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.AddrPort{}, "", usage("$%s=%q is not an IP address", name, host)
+	}
+	port := 53
+	portVar := strings.TrimSuffix(name, "_HOST") + "_PORT"
+	if p := env(portVar); p != "" {
+		if port, err = strconv.Atoi(p); err != nil || port <= 0 || port > 65535 {
+			return netip.AddrPort{}, "", usage("$%s=%q is not a port", portVar, p)
+		}
+	}
+	return netip.AddrPortFrom(a.Unmap(), uint16(port)), "$" + name, nil
+}
+
+// ParseServer parses "IP" or "IP:port" or "[IPv6]:port" with port 53 as
+// the default.
+func ParseServer(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		if ap.Port() == 0 {
+			return netip.AddrPort{}, fmt.Errorf("%q: port 0", s)
+		}
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+	}
+	a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
+	if err != nil || a.Zone() != "" {
+		return netip.AddrPort{}, fmt.Errorf("%q is not IP[:port]", s)
+	}
+	return netip.AddrPortFrom(a.Unmap(), 53), nil
+}
+
+func normalizeDomain(d string) (string, error) {
+	d = strings.ToLower(strings.TrimSpace(d))
+	if d == "" || d == "." {
+		return "", errors.New("empty domain")
+	}
+	if !strings.HasSuffix(d, ".") {
+		d += "."
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(d, "."), ".") {
+		if l == "" || len(l) > 63 {
+			return "", fmt.Errorf("%q is not a domain name", d)
+		}
+	}
+	return d, nil
+}
+
+func splitHostPort(s string) (string, int, error) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", 0, errors.New("no port")
+	}
+	p, err := strconv.Atoi(s[i+1:])
+	if err != nil || p < 0 || p > 65535 {
+		return "", 0, errors.New("bad port")
+	}
+	return s[:i], p, nil
+}
+
+func parseBytes(s string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a byte count", s)
+	}
+	if n > 0 && n*mult < 1<<20 {
+		return 0, fmt.Errorf("%d bytes is below the 1Mi minimum", n*mult)
+	}
+	return n * mult, nil
+}
+
+// Getenv is the production Env.
+func Getenv(k string) string { return os.Getenv(k) }

@@ -1,0 +1,132 @@
+package config
+
+import (
+	"errors"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func envOf(m map[string]string) Env { return func(k string) string { return m[k] } }
+
+func TestParseDefaultsAndUpstreamSvc(t *testing.T) {
+	rc := writeFile(t, "search default.svc.cluster.local\nnameserver 10.0.0.2\nnameserver 2001:db8::53\noptions ndots:5\n")
+	c, err := Parse([]string{"-localip", "169.254.20.10,10.96.0.10", "-upstreamsvc", "kube-dns-upstream", "-resolv-conf", rc},
+		envOf(map[string]string{"KUBE_DNS_UPSTREAM_SERVICE_HOST": "10.96.0.11", "KUBE_DNS_UPSTREAM_SERVICE_PORT": "5353"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KubeDNS != netip.MustParseAddrPort("10.96.0.11:5353") || c.KubeDNSSource != "$KUBE_DNS_UPSTREAM_SERVICE_HOST" {
+		t.Fatalf("kube-dns %v from %s", c.KubeDNS, c.KubeDNSSource)
+	}
+	if len(c.LocalIPs) != 2 || c.Port != 53 || c.ClusterDomain != "cluster.local." {
+		t.Fatalf("%+v", c)
+	}
+	want := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:53"), netip.MustParseAddrPort("[2001:db8::53]:53")}
+	if len(c.Nameservers) != 2 || c.Nameservers[0] != want[0] || c.Nameservers[1] != want[1] {
+		t.Fatalf("nameservers %v", c.Nameservers)
+	}
+	if c.MetricsAddr != "169.254.20.10:9253" || c.SyncInterval != time.Minute || !c.SetupInterface || !c.SetupIPTables {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if c.Cache.SuccessCapacity != 9984 || c.Cache.DenialCapacity != 9984 || c.Cache.ClusterDenialTTL != 5*time.Second || c.Cache.DenialTTL != 30*time.Second {
+		t.Fatalf("cache defaults %+v", c.Cache)
+	}
+}
+
+func TestExplicitKubeDNSWins(t *testing.T) {
+	rc := writeFile(t, "nameserver 10.0.0.2\n")
+	c, err := Parse([]string{"-kube-dns", "[fd00::a]:53", "-resolv-conf", rc}, envOf(map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KubeDNS != netip.MustParseAddrPort("[fd00::a]:53") {
+		t.Fatalf("kube-dns %v", c.KubeDNS)
+	}
+}
+
+func TestLocalMode(t *testing.T) {
+	rc := writeFile(t, "nameserver 127.0.0.1\nnameserver 192.0.2.1\n")
+	c, err := Parse([]string{"-local-mode", "-localip", "127.0.0.1", "-resolv-conf", rc}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SetupInterface || c.SetupIPTables || c.KubeDNS.IsValid() {
+		t.Fatalf("local mode: %+v", c)
+	}
+	// Our own address on our port is dropped: it would be a loop.
+	if len(c.Nameservers) != 1 || c.Nameservers[0].Addr() != netip.MustParseAddr("192.0.2.1") {
+		t.Fatalf("nameservers %v", c.Nameservers)
+	}
+}
+
+func TestBadInputIsOneClearError(t *testing.T) {
+	rc := writeFile(t, "nameserver 10.0.0.2\n")
+	only := writeFile(t, "nameserver 169.254.20.10\n")
+	empty := writeFile(t, "search cluster.local\n")
+	bad := writeFile(t, "nameserver not-an-ip\n")
+	k := []string{"-kube-dns", "10.96.0.10", "-resolv-conf", rc}
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-resolv-conf", rc}, "$KUBE_DNS_SERVICE_HOST is not set"},
+		{append([]string{"-localip", "169.254.20.300"}, k...), "-localip"},
+		{append([]string{"-localip", ""}, k...), "-localip"},
+		{append([]string{"-port", "70000"}, k...), "-port"},
+		{append([]string{"-port", "x"}, k...), "-port"},
+		{append([]string{"-syncinterval", "60"}, k...), "syncinterval"},
+		{append([]string{"-nosuchflag"}, k...), "nosuchflag"},
+		{[]string{"-kube-dns", "10.96.0.10:0", "-resolv-conf", rc}, "-kube-dns"},
+		{[]string{"-kube-dns", "kube-dns.svc", "-resolv-conf", rc}, "-kube-dns"},
+		{append([]string{"-servfail-ttl", "1m"}, k...), "-servfail-ttl"},
+		{append([]string{"-cluster-denial-ttl", "0s"}, k...), "-cluster-denial-ttl"},
+		{append([]string{"-iptables-mode", "xtables"}, k...), "-iptables-mode"},
+		{append([]string{"-cache-max-bytes", "12Q"}, k...), "-cache-max-bytes"},
+		{append([]string{"-interfacename", "a-very-long-interface-name"}, k...), "-interfacename"},
+		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", "/nonexistent/resolv.conf"}, "no such file"},
+		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", only}, "only our own addresses"},
+		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", empty}, "lists no nameserver"},
+		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", bad}, "not-an-ip"},
+		{append([]string{"-local-mode"}, k...), "exclude"},
+	}
+	for _, tc := range tests {
+		_, err := Parse(tc.args, envOf(nil), io.Discard)
+		if err == nil || !errors.Is(err, ErrUsage) {
+			t.Errorf("%v: err %v, want a usage error", tc.args, err)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") || strings.Contains(msg, "<nil>") {
+			t.Errorf("%v: %q should be one line naming %q", tc.args, msg, tc.want)
+		}
+	}
+}
+
+func TestSystemdStubIsFollowed(t *testing.T) {
+	stub := writeFile(t, "nameserver 127.0.0.53\noptions edns0 trust-ad\n")
+	real := writeFile(t, "nameserver 192.0.2.53\nnameserver not-valid\n")
+	old := SystemdResolvConf
+	SystemdResolvConf = real
+	defer func() { SystemdResolvConf = old }()
+	ns, err := LoadResolvConf(stub, nil, 53)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ns) != 1 || ns[0] != netip.MustParseAddrPort("192.0.2.53:53") {
+		t.Fatalf("nameservers %v", ns)
+	}
+}
