@@ -1,0 +1,288 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proto is how a group talks to its upstreams.
+type Proto int
+
+const (
+	// UDP sends each query over UDP and re-asks over TCP (same server) when the answer is truncated.
+	UDP Proto = iota
+	// TCP sends every query over a pool of pipelined TCP connections per server.
+	TCP
+)
+
+func (p Proto) String() string {
+	switch p {
+	case UDP:
+		return "udp"
+	case TCP:
+		return "tcp"
+	}
+	return fmt.Sprintf("Proto(%d)", int(p))
+}
+
+// Defaults for zero GroupConfig fields.
+const (
+	// DefaultPoolSize: two connections keep queries flowing while one is recycled, and spread the
+	// load over two in-order (miekg/dns-based) kube-dns workers.
+	DefaultPoolSize = 2
+	// DefaultMaxPerConn: enough pipelining for a burst of misses without one slow answer holding
+	// up too many queries behind it in an in-order upstream.
+	DefaultMaxPerConn = 100
+	// DefaultMaxQueriesPerConn: recycle now and then so a connection does not stick to one
+	// kube-dns endpoint forever behind a Service VIP (kube-proxy balances per connection).
+	DefaultMaxQueriesPerConn = 10000
+	// DefaultIdleTimeout: below CoreDNS's 10 s idle close, so we close first and never write
+	// into a connection the server is closing.
+	DefaultIdleTimeout = 5 * time.Second
+	// DefaultTryTimeout: glibc waits 5 s per try and tries twice; 2 s leaves room for a second
+	// try or the next server within the client's first wait.
+	DefaultTryTimeout = 2 * time.Second
+	// DefaultMaxInflight: past a thousand concurrent misses the upstream is already in trouble;
+	// more waiting queries only add memory and latency, never answers.
+	DefaultMaxInflight = 1000
+	// maxPasses: like glibc's attempts:2, go over the healthy servers at most twice, which also
+	// rides out one lost UDP packet.
+	maxPasses = 2
+)
+
+// GroupConfig configures a Group. Zero numeric fields take the Default* values.
+type GroupConfig struct {
+	Name              string           // "kube-dns", "node", "stub:example.com." — for metrics and logs
+	Servers           []netip.AddrPort // in preference order (resolv.conf order for the node group)
+	Proto             Proto
+	PoolSize          int           // TCP: connections per server
+	MaxPerConn        int           // TCP: outstanding queries per connection
+	MaxQueriesPerConn int           // TCP: recycle a connection after this many queries
+	IdleTimeout       time.Duration // TCP: close a connection idle this long
+	TryTimeout        time.Duration // one try on one server (a UDP try includes its TCP re-ask)
+	MaxInflight       int           // queries in flight in the group; past it Exchange fails with ErrOverloaded
+	Logger            *slog.Logger  // nil: discard
+}
+
+// Group forwards queries to a list of equivalent upstream servers with health tracking and
+// failover. It is safe for concurrent use.
+type Group struct {
+	cfg      GroupConfig
+	name     string
+	obs      Observer
+	log      *slog.Logger
+	ups      []*upstream
+	inflight atomic.Int64
+
+	ctx    context.Context // cancelled by Close; parent of health probes
+	cancel context.CancelFunc
+	mu     sync.Mutex // orders probe start (wg.Add) against Close
+	wg     sync.WaitGroup
+}
+
+// upstream is one server of a group.
+type upstream struct {
+	addr  netip.AddrPort
+	name  string
+	tcp   *tcpPool // TCP groups only
+	fails atomic.Int32
+	down  atomic.Bool
+}
+
+// NewGroup validates cfg, fills in defaults and returns a group whose upstreams all start healthy.
+// obs may be nil.
+func NewGroup(cfg GroupConfig, obs Observer) (*Group, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("group %q: %w", cfg.Name, err)
+	}
+	cfg.setDefaults()
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "forward", "group", cfg.Name)
+	g := &Group{cfg: cfg, name: cfg.Name, obs: obs, log: log}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	for _, a := range cfg.Servers {
+		u := &upstream{addr: a, name: a.String()}
+		if cfg.Proto == TCP {
+			u.tcp = newTCPPool(a, &g.cfg, obs, log)
+		}
+		g.ups = append(g.ups, u)
+		obs.Health(g.name, u.name, true)
+	}
+	return g, nil
+}
+
+func (c *GroupConfig) validate() error {
+	if c.Name == "" {
+		return errors.New("empty name")
+	}
+	if len(c.Servers) == 0 {
+		return errors.New("no servers")
+	}
+	for _, s := range c.Servers {
+		if !s.IsValid() || s.Port() == 0 {
+			return fmt.Errorf("invalid server address %q", s)
+		}
+	}
+	if c.Proto != UDP && c.Proto != TCP {
+		return fmt.Errorf("unknown protocol %v", c.Proto)
+	}
+	if c.PoolSize < 0 || c.MaxPerConn < 0 || c.MaxQueriesPerConn < 0 || c.MaxInflight < 0 ||
+		c.IdleTimeout < 0 || c.TryTimeout < 0 {
+		return errors.New("negative limit or timeout")
+	}
+	return nil
+}
+
+func (c *GroupConfig) setDefaults() {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.PoolSize, DefaultPoolSize)
+	def(&c.MaxPerConn, DefaultMaxPerConn)
+	def(&c.MaxQueriesPerConn, DefaultMaxQueriesPerConn)
+	def(&c.MaxInflight, DefaultMaxInflight)
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.TryTimeout == 0 {
+		c.TryTimeout = DefaultTryTimeout
+	}
+	c.Servers = append([]netip.AddrPort(nil), c.Servers...)
+}
+
+// Name returns the group's name.
+func (g *Group) Name() string { return g.name }
+
+// Exchange sends query (wire format, one question) and returns the validated answer in wire
+// format with the caller's ID. The query is not modified; the answer is a new slice.
+//
+// Healthy servers are tried in order, each for at most TryTimeout, within ctx; the list is gone
+// through at most twice. An answer with SERVFAIL or REFUSED is returned only if no later healthy
+// server gives another. When every server is down Exchange fails at once with ErrAllDown: the
+// background probes bring a server back, and the caller can serve stale or SERVFAIL.
+func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
+	if g.ctx.Err() != nil {
+		return nil, fmt.Errorf("group %s: %w", g.name, ErrClosed)
+	}
+	q, err := parseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("group %s: %w", g.name, err)
+	}
+	if g.inflight.Add(1) > int64(g.cfg.MaxInflight) {
+		g.inflight.Add(-1)
+		g.obs.Failure(g.name, "", KindOverloaded)
+		return nil, fmt.Errorf("group %s: %w (%d)", g.name, ErrOverloaded, g.cfg.MaxInflight)
+	}
+	g.obs.Inflight(g.name, 1)
+	defer func() {
+		g.inflight.Add(-1)
+		g.obs.Inflight(g.name, -1)
+	}()
+
+	var lastErr error
+	var fallback []byte // a SERVFAIL or REFUSED answer, kept while later servers are tried
+	for pass := 0; pass < maxPasses && ctx.Err() == nil; pass++ {
+		tried := 0
+		for i, u := range g.ups {
+			if u.down.Load() {
+				continue
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			tried++
+			start := time.Now()
+			ans, err := g.try(ctx, u, query, q, false)
+			if err != nil {
+				if errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed) {
+					return nil, fmt.Errorf("group %s: %w", g.name, err) // not the upstream's fault
+				}
+				kind := failureKind(err)
+				g.obs.Failure(g.name, u.name, kind)
+				g.failed(u, kind)
+				lastErr = err
+				continue
+			}
+			rc := rcode(ans)
+			g.obs.Exchange(g.name, u.name, rc, time.Since(start))
+			u.fails.Store(0)
+			if (rc == rcodeServFail || rc == rcodeRefused) && g.healthyAfter(i) {
+				fallback = ans
+				continue
+			}
+			setID(ans, q.id)
+			return ans, nil
+		}
+		if fallback != nil {
+			setID(fallback, q.id)
+			return fallback, nil
+		}
+		if tried == 0 {
+			if pass == 0 {
+				return nil, fmt.Errorf("group %s: %w", g.name, ErrAllDown)
+			}
+			break
+		}
+	}
+	if lastErr == nil {
+		lastErr = ctx.Err()
+	}
+	return nil, fmt.Errorf("group %s: %w: %w", g.name, ErrNoAnswer, lastErr)
+}
+
+// try is one attempt on one server, bounded by TryTimeout. The answer keeps the wire ID.
+func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
+	tctx, cancel := context.WithTimeout(ctx, g.cfg.TryTimeout)
+	defer cancel()
+	if g.cfg.Proto == TCP {
+		return u.tcp.exchange(tctx, query, q, probe)
+	}
+	ans, err := g.exchangeUDP(tctx, u, query, q)
+	if err != nil || !truncated(ans) {
+		return ans, err
+	}
+	// Truncated: the full answer over TCP from the same server, with a try of its own.
+	cancel()
+	tctx, cancel = context.WithTimeout(ctx, g.cfg.TryTimeout)
+	defer cancel()
+	return exchangeTCPOnce(tctx, u.name, query, q)
+}
+
+// healthyAfter reports whether a server after index i is up.
+func (g *Group) healthyAfter(i int) bool {
+	for _, u := range g.ups[i+1:] {
+		if !u.down.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// Close stops health probes, closes every connection and fails queries in flight with ErrClosed.
+// It waits for the package's goroutines to end.
+func (g *Group) Close() error {
+	g.mu.Lock()
+	g.cancel()
+	g.mu.Unlock()
+	g.wg.Wait()
+	for _, u := range g.ups {
+		if u.tcp != nil {
+			u.tcp.close()
+		}
+	}
+	return nil
+}

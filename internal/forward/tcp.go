@@ -1,0 +1,501 @@
+package forward
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+const (
+	// writeTimeout bounds a write when the caller's context has no deadline: a peer that stops
+	// reading must not pin a writer (and every queued writer behind it) forever.
+	writeTimeout = 2 * time.Second
+	// dialBackoffMin is the wait after the first failed dial: short, because a restarted kube-dns
+	// pod is usually reachable again within a second.
+	dialBackoffMin = 100 * time.Millisecond
+	// dialBackoffMax caps the doubling: queries meanwhile fail over at once instead of waiting on
+	// SYNs, and health probes (which ignore the backoff) bring a recovered upstream back sooner.
+	dialBackoffMax = 2 * time.Second
+	// maxFrame is the largest DNS message over TCP plus its two-byte length (RFC 1035 §4.2.2).
+	maxFrame = 2 + 65535
+)
+
+// tcpPool is a small set of long-lived TCP connections to one upstream with many queries
+// outstanding on each, answers matched by ID in any order (RFC 7766 §6.2.1.1).
+type tcpPool struct {
+	addr       netip.AddrPort
+	group      string
+	upstream   string
+	size       int
+	maxPerConn int
+	maxQueries int
+	idle       time.Duration
+	obs        Observer
+	log        *slog.Logger
+
+	mu        sync.Mutex
+	conns     []*tcpConn // open and not retired: usable or draining
+	dialing   int
+	waiters   int
+	changed   chan struct{} // closed and replaced when capacity may have freed up and waiters > 0
+	closed    bool
+	dialFails int       // consecutive failed dials
+	nextDial  time.Time // no dial before this, except for health probes
+	dialErr   error
+	wg        sync.WaitGroup // reader goroutines
+}
+
+// tcpConn is one pipelined connection. It has one reader goroutine; writers take wmu.
+type tcpConn struct {
+	pool *tcpPool
+	nc   net.Conn
+	wmu  sync.Mutex // serialises writes: two frames must never interleave
+
+	// Guarded by pool.mu.
+	pending     map[uint16]chan tcpResult // wire ID → waiter; nil value: cancelled, answer may still come
+	outstanding int                       // non-nil entries of pending
+	nextID      uint16
+	sent        int
+	draining    bool // reached maxQueries: takes no new queries, closes when outstanding is 0
+	dead        bool
+	cause       error // why we closed it, if we did
+	lastUsed    time.Time
+}
+
+type tcpResult struct {
+	msg []byte
+	err error
+}
+
+func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, obs Observer, log *slog.Logger) *tcpPool {
+	return &tcpPool{
+		addr:       addr,
+		group:      cfg.Name,
+		upstream:   addr.String(),
+		size:       cfg.PoolSize,
+		maxPerConn: cfg.MaxPerConn,
+		maxQueries: cfg.MaxQueriesPerConn,
+		idle:       cfg.IdleTimeout,
+		obs:        obs,
+		log:        log,
+		changed:    make(chan struct{}),
+	}
+}
+
+// exchange sends query (whose parsed question is q) and returns the validated answer with the
+// wire ID still in it. When the peer closed the connection before answering, the query is sent
+// once more on another connection. probe lets a health probe dial during the dial backoff.
+func (p *tcpPool) exchange(ctx context.Context, query []byte, q question, probe bool) ([]byte, error) {
+	ans, err := p.exchangeOnce(ctx, query, q, probe)
+	if err != nil && errors.Is(err, errPeerClosed) && ctx.Err() == nil {
+		p.obs.Failure(p.group, p.upstream, KindClosed)
+		ans, err = p.exchangeOnce(ctx, query, q, probe)
+	}
+	return ans, err
+}
+
+func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question, probe bool) ([]byte, error) {
+	c, id, ch, err := p.acquire(ctx, probe)
+	if err != nil {
+		return nil, err
+	}
+	frame := make([]byte, 2+len(query))
+	binary.BigEndian.PutUint16(frame, uint16(len(query)))
+	copy(frame[2:], query)
+	setID(frame[2:], id)
+	if err := c.write(ctx, frame); err != nil {
+		// The stream may hold half a frame: close it. The reader then fails every pending
+		// query on it, this one included.
+		c.closeWith(fmt.Errorf("write to %s: %w", p.upstream, err))
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, r.err
+		}
+		if err := checkAnswer(r.msg, id, q); err != nil {
+			return nil, fmt.Errorf("answer from %s: %w", p.upstream, err)
+		}
+		return r.msg, nil
+	case <-ctx.Done():
+		p.cancel(c, id)
+		return nil, fmt.Errorf("wait for answer from %s: %w", p.upstream, ctx.Err())
+	}
+}
+
+// acquire reserves a wire ID on a connection. It dials a new connection while the pool is not
+// full and every open one already has queries outstanding, to spread queries: an upstream built
+// on miekg/dns (CoreDNS) answers one connection's queries one at a time, in order.
+func (p *tcpPool) acquire(ctx context.Context, probe bool) (*tcpConn, uint16, chan tcpResult, error) {
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, 0, nil, ErrClosed
+		}
+		best := p.leastLoaded()
+		open := len(p.conns) + p.dialing
+		mayDial := open < p.size && (probe || !time.Now().Before(p.nextDial))
+		if mayDial && (best == nil || best.outstanding > 0) {
+			c, err := p.dialLocked(ctx)
+			if err != nil {
+				p.mu.Unlock()
+				return nil, 0, nil, err
+			}
+			best = c
+		}
+		if best != nil {
+			id, ch := best.reserve()
+			p.mu.Unlock()
+			return best, id, ch, nil
+		}
+		if open < p.size {
+			// No connection, and dialling is held back after failures: fail now so the
+			// group moves on to the next upstream.
+			err := p.dialErr
+			p.mu.Unlock()
+			if err == nil {
+				err = fmt.Errorf("dial %s: no connection", p.upstream)
+			}
+			return nil, 0, nil, fmt.Errorf("reconnect held back after failures: %w", err)
+		}
+		// Every connection is full or still being dialled: wait for a slot.
+		wait := p.changed
+		p.waiters++
+		p.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			p.mu.Lock()
+			p.waiters--
+			p.mu.Unlock()
+			return nil, 0, nil, fmt.Errorf("wait for a connection to %s: %w", p.upstream, ctx.Err())
+		}
+		p.mu.Lock()
+		p.waiters--
+	}
+}
+
+// leastLoaded returns the usable connection with the fewest outstanding queries, or nil.
+func (p *tcpPool) leastLoaded() *tcpConn {
+	var best *tcpConn
+	for _, c := range p.conns {
+		if c.draining || c.dead || c.outstanding >= p.maxPerConn {
+			continue
+		}
+		if best == nil || c.outstanding < best.outstanding {
+			best = c
+		}
+	}
+	return best
+}
+
+// dialLocked dials a connection with p.mu held on entry and on return (it is released while
+// dialling), adds it to the pool and starts its reader.
+func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
+	p.dialing++
+	p.mu.Unlock()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", p.upstream)
+	p.mu.Lock()
+	p.dialing--
+	p.wake()
+	if err != nil {
+		err = fmt.Errorf("dial %s: %w", p.upstream, err)
+		if !errors.Is(err, context.Canceled) { // the caller gave up: not the upstream's fault
+			p.dialFailedLocked(err)
+		}
+		return nil, err
+	}
+	if p.closed {
+		nc.Close()
+		return nil, ErrClosed
+	}
+	if p.dialFails > 0 {
+		p.log.Info("reconnected to upstream", "upstream", p.upstream, "failed_dials", p.dialFails)
+	}
+	p.dialFails, p.dialErr, p.nextDial = 0, nil, time.Time{}
+	c := &tcpConn{
+		pool:     p,
+		nc:       nc,
+		pending:  make(map[uint16]chan tcpResult),
+		nextID:   uint16(rand.Uint32()),
+		lastUsed: time.Now(),
+	}
+	p.conns = append(p.conns, c)
+	p.obs.Conns(p.group, p.upstream, 1)
+	p.wg.Add(1)
+	go c.readLoop()
+	return c, nil
+}
+
+func (p *tcpPool) dialFailedLocked(err error) {
+	p.dialFails++
+	if p.dialFails == 1 {
+		p.log.Warn("cannot connect to upstream", "upstream", p.upstream, "err", err)
+	}
+	backoff := dialBackoffMax
+	if p.dialFails < 8 {
+		backoff = min(dialBackoffMin<<(p.dialFails-1), dialBackoffMax)
+	}
+	p.nextDial = time.Now().Add(backoff)
+	p.dialErr = err
+}
+
+// reserve takes a free wire ID on c. Called with pool.mu held on a live, non-draining conn.
+func (c *tcpConn) reserve() (uint16, chan tcpResult) {
+	id := c.nextID
+	for {
+		if _, used := c.pending[id]; !used {
+			break
+		}
+		id++
+	}
+	c.nextID = id + 1
+	ch := make(chan tcpResult, 1)
+	c.pending[id] = ch
+	c.outstanding++
+	c.sent++
+	if c.sent >= c.pool.maxQueries {
+		c.draining = true
+	}
+	c.lastUsed = time.Now()
+	return id, ch
+}
+
+// cancel gives up on a query whose caller stopped waiting. Its ID stays reserved (a tombstone)
+// until the late answer arrives or the connection closes, so a late answer is told apart from
+// an unsolicited one.
+func (p *tcpPool) cancel(c *tcpConn, id uint16) {
+	p.mu.Lock()
+	retired := false
+	if ch, ok := c.pending[id]; ok && ch != nil {
+		c.pending[id] = nil
+		c.outstanding--
+		retired = p.settleLocked(c)
+	}
+	p.mu.Unlock()
+	if retired {
+		c.shut()
+	}
+}
+
+// settleLocked runs after a query left c: it wakes waiters for the freed slot and retires c if
+// it is draining and has nothing outstanding. If it reports true the caller must call c.shut.
+func (p *tcpPool) settleLocked(c *tcpConn) bool {
+	p.wake()
+	return c.draining && c.outstanding == 0 && p.retireLocked(c)
+}
+
+// retireLocked takes c out of the pool. It reports true only the first time: the caller then
+// owns the close (c.shut), so the socket is closed and counted exactly once.
+func (p *tcpPool) retireLocked(c *tcpConn) bool {
+	if c.dead {
+		return false
+	}
+	c.dead = true
+	for i, x := range p.conns {
+		if x == c {
+			p.conns = append(p.conns[:i], p.conns[i+1:]...)
+			break
+		}
+	}
+	p.wake()
+	return true
+}
+
+// shut closes the socket of a retired connection and reports it. The reader then ends.
+func (c *tcpConn) shut() {
+	c.nc.Close()
+	c.pool.obs.Conns(c.pool.group, c.pool.upstream, -1)
+}
+
+func (p *tcpPool) wake() {
+	if p.waiters > 0 {
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
+}
+
+func (c *tcpConn) write(ctx context.Context, frame []byte) error {
+	dl := time.Now().Add(writeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.nc.SetWriteDeadline(dl); err != nil {
+		return err
+	}
+	_, err := c.nc.Write(frame)
+	return err
+}
+
+// closeWith closes c; cause, if not nil, is what its pending queries fail with (the reader
+// delivers it when its read fails on the closed socket).
+func (c *tcpConn) closeWith(cause error) {
+	p := c.pool
+	p.mu.Lock()
+	if c.cause == nil {
+		c.cause = cause
+	}
+	retired := p.retireLocked(c)
+	p.mu.Unlock()
+	if retired {
+		c.shut()
+	}
+}
+
+// readLoop reads length-prefixed answers and hands each to the query with its wire ID. It also
+// closes the connection once it has been idle for the pool's idle timeout, before the upstream
+// would (CoreDNS closes idle connections after 10 s).
+func (c *tcpConn) readLoop() {
+	p := c.pool
+	defer p.wg.Done()
+	buf := make([]byte, maxFrame)
+	n := 0
+	for {
+		deadline, ok := c.idleCheck()
+		if !ok {
+			c.fail(nil)
+			return
+		}
+		if err := c.nc.SetReadDeadline(deadline); err != nil {
+			c.fail(err)
+			return
+		}
+		m, err := c.nc.Read(buf[n:])
+		n += m
+		for n >= 2 {
+			size := 2 + int(binary.BigEndian.Uint16(buf))
+			if n < size {
+				break
+			}
+			c.dispatch(buf[2:size])
+			n = copy(buf, buf[size:n])
+		}
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue // idleCheck decides; a partial frame stays in buf
+			}
+			c.fail(err)
+			return
+		}
+	}
+}
+
+// idleCheck returns the next read deadline, or false when c is retired, retiring it if it has
+// been idle for the pool's idle timeout.
+func (c *tcpConn) idleCheck() (deadline time.Time, ok bool) {
+	p := c.pool
+	now := time.Now()
+	p.mu.Lock()
+	switch {
+	case c.dead:
+		p.mu.Unlock()
+		return now, false
+	case c.outstanding > 0:
+		p.mu.Unlock()
+		return now.Add(p.idle), true
+	case now.Sub(c.lastUsed) >= p.idle:
+		retired := p.retireLocked(c)
+		p.mu.Unlock()
+		if retired {
+			c.shut()
+		}
+		return now, false
+	}
+	deadline = c.lastUsed.Add(p.idle)
+	p.mu.Unlock()
+	return deadline, true
+}
+
+// dispatch delivers one answer frame to its waiter.
+func (c *tcpConn) dispatch(frame []byte) {
+	p := c.pool
+	if len(frame) < 2 {
+		p.obs.Failure(p.group, p.upstream, KindMalformed)
+		return
+	}
+	id := binary.BigEndian.Uint16(frame)
+	p.mu.Lock()
+	ch, ok := c.pending[id]
+	retired := false
+	if ok {
+		delete(c.pending, id)
+		if ch != nil {
+			c.outstanding--
+			c.lastUsed = time.Now()
+			retired = p.settleLocked(c)
+		}
+	}
+	p.mu.Unlock()
+	if retired {
+		c.shut() // before the answer is delivered: the caller may dial the replacement at once
+	}
+	switch {
+	case !ok:
+		// Neither pending nor cancelled: an answer to a query never sent on this connection.
+		p.obs.Failure(p.group, p.upstream, KindMismatch)
+	case ch != nil:
+		ch <- tcpResult{msg: append([]byte(nil), frame...)}
+	}
+}
+
+// fail ends c after a read error (nil: retired by us) and fails its pending queries.
+func (c *tcpConn) fail(readErr error) {
+	p := c.pool
+	p.mu.Lock()
+	retired := p.retireLocked(c)
+	pending := c.pending
+	c.pending, c.outstanding = nil, 0
+	cause, closed := c.cause, p.closed
+	p.mu.Unlock()
+	if retired {
+		c.shut()
+	}
+
+	var err error
+	switch {
+	case closed:
+		err = ErrClosed
+	case cause != nil && peerClosed(cause):
+		err = fmt.Errorf("%w: %w", errPeerClosed, cause)
+	case cause != nil:
+		err = cause
+	case readErr != nil && peerClosed(readErr):
+		err = fmt.Errorf("%w: read from %s: %w", errPeerClosed, p.upstream, readErr)
+	case readErr != nil:
+		err = fmt.Errorf("read from %s: %w", p.upstream, readErr)
+	default:
+		err = fmt.Errorf("connection to %s retired", p.upstream)
+	}
+	for _, ch := range pending {
+		if ch != nil {
+			ch <- tcpResult{err: err}
+		}
+	}
+	if len(pending) > 0 && readErr != nil && !closed {
+		p.log.Debug("upstream connection failed with queries pending", "upstream", p.upstream, "pending", len(pending), "err", err)
+	}
+}
+
+// close closes every connection and waits for their readers.
+func (p *tcpPool) close() {
+	p.mu.Lock()
+	p.closed = true
+	conns := append([]*tcpConn(nil), p.conns...)
+	p.wake()
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.closeWith(ErrClosed)
+	}
+	p.wg.Wait()
+}

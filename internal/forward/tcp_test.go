@@ -1,0 +1,336 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// exchangeMany sends n distinct queries concurrently and checks every answer against its qname.
+func exchangeMany(t *testing.T, g *Group, n int, name func(i int) string, check func(ans []byte, name string, id uint16) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := uint16(i)
+			ans, err := g.Exchange(ctx, query(t, name(i), id))
+			if err == nil {
+				err = check(ans, name(i), id)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("query %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// 500 concurrent distinct queries travel over no more than PoolSize connections, each answer
+// comes back to its own query, and both connections are used.
+func TestTCPPoolManyQueriesFewConns(t *testing.T) {
+	srv := startTCP(t, servePipelined)
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, PoolSize: 2}, rec)
+	exchangeMany(t, g, 500, func(i int) string { return fmt.Sprintf("q%d.svc.cluster.local.", i) }, checkTXT)
+	if n := srv.accepted.Load(); n != 2 {
+		t.Errorf("server accepted %d connections, want PoolSize 2", n)
+	}
+	if maxOpen, opened := rec.connStats(); maxOpen > 2 || opened != 2 {
+		t.Errorf("observer: %d connections open at most, %d opened; want 2, 2", maxOpen, opened)
+	}
+	if got := srv.queries.Load(); got != 500 {
+		t.Errorf("server saw %d queries, want 500", got)
+	}
+	if rec.inflightNow() != 0 {
+		t.Errorf("in-flight gauge %d after all returned", rec.inflightNow())
+	}
+}
+
+// Two queries are outstanding on one connection at once (the server reads both before answering)
+// and are answered in reverse order.
+func TestTCPPipelinedOnOneConn(t *testing.T) {
+	srv := startTCP(t, func(s *tcpServer, c net.Conn, _ int) {
+		for {
+			q1, err := s.read(c)
+			if err != nil {
+				return
+			}
+			q2, err := s.read(c)
+			if err != nil {
+				return
+			}
+			writeFrame(c, answerFor(q2))
+			writeFrame(c, answerFor(q1))
+		}
+	})
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, PoolSize: 1}, nil)
+	exchangeMany(t, g, 2, func(i int) string { return fmt.Sprintf("p%d.example.", i) }, checkTXT)
+	if n := srv.accepted.Load(); n != 1 {
+		t.Errorf("accepted %d connections, want 1", n)
+	}
+}
+
+// Against a miekg/dns server (one query at a time per connection, as CoreDNS), concurrent
+// queries are spread over the pool and complete in about one answer's time, not four.
+func TestTCPSpreadsOverInOrderUpstream(t *testing.T) {
+	const delay = 200 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	remotes := map[string]bool{}
+	srv := &dns.Server{Listener: ln, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		mu.Lock()
+		remotes[w.RemoteAddr().String()] = true
+		mu.Unlock()
+		time.Sleep(delay)
+		q, _ := r.Pack()
+		w.Write(answerFor(q))
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { srv.Shutdown() })
+
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{ln.Addr().(*net.TCPAddr).AddrPort()}, Proto: TCP, PoolSize: 4}, nil)
+	start := time.Now()
+	exchangeMany(t, g, 4, func(i int) string { return fmt.Sprintf("s%d.example.", i) }, checkTXT)
+	if d := time.Since(start); d > 3*delay {
+		t.Errorf("4 queries took %v against an in-order upstream with a %v answer time: not spread", d, delay)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(remotes) != 4 {
+		t.Errorf("queries arrived on %d connections, want 4", len(remotes))
+	}
+}
+
+// A connection the peer closes before answering is retried once, transparently, on another.
+func TestTCPRetryOnPeerClose(t *testing.T) {
+	srv := startTCP(t, func(s *tcpServer, c net.Conn, conn int) {
+		if conn == 0 {
+			s.read(c) // read the query, then close without answering
+			return
+		}
+		servePipelined(s, c, conn)
+	})
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP}, rec)
+	ans, err := g.Exchange(context.Background(), query(t, "retry.example.", 5))
+	if err != nil {
+		t.Fatalf("Exchange: %v", err)
+	}
+	if err := checkTXT(ans, "retry.example.", 5); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.accepted.Load(); n != 2 {
+		t.Errorf("accepted %d connections, want 2 (original and retry)", n)
+	}
+	if n := rec.failuresOf("", KindClosed); n != 1 {
+		t.Errorf("closed failures %d, want 1", n)
+	}
+	if n := rec.exchangesAt(srv.addr.String()); n != 1 {
+		t.Errorf("answers reported %d, want 1", n)
+	}
+}
+
+// An idle connection is closed after IdleTimeout, and the next query dials again.
+func TestTCPIdleExpiry(t *testing.T) {
+	closed := make(chan int, 4)
+	srv := startTCP(t, func(s *tcpServer, c net.Conn, conn int) {
+		serveInOrder(0)(s, c, conn)
+		closed <- conn
+	})
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, IdleTimeout: 100 * time.Millisecond}, rec)
+	if _, err := g.Exchange(context.Background(), query(t, "idle.example.", 1)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-closed:
+		if n != 0 {
+			t.Fatalf("connection %d closed", n)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("idle connection not closed")
+	}
+	waitFor(t, time.Second, "conns gauge back to 0", func() bool { return rec.openConns() == 0 })
+	ans, err := g.Exchange(context.Background(), query(t, "idle2.example.", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkTXT(ans, "idle2.example.", 2); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.accepted.Load(); n != 2 {
+		t.Errorf("accepted %d, want 2", n)
+	}
+}
+
+// After MaxQueriesPerConn queries a connection is drained and replaced.
+func TestTCPRecycleAfterMaxQueries(t *testing.T) {
+	srv := startTCP(t, servePipelined)
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, PoolSize: 1, MaxQueriesPerConn: 3}, rec)
+	for i := range 10 {
+		name := fmt.Sprintf("r%d.example.", i)
+		ans, err := g.Exchange(context.Background(), query(t, name, uint16(i)))
+		if err != nil {
+			t.Fatalf("query %d: %v", i, err)
+		}
+		if err := checkTXT(ans, name, uint16(i)); err != nil {
+			t.Fatalf("query %d: %v", i, err)
+		}
+	}
+	if n := srv.accepted.Load(); n != 4 {
+		t.Errorf("accepted %d connections for 10 queries at 3 per connection, want 4", n)
+	}
+	if maxOpen, _ := rec.connStats(); maxOpen != 1 {
+		t.Errorf("%d connections open at once, want 1", maxOpen)
+	}
+	if n := rec.failuresOf("", KindClosed); n != 0 {
+		t.Errorf("recycling caused %d closed failures", n)
+	}
+}
+
+// A slow upstream makes the try time out; the error comes back within the try budget, and the
+// late answers arriving afterwards are dropped without disturbing the connection.
+func TestTCPSlowUpstreamTimesOut(t *testing.T) {
+	srv := startTCP(t, serveInOrder(300*time.Millisecond))
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, PoolSize: 1, TryTimeout: 100 * time.Millisecond}, rec)
+	start := time.Now()
+	_, err := g.Exchange(context.Background(), query(t, "slow.example.", 1))
+	if !errors.Is(err, ErrNoAnswer) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Exchange error %v, want ErrNoAnswer wrapping a deadline", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("took %v for two 100 ms tries", d)
+	}
+	if n := rec.failuresOf(srv.addr.String(), KindTimeout); n != 2 {
+		t.Errorf("timeouts %d, want 2 (two passes)", n)
+	}
+	// Both late answers arrive on the open connection: dropped as late, not counted as mismatch.
+	waitFor(t, 2*time.Second, "server to answer the two late queries", func() bool { return srv.queries.Load() == 2 })
+	time.Sleep(350 * time.Millisecond)
+	if n := rec.failuresOf("", KindMismatch); n != 0 {
+		t.Errorf("late answers counted as %d mismatches", n)
+	}
+}
+
+// Dialing a dead upstream fails with "refused"; once it listens again, the pool reconnects.
+func TestTCPReconnectsAfterDialFailure(t *testing.T) {
+	addr := deadAddr(t)
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{addr}, Proto: TCP}, rec)
+	_, err := g.Exchange(context.Background(), query(t, "down.example.", 1))
+	if err == nil {
+		t.Fatal("Exchange to a dead upstream succeeded")
+	}
+	if n := rec.failuresOf(addr.String(), KindRefused); n == 0 {
+		t.Error("no refused failure counted")
+	}
+	startTCPOn(t, addr.String(), servePipelined)
+	waitFor(t, 5*time.Second, "reconnect", func() bool {
+		ans, err := g.Exchange(context.Background(), query(t, "up.example.", 2))
+		return err == nil && checkTXT(ans, "up.example.", 2) == nil
+	})
+}
+
+// Close fails queries in flight at once and leaves no goroutine behind.
+func TestCloseNoGoroutineLeak(t *testing.T) {
+	srv := startTCP(t, serveWith(func([]byte) []byte { return nil })) // never answers
+	rec := newRecorder()
+	g, err := NewGroup(GroupConfig{Name: "close", Servers: []netip.AddrPort{srv.addr, deadAddr(t)}, Proto: TCP, TryTimeout: 5 * time.Second}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 20)
+	for i := range 20 {
+		go func() {
+			_, err := g.Exchange(context.Background(), query(t, fmt.Sprintf("c%d.example.", i), 1))
+			errs <- err
+		}()
+	}
+	waitFor(t, 2*time.Second, "20 queries in flight", func() bool { return rec.inflightNow() == 20 })
+	start := time.Now()
+	g.Close()
+	for range 20 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrClosed) {
+				t.Errorf("in-flight query ended with %v, want ErrClosed", err)
+			}
+		case <-time.After(time.Second):
+			t.Fatal("query still blocked a second after Close")
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	if _, err := g.Exchange(context.Background(), query(t, "after.example.", 1)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Exchange after Close: %v", err)
+	}
+	if leaks := waitNoLeaks(time.Second); len(leaks) > 0 {
+		t.Errorf("goroutines left after Close:\n%v", leaks)
+	}
+	if n := rec.openConns(); n != 0 {
+		t.Errorf("conns gauge %d after Close", n)
+	}
+}
+
+// BenchmarkTCPPoolExchange measures a query through the pipelined pool against an upstream that
+// echoes the query as a NODATA answer (cheap, so the client side dominates).
+func BenchmarkTCPPoolExchange(b *testing.B) {
+	srv := startTCP(b, func(s *tcpServer, c net.Conn, _ int) {
+		var wmu sync.Mutex
+		buf := make([]byte, 2+512)
+		for {
+			q, err := readFrame(c)
+			if err != nil {
+				return
+			}
+			q[2] |= 0x80 // QR
+			wmu.Lock()
+			buf = buf[:2+len(q)]
+			buf[0], buf[1] = byte(len(q)>>8), byte(len(q))
+			copy(buf[2:], q)
+			_, err = c.Write(buf)
+			wmu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	})
+	g := newGroup(b, GroupConfig{Name: "bench", Servers: []netip.AddrPort{srv.addr}, Proto: TCP}, nil)
+	q := query(b, "kubernetes.default.svc.cluster.local.", 1)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := g.Exchange(ctx, q); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

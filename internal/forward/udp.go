@@ -1,0 +1,116 @@
+package forward
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+)
+
+// udpBufs holds receive buffers big enough for any UDP DNS message (EDNS answers can exceed 4 KB).
+var udpBufs = sync.Pool{New: func() any { b := make([]byte, 65535); return &b }}
+
+// exchangeUDP sends query from a fresh connected socket (a kernel-chosen random source port) with
+// a random ID, and reads until a valid answer or the deadline. Packets that are not the answer
+// (garbage, another ID, another question) are counted and ignored, not accepted: with the random
+// ID and port this is the spoofing defence of RFC 5452. A truncated answer is returned as is.
+func (g *Group) exchangeUDP(ctx context.Context, u *upstream, query []byte, q question) ([]byte, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "udp", u.name)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", u.name, err)
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		if err := nc.SetDeadline(dl); err != nil {
+			return nil, fmt.Errorf("set deadline: %w", err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) }) // cancellation without a deadline
+	defer stop()
+
+	wire := append([]byte(nil), query...)
+	id := uint16(rand.Uint32())
+	setID(wire, id)
+	if _, err := nc.Write(wire); err != nil {
+		return nil, fmt.Errorf("send to %s: %w", u.name, err)
+	}
+	bp := udpBufs.Get().(*[]byte)
+	defer udpBufs.Put(bp)
+	buf := *bp
+	for {
+		n, err := nc.Read(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return nil, fmt.Errorf("read from %s: %w", u.name, err)
+		}
+		msg := buf[:n]
+		if err := checkAnswer(msg, id, q); err != nil && !truncatedWithoutQuestion(msg, id) {
+			g.obs.Failure(g.name, u.name, failureKind(err))
+			continue
+		}
+		return append([]byte(nil), msg...), nil
+	}
+}
+
+// truncatedWithoutQuestion accepts a truncated response for our ID that omits the question, as
+// some servers send; it only leads to a TCP re-ask.
+func truncatedWithoutQuestion(msg []byte, id uint16) bool {
+	return truncated(msg) && msg[2]&0x80 != 0 &&
+		binary.BigEndian.Uint16(msg) == id && binary.BigEndian.Uint16(msg[4:]) == 0
+}
+
+// exchangeTCPOnce sends one query over a fresh TCP connection and reads its answer: the re-ask
+// after a truncated UDP answer, rare enough not to need a pool.
+func exchangeTCPOnce(ctx context.Context, addr string, query []byte, q question) ([]byte, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		if err := nc.SetDeadline(dl); err != nil {
+			return nil, fmt.Errorf("set deadline: %w", err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
+	defer stop()
+
+	id := uint16(rand.Uint32())
+	frame := make([]byte, 2+len(query))
+	binary.BigEndian.PutUint16(frame, uint16(len(query)))
+	copy(frame[2:], query)
+	setID(frame[2:], id)
+	if _, err := nc.Write(frame); err != nil {
+		return nil, tcpOnceErr(ctx, "send to", addr, err)
+	}
+	var size [2]byte
+	if _, err := io.ReadFull(nc, size[:]); err != nil {
+		return nil, tcpOnceErr(ctx, "read from", addr, err)
+	}
+	ans := make([]byte, binary.BigEndian.Uint16(size[:]))
+	if _, err := io.ReadFull(nc, ans); err != nil {
+		return nil, tcpOnceErr(ctx, "read from", addr, err)
+	}
+	if err := checkAnswer(ans, id, q); err != nil {
+		return nil, fmt.Errorf("answer from %s over TCP: %w", addr, err)
+	}
+	return ans, nil
+}
+
+func tcpOnceErr(ctx context.Context, op, addr string, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s %s over TCP: %w", op, addr, ctx.Err())
+	case peerClosed(err):
+		return fmt.Errorf("%w: %s %s over TCP: %w", errPeerClosed, op, addr, err)
+	}
+	return fmt.Errorf("%s %s over TCP: %w", op, addr, err)
+}
