@@ -1,0 +1,77 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Probe answers a health or readiness check: nil means healthy.
+type Probe func(ctx context.Context) error
+
+// HTTPConfig configures the HTTP server.
+type HTTPConfig struct {
+	Addr   string
+	Health Probe // /health: 200 when nil is returned, else 500
+	Ready  Probe // /ready: 200 when nil is returned, else 503
+	PProf  bool  // serve /debug/pprof/
+}
+
+// probeTimeout bounds a probe handler: kubelet's default probe timeout is 1 s.
+const probeTimeout = 900 * time.Millisecond
+
+// Serve listens on cfg.Addr and serves /metrics, /health, /ready (and
+// pprof when enabled) until ctx is done. It returns once listening, with
+// the bound address; serving errors after that are ignored.
+func (m *Metrics) Serve(ctx context.Context, cfg HTTPConfig) (net.Addr, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/health", probeHandler(cfg.Health, http.StatusInternalServerError))
+	mux.HandleFunc("/ready", probeHandler(cfg.Ready, http.StatusServiceUnavailable))
+	if cfg.PProf {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listen %s: %w", cfg.Addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			_ = err // the listener died with the process; nothing to do
+		}
+	}()
+	return ln.Addr(), nil
+}
+
+func probeHandler(p Probe, failCode int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if p == nil {
+			fmt.Fprintln(w, "ok")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
+		defer cancel()
+		if err := p(ctx); err != nil {
+			http.Error(w, err.Error(), failCode)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	}
+}

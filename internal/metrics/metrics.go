@@ -1,0 +1,225 @@
+// Package metrics defines every Prometheus collector of the daemon in one
+// place and serves them, with /health and /ready, over HTTP.
+//
+// Nothing here is global: New builds a registry, and the packages that
+// count things either expose snapshots (server, cache) read at scrape time
+// or report through small observer interfaces implemented here (forward,
+// netsetup). The hot path therefore never touches a Prometheus object.
+package metrics
+
+import (
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
+)
+
+const ns = "nodelocaldns"
+
+// SetupErrorKinds are the stock node-cache's setup error types; the counter
+// starts at 0 for each so alerts can use rate() from the first scrape.
+var SetupErrorKinds = []string{"iptables", "iptables_lock", "interface_add", "interface_check", "configmap"}
+
+// Metrics is the daemon's registry and the collectors that are updated by
+// events rather than read from snapshots.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	setupErrors *prometheus.CounterVec
+	backend     *prometheus.GaugeVec
+
+	upstreamDuration *prometheus.HistogramVec
+	upstreamFailures *prometheus.CounterVec
+	upstreamHealthy  *prometheus.GaugeVec
+	upstreamConns    *prometheus.GaugeVec
+	upstreamInflight *prometheus.GaugeVec
+}
+
+// New registers every collector. srv and c may be nil (their metrics are
+// then absent), e.g. for -check-config or tests.
+func New(srv func() server.Counters, c *cache.Cache) *Metrics {
+	m := &Metrics{Registry: prometheus.NewRegistry()}
+	r := m.Registry
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	version, revision := buildVersion()
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "build_info", Help: "Build information; always 1.",
+	}, []string{"version", "revision", "goversion"})
+	buildInfo.WithLabelValues(version, revision, goVersion()).Set(1)
+	r.MustRegister(buildInfo)
+
+	m.setupErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "setup_errors_total", Help: "Errors setting up or checking the node: interface, iptables, configmap.",
+	}, []string{"type"})
+	for _, k := range SetupErrorKinds {
+		m.setupErrors.WithLabelValues(k)
+	}
+	m.backend = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "iptables_backend", Help: "The iptables backend in use (1 for the chosen one).",
+	}, []string{"backend"})
+	r.MustRegister(m.setupErrors, m.backend)
+
+	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",
+		Help: "Time from sending a query upstream to its answer, by upstream and rcode.",
+		// 250 µs to ~4 s: node-local kube-dns answers in well under a
+		// millisecond, internet resolvers in tens of milliseconds.
+		Buckets: prometheus.ExponentialBuckets(0.00025, 2, 15),
+	}, []string{"group", "upstream", "rcode"})
+	m.upstreamFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: "upstream", Name: "failures_total",
+		Help: "Upstream tries that failed, by kind: timeout, refused, closed, malformed, mismatch, network, overloaded.",
+	}, []string{"group", "upstream", "kind"})
+	m.upstreamHealthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: "upstream", Name: "healthy", Help: "1 when the upstream is considered up.",
+	}, []string{"group", "upstream"})
+	m.upstreamConns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: "upstream", Name: "open_connections", Help: "Open TCP connections to the upstream.",
+	}, []string{"group", "upstream"})
+	m.upstreamInflight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: "upstream", Name: "inflight_queries", Help: "Queries awaiting an upstream answer, by group.",
+	}, []string{"group"})
+	r.MustRegister(m.upstreamDuration, m.upstreamFailures, m.upstreamHealthy, m.upstreamConns, m.upstreamInflight)
+
+	if srv != nil || c != nil {
+		r.MustRegister(&snapshotCollector{srv: srv, cache: c})
+	}
+	return m
+}
+
+// SetupError counts a node setup error (netsetup.Observer).
+func (m *Metrics) SetupError(kind string) { m.setupErrors.WithLabelValues(kind).Inc() }
+
+// Backend records the chosen iptables backend (netsetup.Observer).
+func (m *Metrics) Backend(name string) {
+	m.backend.Reset()
+	m.backend.WithLabelValues(name).Set(1)
+}
+
+// Exchange records an upstream answer (forward.Observer).
+func (m *Metrics) Exchange(group, upstream string, rcode int, d time.Duration) {
+	m.upstreamDuration.WithLabelValues(group, upstream, server.RcodeLabel(rcode)).Observe(d.Seconds())
+}
+
+// Failure counts a failed upstream try (forward.Observer).
+func (m *Metrics) Failure(group, upstream, kind string) {
+	m.upstreamFailures.WithLabelValues(group, upstream, kind).Inc()
+}
+
+// Health records an upstream's health (forward.Observer).
+func (m *Metrics) Health(group, upstream string, healthy bool) {
+	v := 0.0
+	if healthy {
+		v = 1
+	}
+	m.upstreamHealthy.WithLabelValues(group, upstream).Set(v)
+}
+
+// Conns moves the open-connections gauge (forward.Observer).
+func (m *Metrics) Conns(group, upstream string, delta int) {
+	m.upstreamConns.WithLabelValues(group, upstream).Add(float64(delta))
+}
+
+// Inflight moves the in-flight gauge (forward.Observer).
+func (m *Metrics) Inflight(group string, delta int) {
+	m.upstreamInflight.WithLabelValues(group).Add(float64(delta))
+}
+
+// snapshotCollector reads the server's and the cache's counters at scrape
+// time, so the serving path only increments plain atomics.
+type snapshotCollector struct {
+	srv   func() server.Counters
+	cache *cache.Cache
+}
+
+var (
+	descRequests  = prometheus.NewDesc(ns+"_requests_total", "DNS queries received, by transport.", []string{"proto"}, nil)
+	descResponses = prometheus.NewDesc(ns+"_responses_total", "DNS answers sent, by rcode.", []string{"rcode"}, nil)
+	descMalformed = prometheus.NewDesc(ns+"_malformed_queries_total", "Queries answered FORMERR, NOTIMP or BADVERS.", nil, nil)
+	descDropped   = prometheus.NewDesc(ns+"_dropped_queries_total", "Messages dropped unanswered (unreadable header, or a response).", nil, nil)
+	descRejected  = prometheus.NewDesc(ns+"_admission_rejects_total", "Misses answered SERVFAIL at once because -max-inflight were in flight.", nil, nil)
+	descCoalesced = prometheus.NewDesc(ns+"_coalesced_queries_total", "Misses that waited for another client's identical upstream query.", nil, nil)
+	descFwdErrors = prometheus.NewDesc(ns+"_forward_errors_total", "Misses answered SERVFAIL because forwarding failed or the answer was unusable.", nil, nil)
+	descTCPConns  = prometheus.NewDesc(ns+"_tcp_connections", "Open client TCP connections.", nil, nil)
+	descTCPRef    = prometheus.NewDesc(ns+"_tcp_refused_total", "Client TCP connections closed at once over -max-tcp-conns.", nil, nil)
+	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Cache hits, by entry type.", []string{"type"}, nil)
+	descMisses    = prometheus.NewDesc(ns+"_cache_misses_total", "Cache misses.", nil, nil)
+	descInserts   = prometheus.NewDesc(ns+"_cache_inserts_total", "Answers stored in the cache.", nil, nil)
+	descEvictions = prometheus.NewDesc(ns+"_cache_evictions_total", "Entries evicted to stay within capacity or the byte budget.", nil, nil)
+	descEntries   = prometheus.NewDesc(ns+"_cache_entries", "Entries in the cache, by type.", []string{"type"}, nil)
+	descBytes     = prometheus.NewDesc(ns+"_cache_bytes", "Memory accounted to cache entries.", nil, nil)
+)
+
+func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
+		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
+		descEntries, descBytes} {
+		ch <- d
+	}
+}
+
+func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	if s.srv != nil {
+		c := s.srv()
+		counter(descRequests, c.RequestsUDP, "udp")
+		counter(descRequests, c.RequestsTCP, "tcp")
+		for i, v := range c.Responses {
+			if v > 0 || i <= 5 {
+				counter(descResponses, v, server.RcodeLabel(i))
+			}
+		}
+		counter(descMalformed, c.Malformed)
+		counter(descDropped, c.Dropped)
+		counter(descRejected, c.Rejected)
+		counter(descCoalesced, c.Coalesced)
+		counter(descFwdErrors, c.UpstreamErrors)
+		gauge(descTCPConns, c.TCPConns)
+		counter(descTCPRef, c.TCPRefused)
+	}
+	if s.cache != nil {
+		st := s.cache.Stats()
+		for _, k := range cache.Kinds() {
+			counter(descHits, st.Hits[k], k.String())
+			gauge(descEntries, st.Entries[k], k.String())
+		}
+		counter(descMisses, st.Misses)
+		counter(descInserts, st.Inserts)
+		counter(descEvictions, st.Evictions)
+		gauge(descBytes, st.Bytes)
+	}
+}
+
+func buildVersion() (version, revision string) {
+	version, revision = "devel", "unknown"
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return
+	}
+	if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		version = bi.Main.Version
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			revision = s.Value
+		}
+	}
+	return
+}
+
+func goVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.GoVersion
+	}
+	return "unknown"
+}

@@ -1,0 +1,369 @@
+// Package server owns the DNS listeners: several SO_REUSEPORT UDP sockets
+// per address read in batches (recvmmsg) and answered from the cache on the
+// reading goroutine, TCP with several queries per connection answered as
+// they complete, admission (a bound on concurrent misses and on TCP
+// connections), EDNS, and truncation to the client's payload size.
+//
+// It knows nothing about upstreams: a miss calls the Forward function it is
+// given with a ready upstream query, and the answer goes through the cache.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// ForwardFunc sends query (wire format, ID chosen by the transport) for the
+// lower-case FQDN qname upstream and returns the validated answer.
+type ForwardFunc func(ctx context.Context, qname string, query []byte) ([]byte, error)
+
+// Config configures a Server.
+type Config struct {
+	Addrs []netip.Addr
+	Port  int
+	// UDPSockets is the number of SO_REUSEPORT sockets per address; 0
+	// means GOMAXPROCS, so every core can read its own socket.
+	UDPSockets int
+	Cache      *cache.Cache
+	Forward    ForwardFunc
+	// ClusterZone is the cluster domain ("cluster.local."); names in it
+	// get the Cluster policy, others the Default policy.
+	ClusterZone   string
+	ClusterPolicy cache.Policy
+	DefaultPolicy cache.Policy
+	ServFailTTL   time.Duration
+	// MaxUDPSize caps the payload size answered over UDP and advertised in
+	// OPT records (default 1232, the DNS flag day 2020 value that fits an
+	// IPv6 minimum MTU without fragmentation).
+	MaxUDPSize uint16
+	// ForwardTimeout bounds one miss end to end (default 4 s: a glibc client
+	// waits 5 s before it retries, so it still gets our SERVFAIL).
+	ForwardTimeout time.Duration
+	// MaxInflight bounds concurrent misses (default 1024); past it a query
+	// gets SERVFAIL at once and is counted as rejected.
+	MaxInflight int
+	// TCPIdleTimeout closes a TCP connection with no query for this long
+	// (default 10 s, as CoreDNS); TCPReadTimeout bounds reading one query
+	// once it has started (default 2 s); MaxTCPConns bounds open TCP
+	// connections (default 1000); MaxTCPPipeline bounds the misses
+	// outstanding on one connection (default 32).
+	TCPIdleTimeout time.Duration
+	TCPReadTimeout time.Duration
+	MaxTCPConns    int
+	MaxTCPPipeline int
+	Now            func() time.Time
+	Logger         *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.UDPSockets <= 0 {
+		c.UDPSockets = runtime.GOMAXPROCS(0)
+	}
+	if c.MaxUDPSize < wire.MinUDPSize {
+		c.MaxUDPSize = 1232
+	}
+	if c.ForwardTimeout <= 0 {
+		c.ForwardTimeout = 4 * time.Second
+	}
+	if c.MaxInflight <= 0 {
+		c.MaxInflight = 1024
+	}
+	if c.TCPIdleTimeout <= 0 {
+		c.TCPIdleTimeout = 10 * time.Second
+	}
+	if c.TCPReadTimeout <= 0 {
+		c.TCPReadTimeout = 2 * time.Second
+	}
+	if c.MaxTCPConns <= 0 {
+		c.MaxTCPConns = 1000
+	}
+	if c.MaxTCPPipeline <= 0 {
+		c.MaxTCPPipeline = 32
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.ClusterZone == "" {
+		c.ClusterZone = "cluster.local."
+	}
+}
+
+// Server answers DNS queries on UDP and TCP.
+type Server struct {
+	cfg         Config
+	clusterWire []byte
+	inflight    chan struct{}
+	stats       Stats
+
+	mu      sync.Mutex
+	udp     []*udpListener
+	tcp     []net.Listener
+	conns   map[net.Conn]struct{}
+	closing atomic.Bool
+	wg      sync.WaitGroup // serving goroutines
+	missWG  sync.WaitGroup // miss goroutines
+}
+
+// New checks cfg and returns a server that is not yet listening.
+func New(cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if cfg.Cache == nil || cfg.Forward == nil {
+		return nil, errors.New("server: Cache and Forward are required")
+	}
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("server: no listen address")
+	}
+	zone, ok := wire.AppendNameWire(nil, cfg.ClusterZone)
+	if !ok {
+		return nil, fmt.Errorf("server: invalid cluster zone %q", cfg.ClusterZone)
+	}
+	return &Server{
+		cfg:         cfg,
+		clusterWire: zone,
+		inflight:    make(chan struct{}, cfg.MaxInflight),
+		conns:       make(map[net.Conn]struct{}),
+	}, nil
+}
+
+// Listen opens every socket: UDPSockets UDP sockets and one TCP listener
+// per address, all with SO_REUSEPORT. On error nothing stays open.
+func (s *Server) Listen() error {
+	for _, a := range s.cfg.Addrs {
+		ap := netip.AddrPortFrom(a, uint16(s.cfg.Port))
+		for i := 0; i < s.cfg.UDPSockets; i++ {
+			l, err := listenUDP(ap)
+			if err != nil {
+				s.closeListeners()
+				return fmt.Errorf("listen udp %s: %w", ap, err)
+			}
+			s.udp = append(s.udp, l)
+		}
+		ln, err := listenTCP(ap)
+		if err != nil {
+			s.closeListeners()
+			return fmt.Errorf("listen tcp %s: %w", ap, err)
+		}
+		s.tcp = append(s.tcp, ln)
+	}
+	return nil
+}
+
+// Serve starts the serving goroutines for the sockets Listen opened and
+// returns at once.
+func (s *Server) Serve() {
+	for _, l := range s.udp {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveUDP(l)
+		}()
+	}
+	for _, ln := range s.tcp {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveTCP(ln)
+		}()
+	}
+}
+
+// Addr returns the bound address of the first UDP socket (useful with
+// port 0 in tests).
+func (s *Server) Addr() netip.AddrPort {
+	if len(s.udp) == 0 {
+		return netip.AddrPort{}
+	}
+	return s.udp[0].conn.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// TCPAddr returns the bound address of the first TCP listener.
+func (s *Server) TCPAddr() netip.AddrPort {
+	if len(s.tcp) == 0 {
+		return netip.AddrPort{}
+	}
+	return s.tcp[0].Addr().(*net.TCPAddr).AddrPort()
+}
+
+// Shutdown closes the listeners, closes idle TCP connections and waits, up
+// to ctx's deadline, for queries being resolved to be answered.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	s.closeListeners()
+	s.mu.Lock()
+	for c := range s.conns {
+		// Wake blocked readers; in-flight answers still get written.
+		_ = c.SetReadDeadline(time.Now())
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		s.missWG.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		for c := range s.conns {
+			_ = c.Close()
+		}
+		s.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+func (s *Server) closeListeners() {
+	for _, l := range s.udp {
+		_ = l.conn.Close()
+	}
+	for _, ln := range s.tcp {
+		_ = ln.Close()
+	}
+}
+
+// policy picks the TTL policy for a question name.
+func (s *Server) policy(name []byte) cache.Policy {
+	if wire.InZone(name, s.clusterWire) {
+		return s.cfg.ClusterPolicy
+	}
+	return s.cfg.DefaultPolicy
+}
+
+// Result of answering a query from what is at hand.
+type verdict int
+
+const (
+	answered verdict = iota // out holds the response
+	dropped                 // send nothing
+	miss                    // must be resolved upstream
+)
+
+// answerLocal parses raw into q and appends the response to out when it
+// can be given without an upstream: a cache hit or an error. maxSize is the
+// transport's limit (0 for UDP: the client's advertised size).
+func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats) ([]byte, verdict) {
+	err := wire.ParseQuery(raw, q)
+	st.countRequest(tcp)
+	if err != nil {
+		rcode := wire.RcodeFormErr
+		switch {
+		case errors.Is(err, wire.ErrDrop):
+			st.Dropped.Add(1)
+			return out, dropped
+		case errors.Is(err, wire.ErrNotImp):
+			rcode = wire.RcodeNotImp
+		case errors.Is(err, wire.ErrBadVers):
+			rcode = wire.RcodeBadVers
+		}
+		st.Malformed.Add(1)
+		out = wire.AppendError(out, raw, q, rcode, s.cfg.MaxUDPSize)
+		st.countRcode(rcode)
+		return out, answered
+	}
+	if q.Type == 251 || q.Type == 252 { // IXFR, AXFR: zone transfers are not a cache's job
+		out = wire.AppendError(out, raw, q, wire.RcodeRefused, s.cfg.MaxUDPSize)
+		st.countRcode(wire.RcodeRefused)
+		return out, answered
+	}
+	e := s.cfg.Cache.Get(q, now)
+	if e == nil {
+		if wire.EqualNameFold(q.Name, healthName) {
+			out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
+			st.countRcode(wire.RcodeSuccess)
+			return out, answered
+		}
+		return out, miss
+	}
+	out = e.Write(out, q, now, s.maxSize(q, tcp), s.cfg.MaxUDPSize)
+	st.countRcode(e.Rcode())
+	return out, answered
+}
+
+func (s *Server) maxSize(q *wire.Query, tcp bool) int {
+	if tcp {
+		return 0xFFFF
+	}
+	return int(min(q.Size, s.cfg.MaxUDPSize))
+}
+
+// resolve answers a miss: one upstream query per question however many
+// clients ask at once, the answer cached when it may be, and SERVFAIL when
+// the upstream fails. It appends the response to out.
+func (s *Server) resolve(raw []byte, q *wire.Query, out []byte, tcp bool) []byte {
+	st := &s.stats
+	e, shared, err := s.cfg.Cache.Flight().Do(q, func() (*cache.Entry, error) {
+		now := s.cfg.Now().UnixNano()
+		if e := s.cfg.Cache.Peek(q, now); e != nil {
+			return e, nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ForwardTimeout)
+		defer cancel()
+		uq := wire.AppendUpstreamQuery(make([]byte, 0, 64+len(q.Name)), q, s.cfg.MaxUDPSize)
+		resp, err := s.cfg.Forward(ctx, wire.NameString(q.Name), uq)
+		if err != nil {
+			st.UpstreamErrors.Add(1)
+			return nil, err
+		}
+		e, err := cache.Build(resp, q, s.policy(q.Name), s.cfg.ServFailTTL, s.cfg.Now().UnixNano())
+		if err != nil {
+			st.UpstreamErrors.Add(1)
+			return nil, err
+		}
+		s.cfg.Cache.Put(e)
+		return e, nil
+	})
+	if shared {
+		st.Coalesced.Add(1)
+	}
+	if err != nil {
+		out = wire.AppendError(out, raw, q, wire.RcodeServFail, s.cfg.MaxUDPSize)
+		st.countRcode(wire.RcodeServFail)
+		return out
+	}
+	out = e.Write(out, q, s.cfg.Now().UnixNano(), s.maxSize(q, tcp), s.cfg.MaxUDPSize)
+	st.countRcode(e.Rcode())
+	return out
+}
+
+// admit takes a miss slot, or reports false when MaxInflight are busy.
+func (s *Server) admit() bool {
+	select {
+	case s.inflight <- struct{}{}:
+		return true
+	default:
+		s.stats.Rejected.Add(1)
+		return false
+	}
+}
+
+func (s *Server) release() { <-s.inflight }
+
+// healthName is answered by the server itself (NOERROR, no records), so a
+// health check proves the listener works without asking any upstream. It
+// is under .invalid (RFC 6761 §6.4), which no real resolver answers, so it
+// shadows nothing.
+var healthName, _ = wire.AppendNameWire(nil, "health-check.nodelocaldns.invalid.")
+
+// HealthQuery returns a query for the health name with the given ID.
+func HealthQuery(id uint16) []byte {
+	q := wire.Query{Name: healthName, Type: wire.TypeA, Class: wire.ClassINET}
+	b := wire.AppendUpstreamQuery(nil, &q, wire.MinUDPSize)
+	wire.SetID(b, id)
+	return b
+}

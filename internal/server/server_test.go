@@ -1,0 +1,213 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+)
+
+// zoneForward answers every query itself, the way an upstream would, and
+// counts the queries it gets.
+type zoneForward struct{ n atomic.Int64 }
+
+func (z *zoneForward) forward(_ context.Context, _ string, query []byte) ([]byte, error) {
+	z.n.Add(1)
+	m := new(dns.Msg)
+	if err := m.Unpack(query); err != nil {
+		return nil, err
+	}
+	r := new(dns.Msg)
+	r.SetReply(m)
+	rr, _ := dns.NewRR(m.Question[0].Name + " 300 IN A 192.0.2.7")
+	r.Answer = append(r.Answer, rr)
+	return r.Pack()
+}
+
+func startServer(t testing.TB, mutate func(*Config)) (*Server, *zoneForward) {
+	t.Helper()
+	z := &zoneForward{}
+	cfg := Config{
+		Addrs:         []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+		UDPSockets:    1,
+		Cache:         cache.New(cache.Config{}),
+		Forward:       z.forward,
+		DefaultPolicy: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
+		ClusterPolicy: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	s.Serve()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s, z
+}
+
+func TestIdleTCPConnectionIsClosed(t *testing.T) {
+	s, _ := startServer(t, func(c *Config) { c.TCPIdleTimeout = 200 * time.Millisecond })
+	c, err := net.Dial("tcp", s.TCPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	began := time.Now()
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("read: %v, want EOF", err)
+	}
+	if d := time.Since(began); d > 2*time.Second {
+		t.Fatalf("closed after %v", d)
+	}
+}
+
+func TestSlowLorisIsCutOff(t *testing.T) {
+	s, _ := startServer(t, func(c *Config) { c.TCPReadTimeout = 200 * time.Millisecond })
+	c, err := net.Dial("tcp", s.TCPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte{0, 40, 1}) // a length and one byte of 40, then nothing
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("read: %v, want EOF", err)
+	}
+}
+
+func TestTCPConnectionBound(t *testing.T) {
+	s, _ := startServer(t, func(c *Config) { c.MaxTCPConns = 2 })
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("tcp", s.TCPAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for s.Snapshot().TCPConns != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d conns", s.Snapshot().TCPConns)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c, err := net.Dial("tcp", s.TCPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("third connection served")
+	}
+	if s.Snapshot().TCPRefused != 1 {
+		t.Fatalf("refused %d", s.Snapshot().TCPRefused)
+	}
+	// The first two still work.
+	m := new(dns.Msg)
+	m.SetQuestion("a.example.", dns.TypeA)
+	b, _ := m.Pack()
+	_, _ = conns[0].Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...))
+	_ = conns[0].SetReadDeadline(time.Now().Add(3 * time.Second))
+	var lb [2]byte
+	if _, err := io.ReadFull(conns[0], lb[:]); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAdmissionBoundAnswersServfail(t *testing.T) {
+	release := make(chan struct{})
+	s, _ := startServer(t, func(c *Config) {
+		c.MaxInflight = 1
+		c.Forward = func(ctx context.Context, _ string, q []byte) ([]byte, error) {
+			<-release
+			return nil, context.Canceled
+		}
+	})
+	defer close(release)
+	conn, err := net.Dial("udp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for i, name := range []string{"one.example.", "two.example."} {
+		m := new(dns.Msg)
+		m.SetQuestion(name, dns.TypeA)
+		m.Id = uint16(i + 1)
+		b, _ := m.Pack()
+		_, _ = conn.Write(b)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 512)
+	n, err := conn.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := new(dns.Msg)
+	if err := r.Unpack(buf[:n]); err != nil || r.Id != 2 || r.Rcode != dns.RcodeServerFailure {
+		t.Fatalf("got %v %v", r, err)
+	}
+	if s.Snapshot().Rejected != 1 {
+		t.Fatalf("rejected %d", s.Snapshot().Rejected)
+	}
+}
+
+// BenchmarkUDPHit measures cache hits through a real loopback socket: a
+// client sends queries in bursts of 32 and reads the answers. It counts
+// the whole round trip, client included, so compare runs, not absolutes.
+func BenchmarkUDPHit(b *testing.B) {
+	s, _ := startServer(b, nil)
+	conn, err := net.Dial("udp", s.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("bench.example.", dns.TypeA)
+	q, _ := m.Pack()
+	buf := make([]byte, 1500)
+	_, _ = conn.Write(q)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(buf); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	const burst = 32
+	for i := 0; i < b.N; i += burst {
+		n := min(burst, b.N-i)
+		for j := 0; j < n; j++ {
+			_, _ = conn.Write(q)
+		}
+		for j := 0; j < n; j++ {
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := conn.Read(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
