@@ -27,7 +27,7 @@ func BenchmarkCacheHit(b *testing.B) {
 		if err := wire.ParseQuery(raw, &pq); err != nil {
 			b.Fatal(err)
 		}
-		hit := c.Get(&pq, t0)
+		hit, _ := c.Get(&pq, t0)
 		if hit == nil {
 			b.Fatal("miss")
 		}
@@ -54,7 +54,7 @@ func BenchmarkCacheHitParallel(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			_ = wire.ParseQuery(raws[i%len(raws)], &pq)
-			if hit := c.Get(&pq, t0); hit != nil {
+			if hit, _ := c.Get(&pq, t0); hit != nil {
 				out = hit.Write(out[:0], &pq, t0, 1232, 1232)
 			}
 			i++

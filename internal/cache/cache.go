@@ -20,12 +20,19 @@ type Config struct {
 	// Shards is the number of independently locked LRU lists, a power of
 	// two; 0 picks a default.
 	Shards int
+	// PrefetchHits is how many hits during its life make an entry
+	// popular enough to be refreshed before it expires; 0 disables
+	// prefetching.
+	PrefetchHits int
 }
 
 // defaultShards: enough that two to eight serving goroutines rarely meet on
 // one lock, few enough that per-shard capacities stay large (9984 / 64 =
 // 156 entries per shard, so LRU order is still meaningful).
 const defaultShards = 64
+
+// shardSkew bounds how far above its fair share one shard may grow.
+const shardSkew = 2
 
 // evictScan is how many entries from the LRU tail are looked at for an
 // expired one before the tail itself is evicted.
@@ -34,9 +41,12 @@ const evictScan = 8
 // Cache is a sharded LRU of answers keyed by the question (lower-cased
 // name, type, class, DO and CD bits). It is safe for concurrent use.
 type Cache struct {
-	shards []shard
-	mask   uint64
-	flight Flight
+	shards       []shard
+	mask         uint64
+	flight       Flight
+	prefetchHits uint32
+	capacity     [numKinds]int64
+	maxBytes     int64
 	// gauges, kept exactly on every insert and removal.
 	entries [numKinds]atomic.Int64
 	bytes   atomic.Int64
@@ -50,16 +60,16 @@ type shard struct {
 	count    [numKinds]int
 	bytes    int64
 	capacity [numKinds]int
-	maxBytes int64
 	stats    shardStats
 	_        [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 type shardStats struct {
-	hits      [numKinds]uint64
-	misses    uint64
-	inserts   uint64
-	evictions uint64
+	hits       [numKinds]uint64
+	misses     uint64
+	prefetches uint64
+	inserts    uint64
+	evictions  uint64
 }
 
 // New returns an empty cache.
@@ -77,21 +87,24 @@ func New(cfg Config) *Cache {
 	if cfg.DenialCapacity <= 0 {
 		cfg.DenialCapacity = 9984
 	}
-	c := &Cache{shards: make([]shard, n), mask: uint64(n - 1)}
-	per := func(total int) int { return max(1, (total+n-1)/n) }
+	c := &Cache{shards: make([]shard, n), mask: uint64(n - 1), prefetchHits: uint32(max(0, cfg.PrefetchHits)), maxBytes: cfg.MaxBytes}
+	c.capacity[Success] = int64(cfg.SuccessCapacity)
+	c.capacity[Denial] = int64(cfg.DenialCapacity)
+	// SERVFAIL entries are few and short-lived; a quarter of the denial
+	// budget, so an upstream outage cannot grow the cache.
+	c.capacity[ServFail] = max(1, int64(cfg.DenialCapacity)/4)
+	// The capacities and the byte budget are global; a shard may hold up
+	// to shardSkew times its fair share, so uneven hashing of a working set
+	// that fits the cache does not make one shard thrash.
+	per := func(total int64) int { return int(max(1, shardSkew*(total+int64(n)-1)/int64(n))) }
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.items = make(map[uint64]*Entry)
 		for k := range s.lru {
 			s.lru[k].next, s.lru[k].prev = &s.lru[k], &s.lru[k]
 		}
-		s.capacity[Success] = per(cfg.SuccessCapacity)
-		s.capacity[Denial] = per(cfg.DenialCapacity)
-		// SERVFAIL entries are few and short-lived; they share the denial
-		// budget so an upstream outage cannot grow the cache.
-		s.capacity[ServFail] = max(1, s.capacity[Denial]/4)
-		if cfg.MaxBytes > 0 {
-			s.maxBytes = max(1, cfg.MaxBytes/int64(n))
+		for k := range s.capacity {
+			s.capacity[k] = per(c.capacity[k])
 		}
 	}
 	return c
@@ -100,41 +113,80 @@ func New(cfg Config) *Cache {
 // Flight returns the cache's miss coalescer.
 func (c *Cache) Flight() *Flight { return &c.flight }
 
-// Get returns the fresh entry answering q at now (unix ns), or nil. An
-// expired entry is removed. The returned entry is immutable and may be used
-// after Get returns. Hits and misses are counted.
-func (c *Cache) Get(q *wire.Query, now int64) *Entry { return c.get(q, now, true) }
+// Status says what Lookup found.
+type Status uint8
 
-// Peek is Get without counting a hit or miss or touching the LRU order.
-func (c *Cache) Peek(q *wire.Query, now int64) *Entry { return c.get(q, now, false) }
+// Lookup results.
+const (
+	Miss  Status = iota // nothing usable
+	Fresh               // within its TTL
+	Stale               // expired, within the serve-stale window
+)
 
-func (c *Cache) get(q *wire.Query, now int64, count bool) *Entry {
+// Get returns the fresh entry answering q at now (unix ns), or nil, and
+// counts a hit or a miss. prefetch is true, once per entry, when this hit
+// makes a popular entry (PrefetchHits hits) that is in the last tenth of
+// its lifetime due for a background refresh. The returned entry is
+// immutable and may be used after Get returns.
+func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 	flags := keyFlags(q)
 	h := hashQuestion(q.Name, q.Type, q.Class, flags)
 	s := &c.shards[h&c.mask]
 	s.mu.Lock()
-	e := s.items[h]
-	if e == nil || !e.matches(q, flags) {
-		if count {
-			s.stats.misses++
+	e = s.items[h]
+	if e == nil || !e.matches(q, flags) || now >= e.expires {
+		if e != nil && now >= e.staleUntil && e.matches(q, flags) {
+			c.remove(s, e)
 		}
+		s.stats.misses++
 		s.mu.Unlock()
-		return nil
+		return nil, false
 	}
-	if e.Expired(now) {
-		c.remove(s, e)
-		if count {
-			s.stats.misses++
-		}
-		s.mu.Unlock()
-		return nil
-	}
-	if count {
-		s.moveToFront(e)
-		s.stats.hits[e.kind]++
+	s.moveToFront(e)
+	s.stats.hits[e.kind]++
+	e.hits++
+	if c.prefetchHits > 0 && e.hits >= c.prefetchHits && !e.prefetching &&
+		(e.expires-now)*10 <= e.expires-e.stored {
+		e.prefetching = true
+		prefetch = true
+		s.stats.prefetches++
 	}
 	s.mu.Unlock()
-	return e
+	return e, prefetch
+}
+
+// Lookup finds the entry answering q at now without counting anything or
+// touching the LRU order. For a stale entry, refresh says whether the
+// upstream should be asked again now: false while a failed refresh's
+// recheck interval runs (see RefreshFailed).
+func (c *Cache) Lookup(q *wire.Query, now int64) (e *Entry, st Status, refresh bool) {
+	flags := keyFlags(q)
+	h := hashQuestion(q.Name, q.Type, q.Class, flags)
+	s := &c.shards[h&c.mask]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e = s.items[h]
+	switch {
+	case e == nil || !e.matches(q, flags) || now >= e.staleUntil:
+		return nil, Miss, true
+	case now < e.expires:
+		return e, Fresh, false
+	default:
+		return e, Stale, now >= e.refreshAfter
+	}
+}
+
+// RefreshFailed records that refreshing the stale entry for q failed at
+// now: until the recheck time it is served stale without asking upstream.
+func (c *Cache) RefreshFailed(q *wire.Query, now, recheck int64) {
+	flags := keyFlags(q)
+	h := hashQuestion(q.Name, q.Type, q.Class, flags)
+	s := &c.shards[h&c.mask]
+	s.mu.Lock()
+	if e := s.items[h]; e != nil && e.matches(q, flags) && now >= e.expires {
+		e.refreshAfter = recheck
+	}
+	s.mu.Unlock()
 }
 
 // Put stores e, replacing any entry for the same question, and evicts
@@ -149,21 +201,30 @@ func (c *Cache) Put(e *Entry) bool {
 	size := e.size()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.maxBytes > 0 && size > s.maxBytes {
-		return false
+	if c.maxBytes > 0 && size > c.maxBytes/int64(len(c.shards)) {
+		return false // one answer may not take more than a shard's share
 	}
 	if old := s.items[e.hash]; old != nil {
+		// A SERVFAIL never shadows an answer that can still be served,
+		// fresh or stale.
+		if e.kind == ServFail && old.kind != ServFail && e.stored < old.staleUntil {
+			return false
+		}
 		c.remove(s, old)
 	}
-	for s.count[e.kind] >= s.capacity[e.kind] {
-		c.evict(s, e.kind, e.stored)
+	// Make room in this shard. The global bounds may be exceeded by at
+	// most one entry per shard (when this shard has nothing of the kind to
+	// give back) and by concurrent inserts in other shards.
+	k := e.kind
+	for s.count[k] > 0 && (s.count[k] >= s.capacity[k] || c.entries[k].Load() >= c.capacity[k]) {
+		c.evict(s, k, e.stored)
 	}
-	for s.maxBytes > 0 && s.bytes+size > s.maxBytes {
-		k := s.largestKind()
-		if k >= numKinds {
+	for c.maxBytes > 0 && c.bytes.Load()+size > c.maxBytes {
+		victim := s.largestKind()
+		if victim >= numKinds {
 			break
 		}
-		c.evict(s, k, e.stored)
+		c.evict(s, victim, e.stored)
 	}
 	s.items[e.hash] = e
 	s.pushFront(e)
@@ -240,12 +301,14 @@ func (s *shard) moveToFront(e *Entry) {
 
 // Stats is a snapshot of the cache's counters and gauges.
 type Stats struct {
-	Hits      [numKinds]uint64 // by Kind
-	Misses    uint64
-	Inserts   uint64
-	Evictions uint64
-	Entries   [numKinds]int64 // by Kind
-	Bytes     int64
+	Hits   [numKinds]uint64 // by Kind
+	Misses uint64
+	// Prefetches counts hits that started a background refresh.
+	Prefetches uint64
+	Inserts    uint64
+	Evictions  uint64
+	Entries    [numKinds]int64 // by Kind
+	Bytes      int64
 }
 
 // Stats sums the per-shard counters. It takes each shard lock briefly; call
@@ -259,6 +322,7 @@ func (c *Cache) Stats() Stats {
 			st.Hits[k] += s.stats.hits[k]
 		}
 		st.Misses += s.stats.misses
+		st.Prefetches += s.stats.prefetches
 		st.Inserts += s.stats.inserts
 		st.Evictions += s.stats.evictions
 		s.mu.Unlock()

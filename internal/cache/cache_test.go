@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 func TestCapacityEvictsLRU(t *testing.T) {
@@ -22,7 +24,7 @@ func TestCapacityEvictsLRU(t *testing.T) {
 	}
 	get := func(name string) bool {
 		_, q := query(t, name, dns.TypeA, 0, false)
-		return c.Get(q, t0) != nil
+		return get(c, q, t0) != nil
 	}
 	for i := 0; i < 4; i++ {
 		put(fmt.Sprintf("n%d.example.", i))
@@ -56,7 +58,7 @@ func TestEvictsExpiredFirst(t *testing.T) {
 	later := t0 + int64(2*time.Second)
 	add("x.example.", 30, later)
 	_, q := query(t, "old.example.", dns.TypeA, 0, false)
-	if c.Get(q, later) == nil {
+	if get(c, q, later) == nil {
 		t.Fatal("the LRU entry was evicted although an expired one was there")
 	}
 }
@@ -108,7 +110,7 @@ func TestFlightCoalesces(t *testing.T) {
 		}
 		go func() {
 			defer wg.Done()
-			e, s, err := f.Do(qq, func() (*Entry, error) {
+			e, s, err := f.Do(qq, func(*wire.Query) (*Entry, error) {
 				calls.Add(1)
 				<-release
 				return want, nil
@@ -144,5 +146,34 @@ func TestFlightCoalesces(t *testing.T) {
 	wg.Wait()
 	if calls.Load() != 1 || shared.Load() != 99 {
 		t.Fatalf("%d calls, %d shared; want 1 and 99", calls.Load(), shared.Load())
+	}
+}
+
+func get(c *Cache, q *wire.Query, now int64) *Entry {
+	e, _ := c.Get(q, now)
+	return e
+}
+
+// TestWorkingSetThatFitsNeverThrashes: 9,500 names in a 9,984-entry cache
+// split over 64 shards. Hashing puts more than the fair share in some
+// shards; with per-shard hard limits those shards would miss every name
+// on every cycle. The limits are global, so the second cycle is all hits.
+func TestWorkingSetThatFitsNeverThrashes(t *testing.T) {
+	c := New(Config{SuccessCapacity: 9984})
+	var qs []*wire.Query
+	for i := 0; i < 9500; i++ {
+		name := fmt.Sprintf("n%d.example.", i)
+		_, q := query(t, name, dns.TypeA, 0, false)
+		e, _ := Build(answer(t, name, dns.TypeA, 0, []string{name + " 300 IN A 192.0.2.1"}, nil, false), q, externalP, 0, t0)
+		c.Put(e)
+		qs = append(qs, q)
+	}
+	for _, q := range qs {
+		if get(c, q, t0) == nil {
+			t.Fatalf("%s evicted although the working set fits: %+v", wire.NameString(q.Name), c.Stats())
+		}
+	}
+	if st := c.Stats(); st.Evictions != 0 {
+		t.Fatalf("%d evictions", st.Evictions)
 	}
 }

@@ -74,8 +74,17 @@ type Entry struct {
 	hash    uint64
 	stored  int64 // unix nanoseconds
 	expires int64 // unix nanoseconds
-	// LRU links, owned by the shard lock.
-	prev, next *Entry
+	// staleUntil ends the serve-stale window (RFC 8767); equal to expires
+	// when the entry may not be served stale.
+	staleUntil int64
+	// Owned by the shard lock: LRU links, hits during the entry's life
+	// (for prefetch), whether a prefetch was started, and the time before
+	// which a stale entry is served without trying the upstream again
+	// (set when a refresh failed).
+	prev, next   *Entry
+	hits         uint32
+	prefetching  bool
+	refreshAfter int64
 }
 
 // Kind reports what the entry answers.
@@ -113,6 +122,12 @@ type Policy struct {
 // ErrMismatch; a malformed one returns wire.ErrFormat. The returned entry
 // can always answer the client, even when its kind is Uncacheable.
 func Build(resp []byte, q *wire.Query, pol Policy, servfailTTL time.Duration, now int64) (*Entry, error) {
+	return BuildStale(resp, q, pol, servfailTTL, 0, now)
+}
+
+// BuildStale is Build for a cache that serves stale answers: a positive or
+// denial entry may be served for staleWindow past its expiry.
+func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow time.Duration, now int64) (*Entry, error) {
 	var a wire.Answer
 	if err := wire.ParseAnswer(resp, &a); err != nil {
 		return nil, err
@@ -160,6 +175,10 @@ func Build(resp []byte, q *wire.Query, pol Policy, servfailTTL time.Duration, no
 		// Extended rcodes live in the OPT we drop; a truncated answer is
 		// not the whole answer; a lifetime of 0 means do not cache.
 		e.kind = Uncacheable
+	}
+	e.staleUntil = e.expires
+	if e.kind == Success || e.kind == Denial {
+		e.staleUntil += int64(staleWindow)
 	}
 	life := uint32((e.expires - now) / int64(time.Second))
 	n := 0
@@ -263,6 +282,19 @@ func (e *Entry) matches(q *wire.Query, flags uint8) bool {
 // keeps only the header, question and OPT, and the client retries over TCP.
 // It does not allocate when dst has room.
 func (e *Entry) Write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSize uint16) []byte {
+	return e.write(dst, q, now, maxSize, ednsSize, false)
+}
+
+// StaleTTL is the TTL of a stale answer (RFC 8767 §4 recommends 30 s).
+const StaleTTL = 30
+
+// WriteStale is Write for an expired entry served stale: every TTL is
+// StaleTTL.
+func (e *Entry) WriteStale(dst []byte, q *wire.Query, maxSize int, ednsSize uint16) []byte {
+	return e.write(dst, q, 0, maxSize, ednsSize, true)
+}
+
+func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSize uint16, stale bool) []byte {
 	start := len(dst)
 	dst = append(dst, e.msg...)
 	out := dst[start:]
@@ -281,7 +313,10 @@ func (e *Entry) Write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 	ageSec := uint32(age / int64(time.Second))
 	for _, f := range e.ttls {
 		t := uint32(0)
-		if f.ttl > ageSec {
+		switch {
+		case stale:
+			t = StaleTTL
+		case f.ttl > ageSec:
 			t = f.ttl - ageSec
 		}
 		binary.BigEndian.PutUint32(out[f.off:], t)

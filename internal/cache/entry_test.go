@@ -166,7 +166,7 @@ func TestHitPatchesIDCaseAndTTL(t *testing.T) {
 		_, cq := query(t, "wWw.ExAmPle.", dns.TypeA, 0, false)
 		cq.ID = 0x1234
 		now := t0 + int64(step.after)
-		hit := c.Get(cq, now)
+		hit, _ := c.Get(cq, now)
 		if hit == nil {
 			t.Fatalf("after %v: miss", step.after)
 		}
@@ -186,7 +186,7 @@ func TestHitPatchesIDCaseAndTTL(t *testing.T) {
 			}
 		}
 	}
-	if c.Get(q, t0+int64(25*time.Second)) != nil {
+	if get(c, q, t0+int64(25*time.Second)) != nil {
 		t.Fatal("entry served past its TTL")
 	}
 	if st := c.Stats(); st.Entries[Success] != 0 || st.Bytes != 0 {
@@ -247,19 +247,19 @@ func TestKeySeparatesDOAndCD(t *testing.T) {
 	e, _ := Build(answer(t, "a.example.", dns.TypeA, 0, []string{"a.example. 30 IN A 1.1.1.1"}, nil, true), q, externalP, 0, t0)
 	c.Put(e)
 	_, qdo := query(t, "a.example.", dns.TypeA, 1232, true)
-	if c.Get(qdo, t0) != nil {
+	if get(c, qdo, t0) != nil {
 		t.Fatal("DO query served a non-DO entry")
 	}
 	_, qcd := query(t, "a.example.", dns.TypeA, 1232, false)
 	qcd.Flags |= wire.FlagCD
-	if c.Get(qcd, t0) != nil {
+	if get(c, qcd, t0) != nil {
 		t.Fatal("CD query served a non-CD entry")
 	}
 	_, qaaaa := query(t, "a.example.", dns.TypeAAAA, 1232, false)
-	if c.Get(qaaaa, t0) != nil {
+	if get(c, qaaaa, t0) != nil {
 		t.Fatal("AAAA query served an A entry")
 	}
-	if c.Get(q, t0) == nil {
+	if get(c, q, t0) == nil {
 		t.Fatal("same question missed")
 	}
 }

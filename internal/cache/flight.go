@@ -8,10 +8,11 @@ import (
 
 // Flight coalesces concurrent misses: while one upstream query for a
 // question is outstanding, later askers wait for its result instead of
-// sending their own.
+// sending their own. Client misses, stale refreshes and prefetches all go
+// through it, so there is at most one upstream query per question.
 type Flight struct {
 	mu    sync.Mutex
-	calls map[flightKey]*call
+	calls map[flightKey]*Call
 }
 
 type flightKey struct {
@@ -21,41 +22,56 @@ type flightKey struct {
 	flags  uint8
 }
 
-type call struct {
+// Call is one upstream resolution. Done is closed when Entry and Err are
+// set.
+type Call struct {
 	done  chan struct{}
-	entry *Entry
-	err   error
+	Entry *Entry
+	Err   error
 	dups  int
 }
 
-// Do runs fn for the question of q unless a run for the same question is
-// in flight, in which case it waits for that run's result. shared reports
-// whether the result came from another caller's run. fn runs in the
-// caller's goroutine.
-func (f *Flight) Do(q *wire.Query, fn func() (*Entry, error)) (e *Entry, shared bool, err error) {
-	k := flightKey{name: string(wire.AppendLower(make([]byte, 0, len(q.Name)), q.Name)), qtype: q.Type, qclass: q.Class, flags: keyFlags(q)}
+// Done is closed when the call has finished.
+func (c *Call) Done() <-chan struct{} { return c.done }
+
+// Start returns the call resolving the question of q, starting fn in its
+// own goroutine if none is in flight. fn gets its own copy of the query,
+// so it may outlive the caller (a client that stopped waiting, a
+// background refresh). joined reports that the call was already running.
+func (f *Flight) Start(q *wire.Query, fn func(q *wire.Query) (*Entry, error)) (c *Call, joined bool) {
+	lower := wire.AppendLower(make([]byte, 0, len(q.Name)), q.Name)
+	k := flightKey{name: string(lower), qtype: q.Type, qclass: q.Class, flags: keyFlags(q)}
 	f.mu.Lock()
 	if f.calls == nil {
-		f.calls = make(map[flightKey]*call)
+		f.calls = make(map[flightKey]*Call)
 	}
 	if c, ok := f.calls[k]; ok {
 		c.dups++
 		f.mu.Unlock()
-		<-c.done
-		return c.entry, true, c.err
+		return c, true
 	}
-	c := &call{done: make(chan struct{})}
+	c = &Call{done: make(chan struct{})}
 	f.calls[k] = c
 	f.mu.Unlock()
 
-	defer func() {
+	own := *q
+	own.Name = lower
+	go func() {
+		c.Entry, c.Err = fn(&own)
 		f.mu.Lock()
 		delete(f.calls, k)
 		f.mu.Unlock()
 		close(c.done)
 	}()
-	c.entry, c.err = fn()
-	return c.entry, false, c.err
+	return c, false
+}
+
+// Do is Start followed by waiting for the result. shared reports whether
+// the result came from another caller's run.
+func (f *Flight) Do(q *wire.Query, fn func(q *wire.Query) (*Entry, error)) (e *Entry, shared bool, err error) {
+	c, joined := f.Start(q, fn)
+	<-c.done
+	return c.Entry, joined, c.Err
 }
 
 // InFlight reports how many distinct questions are being resolved.

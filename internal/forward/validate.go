@@ -3,6 +3,8 @@ package forward
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 const (
@@ -95,33 +97,12 @@ func checkAnswer(ans []byte, wireID uint16, q question) error {
 	if end+4 > len(ans) {
 		return fmt.Errorf("%w: question truncated", errMalformed)
 	}
-	if !equalFoldName(ans[headerLen:end], q.name) ||
+	if !wire.EqualNameFold(ans[headerLen:end], q.name) ||
 		binary.BigEndian.Uint16(ans[end:]) != q.qtype ||
 		binary.BigEndian.Uint16(ans[end+2:]) != q.qclass {
 		return fmt.Errorf("%w: question differs", errMismatch)
 	}
 	return nil
-}
-
-// equalFoldName compares two uncompressed wire names ignoring ASCII case. Length octets are at
-// most 63, below 'A', so folding every byte is safe.
-func equalFoldName(a, b []byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 func setID(msg []byte, id uint16) { binary.BigEndian.PutUint16(msg, id) }
