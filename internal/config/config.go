@@ -36,9 +36,23 @@ type Config struct {
 	// Nameservers are the node's resolvers read from ResolvConf (after
 	// following systemd-resolved's stub and dropping our own addresses).
 	Nameservers []netip.AddrPort
+	// KubeDNSConfigMap is the mounted kube-dns ConfigMap directory
+	// (stubDomains, upstreamNameservers); "" when off. Read and watched
+	// by the daemon, not by Parse: a bad ConfigMap must not stop a start.
+	KubeDNSConfigMap string
 
 	MetricsAddr string
 	HealthPort  int
+	// HealthAddr serves /health and /ready ("" when -health-port is 0).
+	HealthAddr string
+
+	// Lifecycle: LameDuck is how long the daemon keeps answering after
+	// SIGTERM; StateDir is the host directory where instances serving the
+	// same addresses find each other ("" turns handover off); QueryLog
+	// logs one line per query.
+	LameDuck time.Duration
+	StateDir string
+	QueryLog bool
 
 	SetupInterface bool
 	SetupIPTables  bool
@@ -73,6 +87,11 @@ type CacheConfig struct {
 	DenialTTL         time.Duration
 	MinTTL            time.Duration
 	ServFailTTL       time.Duration
+	// Serve-stale (RFC 8767) and prefetch.
+	StaleWindow        time.Duration
+	StaleClientTimeout time.Duration
+	StaleRecheck       time.Duration
+	PrefetchHits       int
 }
 
 // ErrUsage marks a configuration error: the daemon prints it and exits 2.
@@ -97,8 +116,13 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.LocalMode, "local-mode", false, "no cluster: forward every name to the node's resolvers and do not touch interfaces or iptables")
 	fs.StringVar(&clusterDomain, "cluster-domain", "cluster.local", "cluster DNS domain, forwarded to kube-dns")
 	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf listing the node's resolvers")
+	fs.StringVar(&c.KubeDNSConfigMap, "kubednscm", "", "kube-dns ConfigMap directory (stubDomains, upstreamNameservers), watched for changes (default "+DefaultKubeDNSConfigMap+" when it exists; \"\" turns it off)")
 	fs.StringVar(&c.MetricsAddr, "metrics-listen-address", "", "address for /metrics, /health and /ready (default: first -localip, port 9253)")
-	fs.IntVar(&c.HealthPort, "health-port", 8080, "health port, exempted from conntrack next to the DNS port")
+	fs.IntVar(&c.HealthPort, "health-port", 8080, "health port, exempted from conntrack next to the DNS port; 0 serves no HTTP health")
+	fs.StringVar(&c.HealthAddr, "health-listen-address", "", "address for /health and /ready (default: first -localip, -health-port)")
+	fs.DurationVar(&c.LameDuck, "lameduck", 5*time.Second, "after SIGTERM, keep answering (not ready) this long before draining, unless a twin holds our sockets")
+	fs.StringVar(&c.StateDir, "state-dir", "/run/nodelocaldns", "host directory where instances on the same addresses find each other and hand sockets over; \"\" turns handover off")
+	fs.BoolVar(&c.QueryLog, "querylog", false, "log one line per query: client, name, type, rcode, duration, cache hit or miss")
 	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
@@ -114,6 +138,10 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.Cache.DenialTTL, "denial-ttl", 30*time.Second, "TTL cap for denials outside the cluster domain")
 	fs.DurationVar(&c.Cache.MinTTL, "min-ttl", 0, "TTL floor; 0 honours a TTL of 0 (not cached)")
 	fs.DurationVar(&c.Cache.ServFailTTL, "servfail-ttl", 2*time.Second, "how long an upstream SERVFAIL is cached (0 disables, at most 5s)")
+	fs.DurationVar(&c.Cache.StaleWindow, "serve-stale", time.Hour, "how long past expiry an answer may be served (TTL 30s) when the upstream fails or is slow; 0 disables")
+	fs.DurationVar(&c.Cache.StaleClientTimeout, "stale-client-timeout", 1800*time.Millisecond, "how long a client waits for a refresh before it gets the stale answer")
+	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", 30*time.Second, "after a failed refresh, serve stale without asking the upstream for this long")
+	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
 	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
 	fs.IntVar(&c.MaxUDPSize, "max-udp-size", 1232, "largest UDP answer, and the EDNS size we advertise")
 	fs.IntVar(&c.MaxInflight, "max-inflight", 1024, "concurrent cache misses; past it queries get SERVFAIL at once")
@@ -159,10 +187,24 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 		if !set["setupiptables"] {
 			c.SetupIPTables = false
 		}
+		if !set["state-dir"] {
+			c.StateDir = "" // no node to share: no twins
+		}
 	} else {
 		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil {
 			return nil, err
 		}
+	}
+	if c.HealthAddr == "" && c.HealthPort > 0 {
+		c.HealthAddr = netip.AddrPortFrom(c.LocalIPs[0], uint16(c.HealthPort)).String()
+	} else if _, _, err := splitHostPort(c.HealthAddr); c.HealthAddr != "" && err != nil {
+		return nil, usage("-health-listen-address: %q is not HOST:PORT", c.HealthAddr)
+	}
+	if c.LameDuck < 0 || c.LameDuck > time.Minute {
+		return nil, usage("-lameduck: %v is not between 0 and 1m", c.LameDuck)
+	}
+	if c.StateDir != "" && !strings.HasPrefix(c.StateDir, "/") {
+		return nil, usage("-state-dir: %q is not an absolute path", c.StateDir)
 	}
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = netip.AddrPortFrom(c.LocalIPs[0], 9253).String()
@@ -208,6 +250,11 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	default:
 		return nil, usage("-log-format: %q is not text or json", c.LogFormat)
 	}
+	if !set["kubednscm"] {
+		if st, err := os.Stat(DefaultKubeDNSConfigMap); err == nil && st.IsDir() {
+			c.KubeDNSConfigMap = DefaultKubeDNSConfigMap
+		}
+	}
 	if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
 		return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
 	}
@@ -228,6 +275,12 @@ func (cc *CacheConfig) validate() error {
 		if d < cc.MinTTL {
 			return usage("%s: %v is below -min-ttl %v", name, d, cc.MinTTL)
 		}
+	}
+	if cc.StaleWindow < 0 || cc.StaleClientTimeout <= 0 || cc.StaleRecheck <= 0 {
+		return usage("-serve-stale must not be negative; -stale-client-timeout and -stale-recheck must be positive")
+	}
+	if cc.PrefetchHits < 0 {
+		return usage("-prefetch: must not be negative, got %d", cc.PrefetchHits)
 	}
 	if cc.MinTTL < 0 {
 		return usage("-min-ttl: must not be negative")

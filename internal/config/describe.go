@@ -16,7 +16,23 @@ func Describe(w io.Writer, c *Config) {
 		p("kube-dns:         %s (from %s) over TCP, pool %d: %s, in-addr.arpa., ip6.arpa.", c.KubeDNS, c.KubeDNSSource, c.TCPPoolSize, c.ClusterDomain)
 	}
 	p("node resolvers:   %v (from %s)", c.Nameservers, c.ResolvConf)
+	if c.KubeDNSConfigMap == "" {
+		p("kube-dns cm:      off")
+	} else if k, _, err := c.LoadKubeDNSConfigMap(); err != nil {
+		p("kube-dns cm:      %s (watched): %v; a start ignores it (logged, counted) until it is fixed", c.KubeDNSConfigMap, err)
+	} else {
+		p("kube-dns cm:      %s (watched): %s", c.KubeDNSConfigMap, k)
+	}
 	p("metrics:          http://%s/metrics (/health, /ready)", c.MetricsAddr)
+	if c.HealthAddr != "" {
+		p("health:           http://%s/health, /ready", c.HealthAddr)
+	}
+	if c.StateDir != "" {
+		p("lifecycle:        lame duck %v; twins meet in %s (socket handover, exec probes: nodelocaldns -probe ready|health -state-dir %s)", c.LameDuck, c.StateDir, c.StateDir)
+	} else {
+		p("lifecycle:        lame duck %v; no state dir: no handover to a twin, no exec probes", c.LameDuck)
+	}
+	p("query log:        %v", c.QueryLog)
 	p("interface:        %v (%s)", c.SetupInterface, c.InterfaceName)
 	p("iptables:         %v (backend %s, health port %d, sync every %v, teardown on exit %v)", c.SetupIPTables, c.IPTablesMode, c.HealthPort, c.SyncInterval, !c.SkipTeardown)
 	p("cache:            success %d, denial %d entries, %d bytes", c.Cache.SuccessCapacity, c.Cache.DenialCapacity, c.Cache.MaxBytes)
