@@ -52,6 +52,14 @@
 // inserted it: Teardown deletes every copy of each of our rules and nothing
 // else.
 //
+// Two instances may keep the same rules at once (a rolling update starts
+// the new daemon before the old one exits): both re-assert them, and a
+// rule whose surplus copies both deleted at the same moment is re-inserted
+// at once. Teardown must then run only in the last instance: the daemon
+// skips it while a twin serves the same addresses, and hands its
+// [Ownership] on so that the last one removes the link or addresses the
+// first one added ([Setup.Inherit]).
+//
 // # Backend
 //
 // With Backend "auto" the iptables backend (legacy or nft) is chosen the

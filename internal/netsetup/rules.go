@@ -199,6 +199,16 @@ func (s *Setup) ensureRulesLocked(ctx context.Context) error {
 						removed++
 					}
 				}
+				// A twin instance (a rolling update runs two on the same
+				// addresses) may have deleted the same surplus copies at
+				// the same time: make sure one is left. A duplicate is
+				// harmless and goes on the next pass; a missing rule is not.
+				var exists bool
+				if err == nil {
+					if exists, err = ipt.Exists(r.Table, r.Chain, r.Spec...); err == nil && !exists {
+						err = ipt.Insert(r.Table, r.Chain, 1, r.Spec...)
+					}
+				}
 			}
 		}
 		if err != nil {
