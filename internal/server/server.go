@@ -6,6 +6,11 @@
 //
 // It knows nothing about upstreams: a miss calls the Forward function it is
 // given with a ready upstream query, and the answer goes through the cache.
+//
+// Lifecycle (lifecycle.go): Files and Adopt hand the listening sockets to a
+// twin instance, so what is queued in them survives this server; Shutdown
+// stops the loops before it closes anything and drains TCP; CheckLoops
+// tells a waiting loop from a wedged one for health checks.
 package server
 
 import (
@@ -43,6 +48,16 @@ type Config struct {
 	ClusterPolicy cache.Policy
 	DefaultPolicy cache.Policy
 	ServFailTTL   time.Duration
+	// StaleWindow is how long past expiry an answer may be served stale
+	// (RFC 8767) when the upstream fails or is slow; 0 disables.
+	StaleWindow time.Duration
+	// StaleClientTimeout is how long a client whose answer is stale waits
+	// for the refresh before it gets the stale answer (default 1.8 s, RFC
+	// 8767's suggestion: under the 2 s many stubs wait before retrying).
+	StaleClientTimeout time.Duration
+	// StaleRecheck is how long after a failed refresh a stale answer is
+	// served without asking the upstream again (default 30 s, RFC 8767).
+	StaleRecheck time.Duration
 	// MaxUDPSize caps the payload size answered over UDP and advertised in
 	// OPT records (default 1232, the DNS flag day 2020 value that fits an
 	// IPv6 minimum MTU without fragmentation).
@@ -64,6 +79,9 @@ type Config struct {
 	MaxTCPPipeline int
 	Now            func() time.Time
 	Logger         *slog.Logger
+	// QueryLog, when set, gets one line per answered query (client, name,
+	// type, rcode, duration, cache hit or miss); nil costs nothing.
+	QueryLog *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -94,6 +112,12 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.StaleClientTimeout <= 0 {
+		c.StaleClientTimeout = 1800 * time.Millisecond
+	}
+	if c.StaleRecheck <= 0 {
+		c.StaleRecheck = 30 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -111,11 +135,15 @@ type Server struct {
 
 	mu      sync.Mutex
 	udp     []*udpListener
-	tcp     []net.Listener
-	conns   map[net.Conn]struct{}
+	tcp     []*tcpListener
+	conns   map[net.Conn]*tcpConn
 	closing atomic.Bool
+	serving atomic.Bool
 	wg      sync.WaitGroup // serving goroutines
 	missWG  sync.WaitGroup // miss goroutines
+	// Sockets handed over by a twin (Adopt), used by Listen.
+	adoptedUDP map[netip.AddrPort][]*udpListener
+	adoptedTCP map[netip.AddrPort]*tcpListener
 }
 
 // New checks cfg and returns a server that is not yet listening.
@@ -135,106 +163,8 @@ func New(cfg Config) (*Server, error) {
 		cfg:         cfg,
 		clusterWire: zone,
 		inflight:    make(chan struct{}, cfg.MaxInflight),
-		conns:       make(map[net.Conn]struct{}),
+		conns:       make(map[net.Conn]*tcpConn),
 	}, nil
-}
-
-// Listen opens every socket: UDPSockets UDP sockets and one TCP listener
-// per address, all with SO_REUSEPORT. On error nothing stays open.
-func (s *Server) Listen() error {
-	for _, a := range s.cfg.Addrs {
-		ap := netip.AddrPortFrom(a, uint16(s.cfg.Port))
-		for i := 0; i < s.cfg.UDPSockets; i++ {
-			l, err := listenUDP(ap)
-			if err != nil {
-				s.closeListeners()
-				return fmt.Errorf("listen udp %s: %w", ap, err)
-			}
-			s.udp = append(s.udp, l)
-		}
-		ln, err := listenTCP(ap)
-		if err != nil {
-			s.closeListeners()
-			return fmt.Errorf("listen tcp %s: %w", ap, err)
-		}
-		s.tcp = append(s.tcp, ln)
-	}
-	return nil
-}
-
-// Serve starts the serving goroutines for the sockets Listen opened and
-// returns at once.
-func (s *Server) Serve() {
-	for _, l := range s.udp {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveUDP(l)
-		}()
-	}
-	for _, ln := range s.tcp {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveTCP(ln)
-		}()
-	}
-}
-
-// Addr returns the bound address of the first UDP socket (useful with
-// port 0 in tests).
-func (s *Server) Addr() netip.AddrPort {
-	if len(s.udp) == 0 {
-		return netip.AddrPort{}
-	}
-	return s.udp[0].conn.LocalAddr().(*net.UDPAddr).AddrPort()
-}
-
-// TCPAddr returns the bound address of the first TCP listener.
-func (s *Server) TCPAddr() netip.AddrPort {
-	if len(s.tcp) == 0 {
-		return netip.AddrPort{}
-	}
-	return s.tcp[0].Addr().(*net.TCPAddr).AddrPort()
-}
-
-// Shutdown closes the listeners, closes idle TCP connections and waits, up
-// to ctx's deadline, for queries being resolved to be answered.
-func (s *Server) Shutdown(ctx context.Context) error {
-	s.closing.Store(true)
-	s.closeListeners()
-	s.mu.Lock()
-	for c := range s.conns {
-		// Wake blocked readers; in-flight answers still get written.
-		_ = c.SetReadDeadline(time.Now())
-	}
-	s.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		s.wg.Wait()
-		s.missWG.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		s.mu.Lock()
-		for c := range s.conns {
-			_ = c.Close()
-		}
-		s.mu.Unlock()
-		return ctx.Err()
-	}
-}
-
-func (s *Server) closeListeners() {
-	for _, l := range s.udp {
-		_ = l.conn.Close()
-	}
-	for _, ln := range s.tcp {
-		_ = ln.Close()
-	}
 }
 
 // policy picks the TTL policy for a question name.
@@ -281,7 +211,7 @@ func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, no
 		st.countRcode(wire.RcodeRefused)
 		return out, answered
 	}
-	e := s.cfg.Cache.Get(q, now)
+	e, prefetch := s.cfg.Cache.Get(q, now)
 	if e == nil {
 		if wire.EqualNameFold(q.Name, healthName) {
 			out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
@@ -292,6 +222,9 @@ func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, no
 	}
 	out = e.Write(out, q, now, s.maxSize(q, tcp), s.cfg.MaxUDPSize)
 	st.countRcode(e.Rcode())
+	if prefetch {
+		s.prefetch(q)
+	}
 	return out, answered
 }
 
@@ -300,45 +233,6 @@ func (s *Server) maxSize(q *wire.Query, tcp bool) int {
 		return 0xFFFF
 	}
 	return int(min(q.Size, s.cfg.MaxUDPSize))
-}
-
-// resolve answers a miss: one upstream query per question however many
-// clients ask at once, the answer cached when it may be, and SERVFAIL when
-// the upstream fails. It appends the response to out.
-func (s *Server) resolve(raw []byte, q *wire.Query, out []byte, tcp bool) []byte {
-	st := &s.stats
-	e, shared, err := s.cfg.Cache.Flight().Do(q, func() (*cache.Entry, error) {
-		now := s.cfg.Now().UnixNano()
-		if e := s.cfg.Cache.Peek(q, now); e != nil {
-			return e, nil
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ForwardTimeout)
-		defer cancel()
-		uq := wire.AppendUpstreamQuery(make([]byte, 0, 64+len(q.Name)), q, s.cfg.MaxUDPSize)
-		resp, err := s.cfg.Forward(ctx, wire.NameString(q.Name), uq)
-		if err != nil {
-			st.UpstreamErrors.Add(1)
-			return nil, err
-		}
-		e, err := cache.Build(resp, q, s.policy(q.Name), s.cfg.ServFailTTL, s.cfg.Now().UnixNano())
-		if err != nil {
-			st.UpstreamErrors.Add(1)
-			return nil, err
-		}
-		s.cfg.Cache.Put(e)
-		return e, nil
-	})
-	if shared {
-		st.Coalesced.Add(1)
-	}
-	if err != nil {
-		out = wire.AppendError(out, raw, q, wire.RcodeServFail, s.cfg.MaxUDPSize)
-		st.countRcode(wire.RcodeServFail)
-		return out
-	}
-	out = e.Write(out, q, s.cfg.Now().UnixNano(), s.maxSize(q, tcp), s.cfg.MaxUDPSize)
-	st.countRcode(e.Rcode())
-	return out
 }
 
 // admit takes a miss slot, or reports false when MaxInflight are busy.

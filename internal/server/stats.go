@@ -24,9 +24,11 @@ type Stats struct {
 	// UpstreamErrors: misses answered SERVFAIL because forwarding failed
 	// or the answer was unusable.
 	UpstreamErrors atomic.Uint64
-	TCPConns       atomic.Int64
-	TCPRefused     atomic.Uint64
-	_              [64]byte
+	// StaleServed: answers served stale (RFC 8767).
+	StaleServed atomic.Uint64
+	TCPConns    atomic.Int64
+	TCPRefused  atomic.Uint64
+	_           [64]byte
 }
 
 func (st *Stats) countRequest(tcp bool) {
@@ -53,6 +55,7 @@ type Counters struct {
 	Malformed, Dropped       uint64
 	Rejected, Coalesced      uint64
 	UpstreamErrors           uint64
+	StaleServed              uint64
 	TCPConns                 int64
 	TCPRefused               uint64
 }
@@ -68,6 +71,7 @@ func (c *Counters) add(st *Stats) {
 	c.Rejected += st.Rejected.Load()
 	c.Coalesced += st.Coalesced.Load()
 	c.UpstreamErrors += st.UpstreamErrors.Load()
+	c.StaleServed += st.StaleServed.Load()
 	c.TCPConns += st.TCPConns.Load()
 	c.TCPRefused += st.TCPRefused.Load()
 }

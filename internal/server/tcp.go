@@ -6,19 +6,25 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-// serveTCP accepts connections until the listener closes. Connections over
-// MaxTCPConns are closed at once (counted): a client then retries or uses
-// UDP, and the server keeps its memory.
-func (s *Server) serveTCP(ln net.Listener) {
+// serveTCP accepts connections until Shutdown (which wakes Accept with a
+// past deadline and leaves the listener, and its accept queue, to a twin
+// holding the same socket). Connections over MaxTCPConns are closed at once
+// (counted): a client then retries or uses UDP, and the server keeps its
+// memory.
+func (s *Server) serveTCP(l *tcpListener) {
 	var backoff time.Duration
 	for {
-		c, err := ln.Accept()
+		l.beat.Add(1) // odd: waiting
+		c, err := l.ln.Accept()
+		l.beat.Add(1) // even: busy
 		if err != nil {
 			if s.closing.Load() || errors.Is(err, net.ErrClosed) {
 				return
@@ -36,19 +42,16 @@ func (s *Server) serveTCP(ln net.Listener) {
 			_ = c.Close()
 			continue
 		}
+		// Accepted during Shutdown: the client has sent, or is sending, its
+		// query; it is answered (the connection drains like the others).
+		tc := &tcpConn{c: c, slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout}
 		s.mu.Lock()
-		if s.closing.Load() {
-			s.mu.Unlock()
-			s.stats.TCPConns.Add(-1)
-			_ = c.Close()
-			return
-		}
-		s.conns[c] = struct{}{}
+		s.conns[c] = tc
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
-			s.serveConn(c)
+			s.serveConn(tc)
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()
@@ -66,10 +69,42 @@ type tcpConn struct {
 	pending sync.WaitGroup
 	slots   chan struct{}
 	timeout time.Duration
+	state   atomic.Int32 // connFirst, connIdle or connBusy
 }
 
-func (s *Server) serveConn(c net.Conn) {
-	tc := &tcpConn{c: c, slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout}
+// States of a TCP connection, for draining.
+const (
+	connFirst int32 = iota // waiting for the first query
+	connIdle               // answered, waiting for the next query
+	connBusy               // reading a query
+)
+
+// drain makes an idle connection close within tcpDrainIdle (Shutdown).
+// Connections that are reading a query or waiting for their first one
+// finish that first; serveConn checks for draining on every wait.
+func (tc *tcpConn) drain() {
+	if tc.state.Load() == connIdle {
+		_ = tc.c.SetReadDeadline(time.Now().Add(tcpDrainIdle))
+	}
+}
+
+// waitTimeout is how long a connection in the given state waits for the
+// first byte of a query: the idle timeout, or while the server drains,
+// tcpDrainIdle once it has been answered and the read timeout for its first
+// query (a client that connected has a query on the way).
+func (s *Server) waitTimeout(state int32) time.Duration {
+	switch {
+	case !s.closing.Load():
+		return s.cfg.TCPIdleTimeout
+	case state == connFirst:
+		return s.cfg.TCPReadTimeout
+	default:
+		return tcpDrainIdle
+	}
+}
+
+func (s *Server) serveConn(tc *tcpConn) {
+	c := tc.c
 	defer func() {
 		// Let outstanding misses write their answers, then close.
 		tc.pending.Wait()
@@ -79,17 +114,25 @@ func (s *Server) serveConn(c net.Conn) {
 	var q wire.Query
 	out := make([]byte, 0, 1024)
 	buf := make([]byte, 0, 512)
+	state := connFirst
 	for {
-		if s.closing.Load() {
-			return
+		// Wait for the next query no longer than the idle timeout (less
+		// while draining); once its first byte is there, the rest must
+		// follow within the read timeout (a slow-loris client cannot hold a
+		// slot for long).
+		tc.state.Store(state)
+		wait := s.waitTimeout(state)
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		if w := s.waitTimeout(state); w != wait {
+			// Shutdown began between the two looks: its drain() may have
+			// come before our deadline and been overwritten.
+			_ = c.SetReadDeadline(time.Now().Add(w))
 		}
-		// Wait for the next query no longer than the idle timeout; once
-		// its first byte is there, the rest must follow within the read
-		// timeout (a slow-loris client cannot hold a slot for long).
-		_ = c.SetReadDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
 		if _, err := r.Peek(1); err != nil {
 			return
 		}
+		tc.state.Store(connBusy)
+		state = connIdle
 		_ = c.SetReadDeadline(time.Now().Add(s.cfg.TCPReadTimeout))
 		var lb [2]byte
 		if _, err := io.ReadFull(r, lb[:]); err != nil {
@@ -104,6 +147,10 @@ func (s *Server) serveConn(c net.Conn) {
 			return
 		}
 		now := s.cfg.Now().UnixNano()
+		var t0 time.Time
+		if s.cfg.QueryLog != nil {
+			t0 = time.Now()
+		}
 		out = append(out[:0], 0, 0)
 		resp, v := s.answerLocal(buf, &q, out, true, now, &s.stats)
 		switch v {
@@ -111,6 +158,9 @@ func (s *Server) serveConn(c net.Conn) {
 			continue
 		case answered:
 			out = resp
+			if s.cfg.QueryLog != nil {
+				s.logQuery(remoteAddrPort(c), true, &q, out[2:], fromCache, t0)
+			}
 			if !tc.write(out) {
 				return
 			}
@@ -130,8 +180,10 @@ func (s *Server) serveConn(c net.Conn) {
 		}
 		if !s.admit() {
 			<-tc.slots
-			out = wire.AppendError(append(out[:0], 0, 0), buf, &q, wire.RcodeServFail, s.cfg.MaxUDPSize)
-			s.stats.countRcode(wire.RcodeServFail)
+			out = s.overloaded(buf, &q, append(out[:0], 0, 0), true)
+			if s.cfg.QueryLog != nil {
+				s.logQuery(remoteAddrPort(c), true, &q, out[2:], fromOverload, t0)
+			}
 			if !tc.write(out) {
 				return
 			}
@@ -148,9 +200,21 @@ func (s *Server) serveConn(c net.Conn) {
 			defer func() { <-tc.slots }()
 			defer s.release()
 			resp := s.resolve(raw, &mq, make([]byte, 2, 514), true)
+			if s.cfg.QueryLog != nil {
+				s.logQuery(remoteAddrPort(c), true, &mq, resp[2:], fromUpstream, t0)
+			}
 			tc.write(resp)
 		}()
 	}
+}
+
+// remoteAddrPort is the client's address of a TCP connection.
+func remoteAddrPort(c net.Conn) netip.AddrPort {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
 }
 
 // write sends one answer (out starts with two bytes of room for the length

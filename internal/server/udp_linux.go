@@ -5,8 +5,11 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -33,10 +36,22 @@ const udpOutSize = 65535
 // descheduled. The kernel caps it at net.core.rmem_max.
 const socketBuffer = 4 << 20
 
+// Address families as raw sockaddrs carry them (querylog.go).
+const (
+	afInet  = unix.AF_INET
+	afInet6 = unix.AF_INET6
+)
+
 type udpListener struct {
 	conn  *net.UDPConn
 	raw   syscall.RawConn
 	stats Stats
+	// beat is odd while the loop waits in recvmmsg and even while it
+	// handles a batch: two uncontended atomic adds per batch let
+	// CheckLoops tell a waiting loop from a wedged one.
+	beat   atomic.Uint64
+	exited atomic.Bool
+	hold   atomic.Pointer[chan struct{}] // PauseUDP (tests)
 }
 
 func reusePort(network, address string, c syscall.RawConn) error {
@@ -56,7 +71,11 @@ func listenUDP(ap netip.AddrPort) (*udpListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn := pc.(*net.UDPConn)
+	return newUDPListener(pc.(*net.UDPConn))
+}
+
+// newUDPListener wraps a bound UDP socket, ours or adopted from a twin.
+func newUDPListener(conn *net.UDPConn) (*udpListener, error) {
 	_ = conn.SetReadBuffer(socketBuffer)
 	_ = conn.SetWriteBuffer(socketBuffer)
 	raw, err := conn.SyscallConn()
@@ -67,9 +86,13 @@ func listenUDP(ap netip.AddrPort) (*udpListener, error) {
 	return &udpListener{conn: conn, raw: raw}, nil
 }
 
-func listenTCP(ap netip.AddrPort) (net.Listener, error) {
+func listenTCP(ap netip.AddrPort) (*net.TCPListener, error) {
 	lc := net.ListenConfig{Control: reusePort}
-	return lc.Listen(context.Background(), "tcp", ap.String())
+	ln, err := lc.Listen(context.Background(), "tcp", ap.String())
+	if err != nil {
+		return nil, err
+	}
+	return ln.(*net.TCPListener), nil
 }
 
 // batch is the per-socket state of the receive loop: buffers and message
@@ -103,15 +126,30 @@ func newBatch() *batch {
 func (s *Server) serveUDP(l *udpListener) {
 	b := newBatch()
 	for {
+		l.beat.Add(1) // odd: waiting
 		n, err := l.recv(b)
+		l.beat.Add(1) // even: busy
+		if h := l.hold.Load(); h != nil {
+			<-*h
+		}
 		if err != nil {
+			// Shutdown wakes the loop with a past read deadline: it stops
+			// reading and leaves the socket, and what is queued in it, to a
+			// twin that holds it too.
 			if s.closing.Load() || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			s.cfg.Logger.Warn("udp read failed", "addr", l.conn.LocalAddr(), "err", err)
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				s.cfg.Logger.Warn("udp read failed", "addr", l.conn.LocalAddr(), "err", err)
+			}
 			continue
 		}
 		now := s.cfg.Now().UnixNano()
+		var t0 time.Time
+		qlog := s.cfg.QueryLog != nil
+		if qlog {
+			t0 = time.Now()
+		}
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {
@@ -127,8 +165,11 @@ func (s *Server) serveUDP(l *udpListener) {
 			case dropped:
 				continue
 			case miss:
-				s.startMiss(l, raw, &b.q, b.names[i][:h.Hdr.Namelen])
+				s.startMiss(l, raw, &b.q, b.names[i][:h.Hdr.Namelen], t0)
 				continue
+			}
+			if qlog {
+				s.logQuery(sockaddrAddrPort(b.names[i][:h.Hdr.Namelen]), false, &b.q, out[start:], fromCache, t0)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]
@@ -221,22 +262,26 @@ type missReq struct {
 	nlen uint32
 	q    wire.Query
 	out  []byte
+	t0   time.Time // for the query log
 }
 
 var missPool = sync.Pool{New: func() any {
 	return &missReq{raw: make([]byte, 0, 512), out: make([]byte, 0, 1232)}
 }}
 
-func (s *Server) startMiss(l *udpListener, raw []byte, q *wire.Query, name []byte) {
+func (s *Server) startMiss(l *udpListener, raw []byte, q *wire.Query, name []byte, t0 time.Time) {
 	if !s.admit() {
-		out := wire.AppendError(nil, raw, q, wire.RcodeServFail, s.cfg.MaxUDPSize)
-		s.stats.countRcode(wire.RcodeServFail)
+		out := s.overloaded(raw, q, nil, false)
+		if s.cfg.QueryLog != nil {
+			s.logQuery(sockaddrAddrPort(name), false, q, out, fromOverload, t0)
+		}
 		l.sendOne(out, name)
 		return
 	}
 	m := missPool.Get().(*missReq)
 	m.raw = append(m.raw[:0], raw...)
 	m.nlen = uint32(copy(m.name[:], name))
+	m.t0 = t0
 	// Re-parse on the copy so the query's slices point into m.raw.
 	_ = wire.ParseQuery(m.raw, &m.q)
 	s.missWG.Add(1)
@@ -244,6 +289,9 @@ func (s *Server) startMiss(l *udpListener, raw []byte, q *wire.Query, name []byt
 		defer s.missWG.Done()
 		defer s.release()
 		m.out = s.resolve(m.raw, &m.q, m.out[:0], false)
+		if s.cfg.QueryLog != nil {
+			s.logQuery(sockaddrAddrPort(m.name[:m.nlen]), false, &m.q, m.out, fromUpstream, m.t0)
+		}
 		l.sendOne(m.out, m.name[:m.nlen])
 		if cap(m.out) <= udpOutSize {
 			missPool.Put(m)
