@@ -7,20 +7,23 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 )
 
 // Probe answers a health or readiness check: nil means healthy.
 type Probe func(ctx context.Context) error
 
-// HTTPConfig configures the HTTP server.
+// HTTPConfig configures one HTTP listener.
 type HTTPConfig struct {
-	Addr   string
-	Health Probe // /health: 200 when nil is returned, else 500
-	Ready  Probe // /ready: 200 when nil is returned, else 503
-	PProf  bool  // serve /debug/pprof/
+	Addr       string
+	Health     Probe // /health: 200 when nil is returned, else 500
+	Ready      Probe // /ready: 200 when nil is returned, else 503
+	PProf      bool  // serve /debug/pprof/
+	HealthOnly bool  // serve /health and /ready only (no /metrics)
 }
 
 // probeTimeout bounds a probe handler: kubelet's default probe timeout is 1 s.
@@ -29,9 +32,17 @@ const probeTimeout = 900 * time.Millisecond
 // Serve listens on cfg.Addr and serves /metrics, /health, /ready (and
 // pprof when enabled) until ctx is done. It returns once listening, with
 // the bound address; serving errors after that are ignored.
+//
+// The listener sets SO_REUSEPORT, so the instance that replaces this one
+// during a rolling update can listen on the same address while this one
+// still runs: each connection reaches one of them. That is fine for
+// scrapes; a kubelet probe that must reach one instance uses the exec
+// probe instead (daemon.Probe).
 func (m *Metrics) Serve(ctx context.Context, cfg HTTPConfig) (net.Addr, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	if !cfg.HealthOnly {
+		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	}
 	mux.HandleFunc("/health", probeHandler(cfg.Health, http.StatusInternalServerError))
 	mux.HandleFunc("/ready", probeHandler(cfg.Ready, http.StatusServiceUnavailable))
 	if cfg.PProf {
@@ -41,9 +52,18 @@ func (m *Metrics) Serve(ctx context.Context, cfg HTTPConfig) (net.Addr, error) {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", cfg.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics listen %s: %w", cfg.Addr, err)
+		return nil, fmt.Errorf("http listen %s: %w", cfg.Addr, err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

@@ -147,7 +147,8 @@ var (
 	descFwdErrors = prometheus.NewDesc(ns+"_forward_errors_total", "Misses answered SERVFAIL because forwarding failed or the answer was unusable.", nil, nil)
 	descTCPConns  = prometheus.NewDesc(ns+"_tcp_connections", "Open client TCP connections.", nil, nil)
 	descTCPRef    = prometheus.NewDesc(ns+"_tcp_refused_total", "Client TCP connections closed at once over -max-tcp-conns.", nil, nil)
-	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Cache hits, by entry type.", []string{"type"}, nil)
+	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Cache hits, by entry type; type=stale counts answers served stale (RFC 8767).", []string{"type"}, nil)
+	descPrefetch  = prometheus.NewDesc(ns+"_cache_prefetches_total", "Popular entries refreshed in the background before they expired.", nil, nil)
 	descMisses    = prometheus.NewDesc(ns+"_cache_misses_total", "Cache misses.", nil, nil)
 	descInserts   = prometheus.NewDesc(ns+"_cache_inserts_total", "Answers stored in the cache.", nil, nil)
 	descEvictions = prometheus.NewDesc(ns+"_cache_evictions_total", "Entries evicted to stay within capacity or the byte budget.", nil, nil)
@@ -158,7 +159,7 @@ var (
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes} {
+		descEntries, descBytes, descPrefetch} {
 		ch <- d
 	}
 }
@@ -186,6 +187,7 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descFwdErrors, c.UpstreamErrors)
 		gauge(descTCPConns, c.TCPConns)
 		counter(descTCPRef, c.TCPRefused)
+		counter(descHits, c.StaleServed, "stale")
 	}
 	if s.cache != nil {
 		st := s.cache.Stats()
@@ -194,6 +196,7 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descEntries, st.Entries[k], k.String())
 		}
 		counter(descMisses, st.Misses)
+		counter(descPrefetch, st.Prefetches)
 		counter(descInserts, st.Inserts)
 		counter(descEvictions, st.Evictions)
 		gauge(descBytes, st.Bytes)
