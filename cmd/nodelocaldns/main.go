@@ -2,9 +2,21 @@
 // pods' DNS on a link-local address from a cache and forwards misses to
 // kube-dns (cluster names) or the node's resolvers (everything else).
 //
-// Exit codes: 0 after a clean shutdown, 1 when starting or running failed,
-// 2 for an invalid configuration (one line on stderr says which setting),
-// 3 when a second signal forced an immediate exit.
+// With -probe ready|health it is instead the exec probe of the instance
+// running in the same PID namespace (the same container): it asks that
+// instance over its control socket in -state-dir and exits 0 when it is
+// ready (healthy), 1 when not.
+//
+// Exit codes:
+//
+//	0  clean shutdown: rules and link removed, or left to a twin that serves
+//	   the same addresses (or -skipteardown); a probe that succeeded
+//	1  starting failed, or teardown failed (rules may be left); a probe
+//	   that failed
+//	2  invalid configuration (one line on stderr says which setting)
+//	3  a second signal: immediate exit, nothing torn down
+//	4  shutdown overran its hard deadline (-lameduck + 12 s) and was cut
+//	   short: rules may be left
 package main
 
 import (
@@ -16,6 +28,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,23 +36,41 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/daemon"
 )
 
-// shutdownGrace bounds draining and teardown after SIGTERM; the DaemonSet's
-// terminationGracePeriodSeconds must be longer.
-const shutdownGrace = 10 * time.Second
+// Exit codes (see the package comment).
+const (
+	exitOK        = 0
+	exitFailed    = 1
+	exitUsage     = 2
+	exitSecondSig = 3
+	exitOverran   = 4
+)
+
+const (
+	// probeTimeout fits a probe's timeoutSeconds of 3 (the health check
+	// itself takes at most 900 ms).
+	probeTimeout = 2 * time.Second
+	// overrunLeeway is how far past its own deadline the shutdown may run
+	// before the watchdog exits.
+	overrunLeeway   = time.Second
+	defaultStateDir = "/run/nodelocaldns"
+)
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if isProbe(args) {
+		return probe(args, stdout, stderr)
+	}
 	cfg, err := config.Parse(args, config.Getenv, io.Discard)
 	if errors.Is(err, flag.ErrHelp) {
 		_, _ = config.Parse([]string{"-h"}, config.Getenv, stderr)
-		return 0
+		return exitOK
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "nodelocaldns: %v\n", err)
-		return 2
+		return exitUsage
 	}
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if cfg.LogFormat == "json" {
@@ -48,27 +79,64 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log := slog.New(h)
 	if cfg.CheckConfig {
 		config.Describe(stdout, cfg)
-		return 0
+		return exitOK
 	}
 	d, err := daemon.New(cfg, log, daemon.Options{PProf: cfg.PProf})
 	if err != nil {
 		log.Error("cannot start", "err", err)
-		return 1
+		return exitFailed
 	}
+	// The whole shutdown (lame duck, drain, teardown) is bounded by grace;
+	// a watchdog exits past it, so no hang can outlive the pod's grace
+	// period with the rules in place and nothing serving.
+	grace := cfg.LameDuck + daemon.ShutdownBudget
 	ctx, stop := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		s := <-sigs
-		log.Info("signal received; shutting down (a second signal exits at once)", "signal", s.String())
+		log.Info("signal received; shutting down (a second signal exits at once)", "signal", s.String(), "deadline", grace)
 		stop()
+		time.AfterFunc(grace+overrunLeeway, func() {
+			log.Error("shutdown overran its deadline; exiting", "deadline", grace)
+			os.Exit(exitOverran)
+		})
 		<-sigs
-		log.Warn("second signal: exiting without teardown")
-		os.Exit(3)
+		log.Warn("second signal: exiting at once, without teardown")
+		os.Exit(exitSecondSig)
 	}()
-	if err := d.Run(ctx, shutdownGrace); err != nil {
+	if err := d.Run(ctx, grace); err != nil {
 		log.Error("exiting", "err", err)
-		return 1
+		return exitFailed
 	}
-	return 0
+	log.Info("exited cleanly")
+	return exitOK
+}
+
+// isProbe reports whether args ask for the exec probe.
+func isProbe(args []string) bool {
+	for _, a := range args {
+		if a == "-probe" || a == "--probe" || strings.HasPrefix(a, "-probe=") || strings.HasPrefix(a, "--probe=") {
+			return true
+		}
+	}
+	return false
+}
+
+// probe is `nodelocaldns -probe ready|health [-state-dir DIR] [-probe-pid N]`.
+func probe(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nodelocaldns -probe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	what := fs.String("probe", "", "ready or health: ask the instance running in this PID namespace (container) and exit 0 if it is")
+	dir := fs.String("state-dir", defaultStateDir, "the instance's -state-dir")
+	pid := fs.Int("probe-pid", 0, "the instance's PID, when several run in this PID namespace")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := daemon.Probe(*dir, *what, *pid, probeTimeout); err != nil {
+		fmt.Fprintf(stderr, "nodelocaldns: %s: %v\n", *what, err)
+		return exitFailed
+	}
+	fmt.Fprintln(stdout, "ok")
+	return exitOK
 }

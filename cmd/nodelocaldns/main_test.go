@@ -109,7 +109,7 @@ func TestEndToEndWithDig(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-localip", ip, "-port", fmt.Sprint(port),
 		"-kube-dns", fmt.Sprintf("%s:%d", kubeIP, kubePort), "-resolv-conf", rc,
-		"-setupinterface=false", "-setupiptables=false", "-metrics-listen-address", metrics)
+		"-setupinterface=false", "-setupiptables=false", "-metrics-listen-address", metrics, "-state-dir", stateDir(t), "-lameduck", "200ms")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

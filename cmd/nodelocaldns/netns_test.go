@@ -108,7 +108,7 @@ func TestDaemonInNamespace(t *testing.T) {
 	_ = os.WriteFile(rc, []byte("nameserver 127.0.0.1\n"), 0o644)
 
 	d := exec.CommandContext(ctx, "ip", "netns", "exec", ns, bin, "-local-mode", "-setupinterface=true", "-setupiptables=true",
-		"-localip", "169.254.20.10", "-resolv-conf", rc, "-metrics-listen-address", "127.0.0.1:9253")
+		"-localip", "169.254.20.10", "-resolv-conf", rc, "-metrics-listen-address", "127.0.0.1:9253", "-state-dir", stateDir(t), "-lameduck", "200ms")
 	var stderr bytes.Buffer
 	d.Stderr = &stderr
 	if err := d.Start(); err != nil {

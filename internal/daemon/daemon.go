@@ -1,6 +1,13 @@
 // Package daemon wires the parts together in the order that keeps a node's
-// DNS working: interface, listeners, a self-query through the listener,
-// rules, readiness; and the reverse on the way out.
+// DNS working: interface, listeners, a health query through every listen
+// address, rules, readiness; and on the way out not ready at once, lame
+// duck, drain, teardown, within a hard deadline.
+//
+// It also owns the handover between twins, two instances serving the same
+// addresses during a rolling update (twins.go, handover.go): they meet in
+// the state directory, the new one serves the old one's very sockets, and
+// the one that exits while its twin serves leaves link and rules in place.
+// probe.go holds the health check and the exec probe's client.
 //
 // It holds no DNS logic of its own; cmd/nodelocaldns only parses flags,
 // handles signals and calls Run.
@@ -13,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +32,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
-	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Reverse zones answered by kube-dns (pod and service PTR records).
@@ -38,22 +45,34 @@ type Daemon struct {
 	Cache   *cache.Cache
 	Server  *server.Server
 	Router  *forward.Router
-	groups  []*forward.Group
+	groups  []*forward.Group // live groups, kept by reload.go
+	reload  reloader
 	net     *netsetup.Setup
 
 	metricsAddr net.Addr
+	healthAddr  net.Addr
 	ready       atomic.Bool
 	stopping    atomic.Bool
 	stopHTTP    context.CancelFunc
 	stopNet     context.CancelFunc
 	pprof       bool
 	bg          sync.WaitGroup
+	opt         Options
+
+	// Lifecycle with twins (twins.go, handover.go).
+	reg      *registry         // nil without -state-dir
+	control  *net.UnixListener // control socket: handover, exec probes
+	ctlWG    sync.WaitGroup
+	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 }
 
 // Options are what tests and main may change beyond the Config.
 type Options struct {
 	Now   func() time.Time // clock for TTLs; time.Now by default
 	PProf bool
+	// InstanceID overrides the id in the state directory (the PID
+	// namespace's inode and the PID), so tests can run twins in one process.
+	InstanceID string
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -66,39 +85,16 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		SuccessCapacity: cfg.Cache.SuccessCapacity,
 		DenialCapacity:  cfg.Cache.DenialCapacity,
 		MaxBytes:        cfg.Cache.MaxBytes,
+		PrefetchHits:    cfg.Cache.PrefetchHits,
 	})
 	var srv *server.Server
 	d.Metrics = metrics.New(func() server.Counters { return srv.Snapshot() }, d.Cache)
 
-	node, err := forward.NewGroup(forward.GroupConfig{
-		Name:    "node",
-		Servers: cfg.Nameservers,
-		Proto:   forward.UDP,
-		Logger:  log.With("group", "node"),
-	}, d.Metrics)
+	// Groups and routes: kube-dns, resolv.conf, the kube-dns ConfigMap (reload.go).
+	err := d.buildRoutes()
 	if err != nil {
-		return nil, fmt.Errorf("node resolvers: %w", err)
+		return nil, err
 	}
-	d.groups = append(d.groups, node)
-	routes := []forward.Route{{Zone: ".", Group: node}}
-	if !cfg.LocalMode {
-		kube, err := forward.NewGroup(forward.GroupConfig{
-			Name:     "kube-dns",
-			Servers:  []netip.AddrPort{cfg.KubeDNS},
-			Proto:    forward.TCP,
-			PoolSize: cfg.TCPPoolSize,
-			Logger:   log.With("group", "kube-dns"),
-		}, d.Metrics)
-		if err != nil {
-			d.closeGroups()
-			return nil, fmt.Errorf("kube-dns: %w", err)
-		}
-		d.groups = append(d.groups, kube)
-		for _, z := range append([]string{cfg.ClusterDomain}, reverseZones...) {
-			routes = append(routes, forward.Route{Zone: z, Group: kube})
-		}
-	}
-	d.Router = forward.NewRouter(routes)
 
 	srv, err = server.New(server.Config{
 		Addrs:       cfg.LocalIPs,
@@ -113,14 +109,18 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		DefaultPolicy: cache.Policy{
 			SuccessMax: cfg.Cache.SuccessTTL, DenialMax: cfg.Cache.DenialTTL, MinTTL: cfg.Cache.MinTTL,
 		},
-		ServFailTTL:    cfg.Cache.ServFailTTL,
-		MaxUDPSize:     uint16(cfg.MaxUDPSize),
-		ForwardTimeout: cfg.ForwardTimeout,
-		MaxInflight:    cfg.MaxInflight,
-		MaxTCPConns:    cfg.MaxTCPConns,
-		TCPIdleTimeout: cfg.TCPIdleTimeout,
-		Now:            opt.Now,
-		Logger:         log.With("component", "server"),
+		ServFailTTL:        cfg.Cache.ServFailTTL,
+		StaleWindow:        cfg.Cache.StaleWindow,
+		StaleClientTimeout: cfg.Cache.StaleClientTimeout,
+		StaleRecheck:       cfg.Cache.StaleRecheck,
+		MaxUDPSize:         uint16(cfg.MaxUDPSize),
+		ForwardTimeout:     cfg.ForwardTimeout,
+		MaxInflight:        cfg.MaxInflight,
+		MaxTCPConns:        cfg.MaxTCPConns,
+		TCPIdleTimeout:     cfg.TCPIdleTimeout,
+		Now:                opt.Now,
+		Logger:             log.With("component", "server"),
+		QueryLog:           queryLog(cfg, log),
 	})
 	if err != nil {
 		d.closeGroups()
@@ -147,44 +147,89 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		}
 	}
 	d.pprof = opt.PProf
+	d.opt = opt
 	return d, nil
 }
 
-// forward routes a miss to the group for its zone.
+// forward routes a miss to the group for its zone. When a reload routed the
+// zone elsewhere while the query was out, the answer (or the ErrClosed of a
+// retired group) reflects the old configuration: the new group is asked.
 func (d *Daemon) forward(ctx context.Context, qname string, query []byte) ([]byte, error) {
 	g := d.Router.Lookup(qname)
-	if g == nil {
-		return nil, errors.New("no route for " + qname)
+	for try := 1; ; try++ {
+		if g == nil {
+			return nil, errors.New("no route for " + qname)
+		}
+		ans, err := g.Exchange(ctx, query)
+		now := d.Router.Lookup(qname)
+		if now == g || now == nil || try == 3 || ctx.Err() != nil {
+			return ans, err
+		}
+		g = now
 	}
-	return g.Exchange(ctx, query)
 }
 
-// Start brings the daemon up: interface, listeners, a self-query through a
-// listener, rules, metrics and readiness. On error what was set up is
-// undone (unless -skipteardown).
+// Start brings the daemon up in the order that keeps the node's DNS
+// working: join the twins in the state directory, interface, listeners
+// (the twin's own sockets when one serves the same addresses: see
+// handover.go), a health query through every listen address, rules, the
+// control socket, HTTP, readiness. On error what was set up is undone
+// (unless -skipteardown, or a twin serves the same addresses).
 func (d *Daemon) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
-			d.shutdown(context.Background(), 0)
+			sctx, cancel := context.WithTimeout(context.Background(), ShutdownBudget)
+			defer cancel()
+			_ = d.shutdown(sctx, 0)
 		}
 	}()
+	var twins []string
+	if d.cfg.StateDir != "" {
+		// Held until Start returns: a twin that exits meanwhile waits to
+		// decide about teardown until we are up (and then sees us).
+		unlock, t, err := d.join(ctx)
+		switch {
+		case errors.Is(err, errNoStateDir):
+			// Serving matters more than handover: run as without
+			// -state-dir. Exec probes fail, which makes it visible.
+			d.log.Error("state directory unusable: no handover to or from a twin, no exec probes, teardown on every exit", "err", err)
+		case err != nil:
+			return err
+		default:
+			defer unlock()
+			twins = t
+		}
+	}
 	if d.net != nil && d.cfg.SetupInterface {
 		if err := d.net.EnsureLink(ctx); err != nil {
 			return fmt.Errorf("set up interface: %w", err)
 		}
 	}
+	if len(twins) > 0 {
+		d.adoptSockets(ctx, twins)
+	}
 	if err := d.Server.Listen(); err != nil {
 		return err
 	}
 	d.Server.Serve()
-	if err := d.selfQuery(ctx); err != nil {
-		return fmt.Errorf("self-query through the listener: %w", err)
+	if err := d.health(ctx); err != nil {
+		return fmt.Errorf("health query through the listener: %w", err)
 	}
 	if d.net != nil && d.cfg.SetupIPTables {
 		if err := d.net.EnsureRules(ctx); err != nil {
 			// The listener works without the rules (only conntrack is
 			// not skipped); keep serving and let the reconciler retry.
 			d.log.Error("iptables rules not installed; retrying every sync interval", "err", err)
+		}
+	}
+	if d.reg != nil {
+		if err := d.listenControl(); err != nil {
+			return err
+		}
+		if d.net != nil {
+			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
+				d.log.Warn("cannot record what we added to the link", "err", err)
+			}
 		}
 	}
 	if d.net != nil {
@@ -200,7 +245,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	d.stopHTTP = cancel
 	addr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{
 		Addr:   d.cfg.MetricsAddr,
-		Health: d.selfQuery,
+		Health: d.health,
 		Ready:  d.readyProbe,
 		PProf:  d.pprof,
 	})
@@ -208,17 +253,88 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.metricsAddr = addr
+	if d.cfg.HealthAddr != "" && d.cfg.HealthAddr != d.cfg.MetricsAddr {
+		haddr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true})
+		if err != nil {
+			return err
+		}
+		d.healthAddr = haddr
+	}
+	d.startReload()
 	d.ready.Store(true)
 	d.log.Info("serving",
 		"listen", joinAddrs(d.cfg.LocalIPs, d.cfg.Port),
 		"kube_dns", kubeDNSString(d.cfg),
 		"nameservers", fmt.Sprint(d.cfg.Nameservers),
-		"metrics", addr.String())
+		"metrics", addr.String(),
+		"health", d.cfg.HealthAddr,
+		"twins", len(twins))
 	return nil
+}
+
+// join registers this instance in the state directory under the group
+// lock, and returns the live twins (youngest first) and the unlock.
+func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err error) {
+	id := d.opt.InstanceID
+	if id == "" {
+		if id, err = instanceID(); err != nil {
+			return nil, nil, err
+		}
+	}
+	reg, err := openRegistry(d.cfg.StateDir, id, d.cfg.LocalIPs, d.cfg.Port)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", errNoStateDir, err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, startLockWait)
+	defer cancel()
+	if unlock, err = reg.lockGroup(lctx); err != nil {
+		return nil, nil, err
+	}
+	if err := reg.register(map[string]any{"pid": os.Getpid(), "started": time.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	d.reg = reg
+	return unlock, reg.twins(), nil
+}
+
+// queryLog is the query log's logger, nil when -querylog is off.
+func queryLog(cfg *config.Config, log *slog.Logger) *slog.Logger {
+	if !cfg.QueryLog {
+		return nil
+	}
+	return log.With("component", "querylog")
+}
+
+// errNoStateDir: the state directory cannot be used.
+var errNoStateDir = errors.New("state directory")
+
+// adoptSockets asks the twins, youngest first, for their listening
+// sockets. Without them Listen opens new ones, which also works, but what
+// the twin's sockets hold when it exits is then lost.
+func (d *Daemon) adoptSockets(ctx context.Context, twins []string) {
+	for _, t := range twins {
+		files, err := d.requestHandover(ctx, t)
+		if err != nil {
+			d.log.Warn("no socket handover from a twin", "twin", t, "err", err)
+			continue
+		}
+		udp, tcp, err := d.Server.Adopt(files)
+		if err != nil {
+			d.log.Warn("some handed-over sockets were unusable", "twin", t, "err", err)
+		}
+		d.log.Info("serving a twin's listening sockets", "twin", t, "udp", udp, "tcp", tcp)
+		return
+	}
+	d.log.Warn("opening our own sockets next to the twin's; queries queued in its sockets when it exits are lost")
 }
 
 // MetricsAddr is the bound address of the HTTP server (after Start).
 func (d *Daemon) MetricsAddr() net.Addr { return d.metricsAddr }
+
+// HealthAddr is the bound address of the separate health listener, nil
+// when there is none.
+func (d *Daemon) HealthAddr() net.Addr { return d.healthAddr }
 
 func (d *Daemon) readyProbe(context.Context) error {
 	if d.stopping.Load() {
@@ -230,45 +346,8 @@ func (d *Daemon) readyProbe(context.Context) error {
 	return nil
 }
 
-// selfQuery asks the first listener for the health name, which the server
-// answers itself: it proves the socket is read and answered without
-// depending on any upstream.
-func (d *Daemon) selfQuery(ctx context.Context) error {
-	ap := d.Server.Addr()
-	if !ap.IsValid() {
-		return errors.New("not listening")
-	}
-	deadline := time.Now().Add(time.Second)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
-	}
-	c, err := net.Dial("udp", ap.String())
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(deadline)
-	q := server.HealthQuery(uint16(time.Now().UnixNano()))
-	if _, err := c.Write(q); err != nil {
-		return err
-	}
-	buf := make([]byte, 512)
-	for {
-		n, err := c.Read(buf)
-		if err != nil {
-			return fmt.Errorf("no answer from %s: %w", ap, err)
-		}
-		if n >= wire.HeaderLen && wire.ID(buf) == wire.ID(q) {
-			if rc := wire.Rcode(buf[:n]); rc != wire.RcodeSuccess {
-				return fmt.Errorf("health query answered rcode %d", rc)
-			}
-			return nil
-		}
-	}
-}
-
-// Run starts the daemon, serves until ctx is done, then shuts down within
-// the grace period.
+// Run starts the daemon, serves until ctx is done, then shuts down: lame
+// duck, drain, teardown, all within grace (-lameduck plus ShutdownBudget).
 func (d *Daemon) Run(ctx context.Context, grace time.Duration) error {
 	if err := d.Start(ctx); err != nil {
 		return err
@@ -277,38 +356,136 @@ func (d *Daemon) Run(ctx context.Context, grace time.Duration) error {
 	d.log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	return d.shutdown(sctx, grace)
+	return d.shutdown(sctx, d.cfg.LameDuck)
 }
 
-// shutdown stops serving and tears down rules and link (rules first).
-func (d *Daemon) shutdown(ctx context.Context, _ time.Duration) error {
+// Shutdown budget after the lame duck. The pod's
+// terminationGracePeriodSeconds must exceed -lameduck plus ShutdownBudget
+// (5 s + 12 s by default, against Kubernetes' default of 30 s).
+const (
+	// drainDeadline bounds stopping the loops, draining TCP connections
+	// (a connection that has not sent its first query gets the 2 s read
+	// timeout) and answering the misses in flight.
+	drainDeadline = 3 * time.Second
+	// exitLockWait bounds waiting for a starting twin before deciding
+	// about teardown; past it we decide anyway (a starting twin has
+	// registered before it takes long, so it is seen).
+	exitLockWait = 2 * time.Second
+	// teardownDeadline: rules and link removal take well under a second; 5 s
+	// covers a contended xtables lock and stays far inside the pod's grace.
+	teardownDeadline = 5 * time.Second
+	// ShutdownBudget is what shutdown may take after the lame duck.
+	ShutdownBudget = drainDeadline + exitLockWait + teardownDeadline + 2*time.Second
+	// startLockWait bounds waiting for a twin that is starting or tearing
+	// down before we start.
+	startLockWait = 20 * time.Second
+)
+
+// shutdown: readiness fails at once; the daemon answers for lameDuck
+// (skipped when the twin we handed our sockets to is alive: it reads them
+// already); the serving loops stop, TCP drains, misses are answered and the
+// sockets close; then rules and link are torn down unless a twin serves
+// the same addresses or -skipteardown. Everything is bounded by ctx.
+func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	d.stopping.Store(true)
 	d.ready.Store(false)
-	var errs []error
-	if err := d.Server.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("drain: %w", err))
+	if lameDuck > 0 {
+		if t := d.handedTo.Load(); t != nil && d.reg != nil && d.reg.alive(*t, false) {
+			d.log.Info("no lame duck: the twin holding our sockets serves them", "twin", *t)
+		} else {
+			d.log.Info("lame duck: answering queries, not ready", "for", lameDuck)
+			select {
+			case <-time.After(lameDuck):
+			case <-ctx.Done():
+			}
+		}
 	}
+	var errs []error
+	dctx, cancel := context.WithTimeout(ctx, drainDeadline)
+	if err := d.Server.Shutdown(dctx); err != nil {
+		// Not a failure: a client kept its connection busy; it retries.
+		d.log.Warn("drain cut short; remaining TCP connections closed", "err", err)
+	}
+	cancel()
 	if d.stopNet != nil {
 		d.stopNet()
 	}
 	d.bg.Wait()
-	if d.net != nil && !d.cfg.SkipTeardown {
-		tctx, cancel := context.WithTimeout(context.Background(), teardownDeadline)
-		if err := d.net.Teardown(tctx); err != nil {
-			errs = append(errs, fmt.Errorf("teardown: %w", err))
-		}
-		cancel()
+	if d.control != nil {
+		_ = d.control.Close()
+		d.ctlWG.Wait()
+	}
+	if err := d.releaseNode(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("teardown: %w", err))
 	}
 	if d.stopHTTP != nil {
 		d.stopHTTP()
 	}
-	d.closeGroups()
+	// A reload in progress must not hold the exit past the deadline; the
+	// rules are gone already.
+	stopped := make(chan struct{})
+	go func() {
+		d.stopReload()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+		d.closeGroups() // after stopReload: no reload may change d.groups after
+	case <-ctx.Done():
+		d.log.Warn("a configuration reload did not stop in time; exiting without it")
+	}
 	return errors.Join(errs...)
 }
 
-// teardownDeadline: rules and link removal take well under a second; 5 s
-// covers a contended xtables lock and stays far inside the pod's grace.
-const teardownDeadline = 5 * time.Second
+// releaseNode tears down rules and link, unless a twin serves the same
+// addresses (it keeps them, and our ownership of the link goes to it) or
+// -skipteardown. The decision is taken under the group lock, so a twin
+// cannot start in between.
+func (d *Daemon) releaseNode(ctx context.Context) error {
+	if d.reg == nil {
+		if d.net == nil || d.cfg.SkipTeardown {
+			return nil
+		}
+		return d.teardown(ctx)
+	}
+	defer d.reg.unregister()
+	lctx, cancel := context.WithTimeout(ctx, exitLockWait)
+	unlock, err := d.reg.lockGroup(lctx)
+	cancel()
+	if err != nil {
+		d.log.Warn("deciding about teardown without the group lock", "err", err)
+	} else {
+		defer unlock()
+	}
+	if twins := d.reg.twins(); len(twins) > 0 {
+		if d.net != nil {
+			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
+				d.log.Warn("cannot record what we added to the link", "err", err)
+			}
+		}
+		pids := make([]string, len(twins))
+		for i, t := range twins {
+			pids[i] = pidOf(t)
+		}
+		d.log.Info("a twin serves the same addresses: leaving link and rules to it", "twin_pids", strings.Join(pids, ","))
+		return nil
+	}
+	if d.net == nil || d.cfg.SkipTeardown {
+		return nil
+	}
+	d.net.Inherit(d.reg.readOwnership())
+	if err := d.teardown(ctx); err != nil {
+		return err
+	}
+	d.reg.forgetOwnership()
+	return nil
+}
+
+func (d *Daemon) teardown(ctx context.Context) error {
+	tctx, cancel := context.WithTimeout(ctx, teardownDeadline)
+	defer cancel()
+	return d.net.Teardown(tctx)
+}
 
 func (d *Daemon) closeGroups() {
 	for _, g := range d.groups {

@@ -33,14 +33,24 @@ type upstream struct {
 func startUpstream(t *testing.T, h func(r *dns.Msg) *dns.Msg) *upstream {
 	t.Helper()
 	u := &upstream{}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		t.Fatal(err)
+	// The UDP port may be taken for TCP (a busy host's ephemeral ports):
+	// try another.
+	var pc net.PacketConn
+	var ln net.Listener
+	var port int
+	for try := 0; ; try++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		port = pc.LocalAddr().(*net.UDPAddr).Port
+		if ln, err = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			break
+		}
+		_ = pc.Close()
+		if try == 50 {
+			t.Fatal(err)
+		}
 	}
 	u.addr = netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", port))
 	serve := func(tcp bool) dns.HandlerFunc {

@@ -1,0 +1,245 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+)
+
+// logBuffer collects a daemon's log lines for assertions.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func testConfig(node netip.AddrPort) *config.Config {
+	return &config.Config{
+		LocalIPs:      []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+		LocalMode:     true,
+		ClusterDomain: "cluster.local.",
+		Nameservers:   []netip.AddrPort{node},
+		MetricsAddr:   "127.0.0.1:0",
+		Cache: config.CacheConfig{
+			SuccessCapacity: 9984, DenialCapacity: 9984, MaxBytes: 64 << 20,
+			ClusterSuccessTTL: 30 * time.Second, ClusterDenialTTL: 5 * time.Second,
+			SuccessTTL: 30 * time.Second, DenialTTL: 30 * time.Second, ServFailTTL: 2 * time.Second,
+		},
+		UDPSockets:     2,
+		MaxUDPSize:     1232,
+		MaxInflight:    1024,
+		MaxTCPConns:    100,
+		TCPIdleTimeout: 10 * time.Second,
+		ForwardTimeout: 2 * time.Second,
+		TCPPoolSize:    2,
+	}
+}
+
+// startDaemon starts a daemon from cfg with the given instance id (""
+// for the real one) and logs into the returned buffer. The caller shuts it
+// down (stop), at most once.
+func startDaemon(t *testing.T, cfg *config.Config, id string) (*Daemon, *logBuffer, func() error) {
+	t.Helper()
+	logs := &logBuffer{}
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{InstanceID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatalf("start: %v\n%s", err, logs)
+	}
+	var once sync.Once
+	var serr error
+	stop := func() error {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			serr = d.shutdown(ctx, 0)
+		})
+		return serr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return d, logs, stop
+}
+
+func httpStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestHealthFailsWhenAServingLoopIsWedged: /health is 500 while one of the
+// UDP receive loops is stuck (the test hook pauses it), although the
+// kernel may steer the probe's query to the other, healthy socket; it is
+// 200 again once the loop runs.
+func TestHealthFailsWhenAServingLoopIsWedged(t *testing.T) {
+	node := startUpstream(t, records)
+	d, _, _ := startDaemon(t, testConfig(node.addr), "")
+	url := "http://" + d.MetricsAddr().String() + "/health"
+	if code, body := httpStatus(t, url); code != 200 {
+		t.Fatalf("healthy daemon: /health %d %s", code, body)
+	}
+	resume := d.Server.PauseUDP(1)
+	code, body := httpStatus(t, url)
+	if code != 500 || !strings.Contains(body, "udp loop 1") {
+		resume()
+		t.Fatalf("wedged loop: /health %d %q, want 500 naming udp loop 1", code, body)
+	}
+	resume()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if code, _ := httpStatus(t, url); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/health not 200 again after the loop resumed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReadyIsUnreadyFromShutdownOn: /ready is 200 once started and 503 as
+// soon as shutdown begins, while queries are still answered (lame duck).
+func TestReadyIsUnreadyFromShutdownOn(t *testing.T) {
+	node := startUpstream(t, records)
+	d, _, _ := startDaemon(t, testConfig(node.addr), "")
+	url := "http://" + d.MetricsAddr().String() + "/ready"
+	if code, _ := httpStatus(t, url); code != 200 {
+		t.Fatalf("/ready %d after start", code)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- d.shutdown(ctx, time.Second)
+	}()
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for {
+		code, _ := httpStatus(t, url)
+		if code == 503 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/ready %d after shutdown began", code)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Lame duck: still answering.
+	c := &dns.Client{Timeout: 2 * time.Second}
+	m := new(dns.Msg)
+	m.SetQuestion("lame.example.com.", dns.TypeA)
+	if r, _, err := c.Exchange(m, d.Server.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("query during lame duck: %v %v", r, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTwinAdoptsSocketsAndProbesReachEachInstance runs two instances on
+// one address and port in one process (ids as two PIDs would give): the
+// second adopts the first's sockets over the control socket, each
+// instance's exec probe reaches that instance, and after the first exits
+// the second serves alone, with its registry entry gone.
+func TestTwinAdoptsSocketsAndProbesReachEachInstance(t *testing.T) {
+	node := startUpstream(t, records)
+	stateDir, err := os.MkdirTemp("", "nld")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(stateDir) })
+	pidns, err := nsInode("pid")
+	if err != nil {
+		t.Skip(err)
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	pc.Close()
+	mk := func() *config.Config {
+		c := testConfig(node.addr)
+		c.Port = port
+		c.StateDir = stateDir
+		return c
+	}
+	// PIDs above the kernel's pid_max: no live process can have them.
+	const pidA, pidB = 5000001, 5000002
+	a, logsA, stopA := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidA))
+	b, logsB, _ := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidB))
+	if !strings.Contains(logsB.String(), "serving a twin's listening sockets") || !strings.Contains(logsB.String(), "udp=2 tcp=1") {
+		t.Fatalf("B did not adopt A's sockets:\n%s", logsB)
+	}
+	if !strings.Contains(logsA.String(), "handed listening sockets to a twin") {
+		t.Fatalf("A did not hand over:\n%s", logsA)
+	}
+	for _, pid := range []int{pidA, pidB} {
+		if err := Probe(stateDir, "ready", pid, 2*time.Second); err != nil {
+			t.Fatalf("probe ready %d: %v", pid, err)
+		}
+		if err := Probe(stateDir, "health", pid, 2*time.Second); err != nil {
+			t.Fatalf("probe health %d: %v", pid, err)
+		}
+	}
+	if err := Probe(stateDir, "ready", 0, 2*time.Second); err == nil || !strings.Contains(err.Error(), "-probe-pid") {
+		t.Fatalf("ambiguous probe: %v", err)
+	}
+	// A shuts down: readiness of A fails at once, B stays ready.
+	a.stopping.Store(true)
+	if err := Probe(stateDir, "ready", pidA, 2*time.Second); err == nil {
+		t.Fatal("A ready while stopping")
+	}
+	if err := stopA(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logsA.String(), "leaving link and rules to it") || !strings.Contains(logsA.String(), "twin_pids="+fmt.Sprint(pidB)) {
+		t.Fatalf("A did not see its twin on exit:\n%s", logsA)
+	}
+	if err := Probe(stateDir, "ready", pidA, 2*time.Second); err == nil || !strings.Contains(err.Error(), "no running nodelocaldns") {
+		t.Fatalf("probe of exited A: %v", err)
+	}
+	if err := Probe(stateDir, "ready", 0, 2*time.Second); err != nil {
+		t.Fatalf("only B left, probe without pid: %v", err)
+	}
+	c := &dns.Client{Timeout: 2 * time.Second}
+	for _, network := range []string{"udp", "tcp"} {
+		c.Net = network
+		m := new(dns.Msg)
+		m.SetQuestion("after.example.com.", dns.TypeA)
+		if r, _, err := c.Exchange(m, b.Server.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess {
+			t.Fatalf("%s to B after A exited: %v %v", network, r, err)
+		}
+	}
+}

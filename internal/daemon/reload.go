@@ -1,0 +1,371 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// The routes come from three sources: the flags (kube-dns for the cluster
+// domain and the reverse zones, fixed for the daemon's life), the node's
+// resolv.conf (the "." group, "node") and the kube-dns ConfigMap
+// (upstreamNameservers replace resolv.conf's list; each stub domain gets a
+// "stub:<zone>" group). The last two are watched (config.Watcher) and
+// re-read on every wake-up; a change builds the groups that differ, swaps
+// the route table atomically (forward.Router.Update) and retires the
+// groups routed away from.
+//
+// Nothing is dropped on a change:
+//   - a query that looked up an old group before the swap keeps it: the
+//     group is closed only after retireGrace, when every query sent to it
+//     has timed out or been answered, and forward asks the new group again
+//     when the route changed under a query;
+//   - cache entries of zones whose upstreams did not change stay; entries
+//     of a stub zone that was added, removed or pointed elsewhere are
+//     dropped at the swap, again after settleDrop (an answer from the old
+//     group that was on its way into the cache) and once more when the old
+//     groups are closed. A change of the "." servers drops nothing: those
+//     entries are everything else and expire within the TTL caps.
+//
+// An invalid ConfigMap (at start or later) is logged once, counted as a
+// "configmap" setup error and ignored: the last good one stays (at start:
+// none). Refusing to start would turn a typo in a ConfigMap into a crash
+// loop on every node, the stock node-cache's failure; the node's DNS keeps
+// working without stub domains. An empty or invalid resolv.conf keeps the
+// last good list likewise (it is checked strictly once, by config.Parse).
+
+// settleDrop is the second drop of a changed zone's entries: an answer the
+// old group gave just before the swap may reach the cache just after the
+// first drop; half a second is ample for that and short against the 2 s a
+// change may take.
+const settleDrop = 500 * time.Millisecond
+
+// retireGrace is how long a replaced group stays open: longer than
+// -forward-timeout, which bounds every query sent to it.
+func (d *Daemon) retireGrace() time.Duration { return d.cfg.ForwardTimeout + time.Second }
+
+// reloader holds the routing state. It is owned by New until Start and by
+// the watch goroutine after (one writer, no lock); retirements only close
+// their own groups and drop cache entries.
+type reloader struct {
+	kube        *forward.Group // nil in local mode
+	node        *forward.Group
+	nodeServers []netip.AddrPort
+	stubs       map[string]stubGroup // by zone
+
+	resolv    []netip.AddrPort // last good resolv.conf list
+	resolvErr string           // last resolv.conf error logged
+	cm        config.KubeDNSConfigMap
+	cmSeen    config.ConfigMapData // last ConfigMap content read, valid or not
+	cmSeenOK  bool
+	cmErr     string // last ConfigMap error logged and counted
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup // the watch goroutine and retirements
+}
+
+type stubGroup struct {
+	g       *forward.Group
+	servers []netip.AddrPort
+}
+
+// buildRoutes makes the groups and the Router from the flags, resolv.conf
+// (as config.Parse read it) and the ConfigMap. Only a group that cannot be
+// built fails it; a bad ConfigMap does not.
+func (d *Daemon) buildRoutes() error {
+	r := &d.reload
+	r.stop = make(chan struct{})
+	r.resolv = d.cfg.Nameservers
+	d.Router = forward.NewRouter(nil)
+	if !d.cfg.LocalMode {
+		kube, err := forward.NewGroup(forward.GroupConfig{
+			Name:     "kube-dns",
+			Servers:  []netip.AddrPort{d.cfg.KubeDNS},
+			Proto:    forward.TCP,
+			PoolSize: d.cfg.TCPPoolSize,
+			Logger:   d.log.With("group", "kube-dns"),
+		}, d.Metrics)
+		if err != nil {
+			return fmt.Errorf("kube-dns: %w", err)
+		}
+		r.kube = kube
+		d.groups = []*forward.Group{kube}
+	}
+	if d.cfg.KubeDNSConfigMap != "" {
+		d.readConfigMap(true)
+	}
+	if err := d.apply(); err != nil {
+		d.closeGroups()
+		return err
+	}
+	return nil
+}
+
+// startReload starts watching resolv.conf and the ConfigMap directory.
+func (d *Daemon) startReload() {
+	var paths []string
+	if d.cfg.ResolvConf != "" {
+		paths = append(paths, d.cfg.ResolvConf, config.SystemdResolvConf)
+	}
+	if d.cfg.KubeDNSConfigMap != "" {
+		paths = append(paths, d.cfg.KubeDNSConfigMap)
+	}
+	if len(paths) == 0 {
+		return
+	}
+	r := &d.reload
+	w := config.NewWatcher(config.WatchConfig{Paths: paths, Logger: d.log.With("component", "watch")})
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer w.Close()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-w.C:
+				d.reread()
+			}
+		}
+	}()
+}
+
+// stopReload stops watching and closes retired groups now. The live groups
+// are in d.groups for closeGroups.
+func (d *Daemon) stopReload() {
+	r := &d.reload
+	if r.stop == nil {
+		return
+	}
+	r.stopOnce.Do(func() { close(r.stop) })
+	r.wg.Wait()
+}
+
+// reread re-reads both sources and applies a change.
+func (d *Daemon) reread() {
+	changed := false
+	if d.cfg.ResolvConf != "" && d.readResolvConf() {
+		changed = true
+	}
+	if d.cfg.KubeDNSConfigMap != "" && d.readConfigMap(false) {
+		changed = true
+	}
+	if changed {
+		if err := d.apply(); err != nil {
+			d.log.Error("routes not updated; keeping the old ones", "err", err)
+		}
+	}
+}
+
+// readResolvConf reports whether resolv.conf now lists other good servers.
+func (d *Daemon) readResolvConf() bool {
+	r := &d.reload
+	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.LocalIPs, d.cfg.Port)
+	if err != nil {
+		if err.Error() != r.resolvErr {
+			r.resolvErr = err.Error()
+			d.log.Error("resolv.conf unusable; keeping the last good nameservers", "file", d.cfg.ResolvConf, "nameservers", fmt.Sprint(r.resolv), "err", err)
+		}
+		return false
+	}
+	r.resolvErr = ""
+	if slices.Equal(ns, r.resolv) {
+		return false
+	}
+	d.log.Info("resolv.conf changed", "file", d.cfg.ResolvConf, "nameservers", fmt.Sprint(ns))
+	r.resolv = ns
+	return true
+}
+
+// readConfigMap reports whether the ConfigMap now says something else and
+// is valid. Each distinct invalid content (or read error) is logged and
+// counted once.
+func (d *Daemon) readConfigMap(startup bool) bool {
+	r := &d.reload
+	data, err := config.ReadConfigMapDir(d.cfg.KubeDNSConfigMap)
+	if err == nil {
+		if r.cmSeenOK && data.Equal(r.cmSeen) {
+			return false
+		}
+		r.cmSeen, r.cmSeenOK = data, true
+		var k config.KubeDNSConfigMap
+		if k, err = d.cfg.ParseKubeDNSConfigMap(data); err == nil {
+			r.cmErr = ""
+			if equalConfigMap(k, r.cm) {
+				return false
+			}
+			r.cm = k
+			return true
+		}
+	} else {
+		r.cmSeenOK = false
+		if err.Error() == r.cmErr {
+			return false
+		}
+	}
+	r.cmErr = err.Error()
+	d.Metrics.SetupError("configmap")
+	if startup {
+		d.log.Error("kube-dns ConfigMap invalid; starting without it", "dir", d.cfg.KubeDNSConfigMap, "err", err)
+	} else {
+		d.log.Error("kube-dns ConfigMap invalid; keeping the last good one", "dir", d.cfg.KubeDNSConfigMap, "config", r.cm.String(), "err", err)
+	}
+	return false
+}
+
+func equalConfigMap(a, b config.KubeDNSConfigMap) bool {
+	if !slices.Equal(a.UpstreamNameservers, b.UpstreamNameservers) || len(a.StubDomains) != len(b.StubDomains) {
+		return false
+	}
+	for z, s := range a.StubDomains {
+		if t, ok := b.StubDomains[z]; !ok || !slices.Equal(s, t) {
+			return false
+		}
+	}
+	return true
+}
+
+// apply builds the groups that differ from the live ones, swaps the route
+// table, and retires what it replaced.
+func (d *Daemon) apply() error {
+	r := &d.reload
+	servers, source := r.resolv, "resolv.conf"
+	if len(r.cm.UpstreamNameservers) > 0 {
+		servers, source = r.cm.UpstreamNameservers, "upstreamNameservers"
+	}
+	var created, retired []*forward.Group
+	var changedZones []string
+	fail := func(err error) error {
+		for _, g := range created {
+			_ = g.Close()
+		}
+		return err
+	}
+	node := r.node
+	if node == nil || !slices.Equal(r.nodeServers, servers) {
+		g, err := d.udpGroup("node", servers)
+		if err != nil {
+			return fail(fmt.Errorf("node resolvers: %w", err))
+		}
+		created = append(created, g)
+		if node != nil {
+			retired = append(retired, node)
+		}
+		node = g
+	}
+	stubs := make(map[string]stubGroup, len(r.cm.StubDomains))
+	for _, zone := range r.cm.Zones() {
+		want := r.cm.StubDomains[zone]
+		if old, ok := r.stubs[zone]; ok && slices.Equal(old.servers, want) {
+			stubs[zone] = old
+			continue
+		}
+		g, err := d.udpGroup("stub:"+zone, want)
+		if err != nil {
+			return fail(fmt.Errorf("stub domain %s: %w", zone, err))
+		}
+		created = append(created, g)
+		stubs[zone] = stubGroup{g: g, servers: want}
+		changedZones = append(changedZones, zone)
+	}
+	for zone, old := range r.stubs {
+		if cur, ok := stubs[zone]; !ok || cur.g != old.g {
+			retired = append(retired, old.g)
+			if !ok {
+				changedZones = append(changedZones, zone)
+			}
+		}
+	}
+
+	routes := []forward.Route{{Zone: ".", Group: node}}
+	live := []*forward.Group{node}
+	if r.kube != nil {
+		live = append(live, r.kube)
+		for _, z := range append([]string{d.cfg.ClusterDomain}, reverseZones...) {
+			routes = append(routes, forward.Route{Zone: z, Group: r.kube})
+		}
+	}
+	for _, zone := range r.cm.Zones() {
+		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})
+		live = append(live, stubs[zone].g)
+	}
+	d.Router.Update(routes)
+	r.node, r.nodeServers, r.stubs = node, servers, stubs
+	d.groups = live
+
+	dropped := d.dropZones(changedZones)
+	if len(retired) > 0 || len(changedZones) > 0 {
+		d.retire(retired, changedZones)
+	}
+	if len(created) > 0 || len(retired) > 0 {
+		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
+			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
+	}
+	return nil
+}
+
+func (d *Daemon) udpGroup(name string, servers []netip.AddrPort) (*forward.Group, error) {
+	return forward.NewGroup(forward.GroupConfig{
+		Name:    name,
+		Servers: servers,
+		Proto:   forward.UDP,
+		Logger:  d.log.With("group", name),
+	}, d.Metrics)
+}
+
+// retire closes groups after retireGrace and drops the changed zones'
+// entries after settleDrop and again then. stopReload cuts the waits short.
+func (d *Daemon) retire(groups []*forward.Group, zones []string) {
+	r := &d.reload
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if d.wait(settleDrop) {
+			d.dropZones(zones)
+			d.wait(d.retireGrace() - settleDrop)
+		}
+		for _, g := range groups {
+			_ = g.Close()
+		}
+		d.dropZones(zones)
+	}()
+}
+
+// wait sleeps for t and reports false when stopReload cut it short.
+func (d *Daemon) wait(t time.Duration) bool {
+	tm := time.NewTimer(t)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-d.reload.stop:
+		return false
+	}
+}
+
+// dropZones removes the cache entries at and below zones.
+func (d *Daemon) dropZones(zones []string) int {
+	n := 0
+	for _, z := range zones {
+		if zw, ok := wire.AppendNameWire(nil, z); ok {
+			n += d.Cache.DropZone(zw)
+		}
+	}
+	return n
+}
+
+func stubList(stubs map[string]stubGroup) []string {
+	out := make([]string, 0, len(stubs))
+	for z, s := range stubs {
+		out = append(out, fmt.Sprintf("%s%v", z, s.servers))
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,244 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+)
+
+// Twins are instances serving the same addresses and port in the same
+// network namespace: during a rolling update (maxSurge 1, maxUnavailable 0)
+// the new pod starts while the old one still serves. They find each other
+// in the state directory (-state-dir, a hostPath both pods mount):
+//
+//	<state-dir>/<key>/              one directory per (netns, addresses, port)
+//	    key                         what the key stands for, for operators
+//	    group.lock                  flock held while an instance starts or
+//	                                decides, on exit, whether to tear down
+//	    <id>.lock                   flock held by instance <id> for its life
+//	    <id>.sock                   its control socket (handover, probes)
+//	    ownership.json              link/addresses an exited twin created
+//
+// key is a hash of the network namespace's inode (/proc/self/ns/net), the
+// sorted addresses and the port, so instances in other namespaces (tests run
+// many on one host) or on other addresses never meet. id is the PID
+// namespace's inode and the PID: unique among live processes on the host,
+// and an exec probe, which runs in the container's PID namespace, can find
+// its own instance by it. A lock file whose flock nobody holds belongs to
+// an instance that died (the kernel drops the lock with the process); it is
+// removed by whoever finds it.
+type registry struct {
+	dir  string
+	id   string
+	self *os.File // <id>.lock, flocked while we live
+}
+
+// groupLockPoll is how often a waiting instance retries the group lock.
+const groupLockPoll = 10 * time.Millisecond
+
+// instanceKey names the twin group of this process for addrs and port.
+func instanceKey(addrs []netip.Addr, port int) (key, desc string, err error) {
+	netns, err := nsInode("net")
+	if err != nil {
+		return "", "", err
+	}
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.Unmap().String()
+	}
+	slices.Sort(s)
+	desc = fmt.Sprintf("netns %d, addresses %s, port %d", netns, strings.Join(s, ","), port)
+	h := sha256.Sum256([]byte(desc))
+	return hex.EncodeToString(h[:8]), desc, nil
+}
+
+// instanceID is this process's id in the state directory.
+func instanceID() (string, error) {
+	pidns, err := nsInode("pid")
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d-%d", pidns, os.Getpid()), nil
+}
+
+func nsInode(kind string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/"+kind, &st); err != nil {
+		return 0, fmt.Errorf("%s namespace: %w", kind, err)
+	}
+	return st.Ino, nil
+}
+
+// openRegistry creates the group directory and registers this instance:
+// its lock file is created and locked. Call it with the group lock held
+// (see lockGroup) so that a twin deciding whether to tear down sees us.
+func openRegistry(stateDir, id string, addrs []netip.Addr, port int) (*registry, error) {
+	key, desc, err := instanceKey(addrs, port)
+	if err != nil {
+		return nil, err
+	}
+	r := &registry{dir: filepath.Join(stateDir, key), id: id}
+	// sun_path holds 108 bytes with the terminating NUL.
+	if n := len(r.sockPath(id)); n > 107 {
+		return nil, fmt.Errorf("state dir %q: control socket path is %d bytes, longer than a unix socket allows (107)", stateDir, n)
+	}
+	if err := os.MkdirAll(r.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "key")); errors.Is(err, os.ErrNotExist) {
+		_ = os.WriteFile(filepath.Join(r.dir, "key"), []byte(desc+"\n"), 0o600)
+	}
+	return r, nil
+}
+
+func (r *registry) lockPath(id string) string { return filepath.Join(r.dir, id+".lock") }
+func (r *registry) sockPath(id string) string { return filepath.Join(r.dir, id+".sock") }
+
+// lockGroup takes the group lock, waiting at most until ctx is done. The
+// returned function releases it.
+func (r *registry) lockGroup(ctx context.Context) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(r.dir, "group.lock"), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("group lock: %w", err)
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = f.Close() }, nil // closing drops the flock
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			_ = f.Close()
+			return nil, fmt.Errorf("group lock: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return nil, fmt.Errorf("group lock held by a twin: %w", ctx.Err())
+		case <-time.After(groupLockPoll):
+		}
+	}
+}
+
+// register creates and locks this instance's lock file.
+func (r *registry) register(info any) error {
+	f, err := os.OpenFile(r.lockPath(r.id), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("register %s: %w (another live instance has this id)", r.id, err)
+	}
+	b, _ := json.Marshal(info)
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt(append(b, '\n'), 0)
+	r.self = f
+	return nil
+}
+
+// unregister removes this instance's files and drops its lock.
+func (r *registry) unregister() {
+	if r.self == nil {
+		return
+	}
+	_ = os.Remove(r.sockPath(r.id))
+	_ = os.Remove(r.lockPath(r.id))
+	_ = r.self.Close()
+	r.self = nil
+}
+
+// alive reports whether instance id holds its lock. With reap, the files
+// of a dead instance are removed (call it under the group lock).
+func (r *registry) alive(id string, reap bool) bool {
+	f, err := os.OpenFile(r.lockPath(id), os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK)
+	}
+	if reap {
+		_ = os.Remove(r.sockPath(id))
+		_ = os.Remove(r.lockPath(id))
+	}
+	return false
+}
+
+// twins returns the live twins, youngest first, and reaps dead ones.
+func (r *registry) twins() []string {
+	ents, err := os.ReadDir(r.dir)
+	if err != nil {
+		return nil
+	}
+	type twin struct {
+		id  string
+		mod time.Time
+	}
+	var live []twin
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".lock")
+		if !ok || id == "group" || id == r.id {
+			continue
+		}
+		if r.alive(id, true) {
+			var mod time.Time
+			if fi, err := e.Info(); err == nil {
+				mod = fi.ModTime()
+			}
+			live = append(live, twin{id, mod})
+		}
+	}
+	slices.SortFunc(live, func(a, b twin) int { return b.mod.Compare(a.mod) })
+	out := make([]string, len(live))
+	for i, t := range live {
+		out[i] = t.id
+	}
+	return out
+}
+
+// Ownership of the link and addresses, handed from twin to twin so the
+// last one removes what the first one added.
+
+func (r *registry) ownershipPath() string { return filepath.Join(r.dir, "ownership.json") }
+
+func (r *registry) readOwnership() netsetup.Ownership {
+	var o netsetup.Ownership
+	if b, err := os.ReadFile(r.ownershipPath()); err == nil {
+		_ = json.Unmarshal(b, &o)
+	}
+	return o
+}
+
+// recordOwnership merges o into the group's ownership file.
+func (r *registry) recordOwnership(o netsetup.Ownership) error {
+	m := r.readOwnership().Merge(o)
+	if !m.LinkCreated && len(m.Addrs) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	tmp := r.ownershipPath() + "." + r.id
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, r.ownershipPath())
+}
+
+func (r *registry) forgetOwnership() { _ = os.Remove(r.ownershipPath()) }
