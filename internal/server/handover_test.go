@@ -183,12 +183,8 @@ func tcpExchange(addr string, query []byte) ([]byte, error) {
 func detach(t testing.TB, s *Server) {
 	t.Helper()
 	for _, l := range s.udp {
-		var cerr error
-		err := l.raw.Control(func(fd uintptr) {
-			cerr = unix.Connect(int(fd), &unix.SockaddrInet4{Port: 9, Addr: [4]byte{127, 0, 0, 254}})
-		})
-		if err != nil || cerr != nil {
-			t.Fatalf("connect: %v %v", err, cerr)
+		if err := unix.Connect(l.fd, &unix.SockaddrInet4{Port: 9, Addr: [4]byte{127, 0, 0, 254}}); err != nil {
+			t.Fatalf("connect: %v", err)
 		}
 	}
 }
@@ -295,10 +291,13 @@ func TestMeasureHandoverStrategies(t *testing.T) {
 	}
 }
 
-// TestFilesKeepSocketsNonBlocking: handing the sockets over must not make
-// them blocking (the mode is the socket's, shared with the serving loops);
-// net's File methods would, once the descriptor is read with Fd.
-func TestFilesKeepSocketsNonBlocking(t *testing.T) {
+// TestFilesKeepSocketModes: handing the sockets over must not change their
+// mode (it is the socket's, shared with the serving loops of both twins):
+// the UDP sockets stay blocking with SO_RCVTIMEO set (serveUDP sleeps in
+// recvmmsg), the TCP listener stays non-blocking (net's accept loop
+// relies on it), also once the descriptor is read with Fd, as SCM_RIGHTS
+// sending does.
+func TestFilesKeepSocketModes(t *testing.T) {
 	s, _ := startServer(t, nil)
 	files, err := s.Files()
 	if err != nil {
@@ -308,12 +307,22 @@ func TestFilesKeepSocketsNonBlocking(t *testing.T) {
 		t.Fatalf("%d files, want 1 udp + 1 tcp", len(files))
 	}
 	for _, f := range files {
-		fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0) // Fd, as SCM_RIGHTS sending does
+		fd := f.Fd()
+		fl, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fl&unix.O_NONBLOCK == 0 {
-			t.Errorf("%s is blocking after Files and Fd", f.Name())
+		typ, _ := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE)
+		switch typ {
+		case unix.SOCK_DGRAM:
+			tv, err := unix.GetsockoptTimeval(int(fd), unix.SOL_SOCKET, unix.SO_RCVTIMEO)
+			if fl&unix.O_NONBLOCK != 0 || err != nil || tv.Nano() != int64(rcvTimeout) {
+				t.Errorf("%s: nonblock %v, SO_RCVTIMEO %v %v", f.Name(), fl&unix.O_NONBLOCK != 0, tv, err)
+			}
+		case unix.SOCK_STREAM:
+			if fl&unix.O_NONBLOCK == 0 {
+				t.Errorf("%s is blocking after Files and Fd", f.Name())
+			}
 		}
 		f.Close()
 	}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -54,7 +56,7 @@ func (s *Server) Listen() error {
 				return fmt.Errorf("listen udp %s: %w", ap, err)
 			}
 			s.udp = append(s.udp, l)
-			ap = l.conn.LocalAddr().(*net.UDPAddr).AddrPort()
+			ap = l.local
 		}
 		if l := s.adoptedTCP[netip.AddrPortFrom(a, uint16(s.cfg.Port))]; l != nil {
 			delete(s.adoptedTCP, netip.AddrPortFrom(a, uint16(s.cfg.Port)))
@@ -72,7 +74,7 @@ func (s *Server) Listen() error {
 	// (the twin that handed them over still holds them).
 	for _, ls := range s.adoptedUDP {
 		for _, l := range ls {
-			_ = l.conn.Close()
+			l.close()
 		}
 	}
 	for _, l := range s.adoptedTCP {
@@ -85,6 +87,7 @@ func (s *Server) Listen() error {
 // Serve starts the serving goroutines for the sockets Listen opened and
 // returns at once.
 func (s *Server) Serve() {
+	s.reserveProcs(len(s.udp))
 	for _, l := range s.udp {
 		s.wg.Add(1)
 		go func() {
@@ -135,11 +138,6 @@ func (s *Server) TCPAddr() netip.AddrPort {
 	return s.tcp[0].ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
-func (l *udpListener) addr() netip.AddrPort {
-	ap := l.conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-}
-
 // Shutdown stops serving and closes the sockets, in the order that loses
 // nothing a twin holding the same sockets (Files, Adopt) could still
 // answer: the receive and accept loops stop first, leaving what is queued
@@ -152,10 +150,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing.Store(true)
 	now := time.Now()
-	// A deadline in the past wakes a loop blocked in recvmmsg or Accept
-	// without closing the socket it shares with a twin.
+	// The receive loops return within rcvTimeout; a deadline in the past
+	// wakes an accept loop. Neither closes the socket it shares with a
+	// twin.
 	for _, l := range s.udp {
-		_ = l.conn.SetReadDeadline(now)
+		l.stop.Store(true)
 	}
 	for _, l := range s.tcp {
 		_ = l.ln.SetDeadline(now)
@@ -173,6 +172,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	select {
 	case <-done:
+		s.reserveProcs(0)
 	case <-ctx.Done():
 		s.mu.Lock()
 		for c := range s.conns {
@@ -185,11 +185,28 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// procsMu serialises changes of GOMAXPROCS by the servers of a process.
+var procsMu sync.Mutex
+
+// reserveProcs sets how many Ps this server's receive loops hold (see
+// serveUDP) and moves GOMAXPROCS by the difference, so everything else
+// keeps the Ps it had.
+func (s *Server) reserveProcs(n int) {
+	procsMu.Lock()
+	defer procsMu.Unlock()
+	if d := n - s.procs; d != 0 {
+		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + d)
+		s.procs = n
+	}
+}
+
 func (s *Server) closeListeners() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A receive loop still running here (Shutdown's ctx ran out) has stop
+	// set, so it makes no syscall on the descriptor after this close.
 	for _, l := range s.udp {
-		_ = l.conn.Close()
+		l.close()
 	}
 	for _, l := range s.tcp {
 		_ = l.ln.Close()
@@ -236,9 +253,11 @@ func (s *Server) Files() ([]*os.File, error) {
 		return nil
 	}
 	for _, l := range s.udp {
-		if err := dup(l.conn, "udp "+l.addr().String()); err != nil {
-			return fail(err)
+		nfd, err := unix.FcntlInt(uintptr(l.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return fail(fmt.Errorf("dup udp %s: %w", l.local, err))
 		}
+		files = append(files, os.NewFile(uintptr(nfd), "udp "+l.local.String()))
 	}
 	for _, l := range s.tcp {
 		if err := dup(l.ln, "tcp "+l.ln.Addr().String()); err != nil {
@@ -260,16 +279,23 @@ func (s *Server) Adopt(files []*os.File) (udp, tcp int, err error) {
 	}
 	var errs []error
 	for _, f := range files {
-		if pc, perr := net.FilePacketConn(f); perr == nil {
-			conn, ok := pc.(*net.UDPConn)
-			if !ok {
-				_ = pc.Close()
-				errs = append(errs, fmt.Errorf("adopt %s: not a UDP socket", f.Name()))
-			} else if l, lerr := newUDPListener(conn); lerr != nil {
+		// Through SyscallConn, not f.Fd(): Fd would put the socket, which
+		// the twin still serves, in blocking mode.
+		typ, nfd, derr := -1, -1, error(nil)
+		if rc, err := f.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) {
+				if typ, derr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE); derr == nil && typ == unix.SOCK_DGRAM {
+					nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+				}
+			})
+		}
+		if typ == unix.SOCK_DGRAM {
+			if derr != nil {
+				errs = append(errs, fmt.Errorf("adopt %s: %w", f.Name(), derr))
+			} else if l, lerr := newUDPListener(nfd); lerr != nil {
 				errs = append(errs, fmt.Errorf("adopt %s: %w", f.Name(), lerr))
 			} else {
-				ap := l.addr()
-				s.adoptedUDP[ap] = append(s.adoptedUDP[ap], l)
+				s.adoptedUDP[l.local] = append(s.adoptedUDP[l.local], l)
 				udp++
 			}
 		} else if ln, lerr := net.FileListener(f); lerr == nil {
@@ -288,7 +314,7 @@ func (s *Server) Adopt(files []*os.File) (udp, tcp int, err error) {
 				tcp++
 			}
 		} else {
-			errs = append(errs, fmt.Errorf("adopt %s: %w", f.Name(), perr))
+			errs = append(errs, fmt.Errorf("adopt %s: %w", f.Name(), lerr))
 		}
 		_ = f.Close()
 	}
@@ -359,15 +385,16 @@ func (s *Server) CheckLoops(ctx context.Context) error {
 }
 
 // PauseUDP wedges the receive loop of UDP socket i (in Listen's order)
-// until resume is called: a test hook for health checks. The loop stops as
-// soon as it wakes, which PauseUDP makes it do at once.
+// until resume is called: a test hook for health checks. It returns once
+// the loop is stuck (it stops when it next wakes, within rcvTimeout).
 func (s *Server) PauseUDP(i int) (resume func()) {
 	l := s.udp[i]
 	ch := make(chan struct{})
 	l.hold.Store(&ch)
-	_ = l.conn.SetReadDeadline(time.Now())
+	for deadline := time.Now().Add(2 * rcvTimeout); !l.held.Load() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	return func() {
-		_ = l.conn.SetReadDeadline(time.Time{})
 		l.hold.Store(nil)
 		close(ch)
 	}

@@ -135,6 +135,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	udp     []*udpListener
+	procs   int // Ps reserved for the receive loops (reserveProcs)
 	tcp     []*tcpListener
 	conns   map[net.Conn]*tcpConn
 	closing atomic.Bool

@@ -2,10 +2,11 @@ package server
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -42,9 +43,22 @@ const (
 	afInet6 = unix.AF_INET6
 )
 
+// rcvTimeout bounds one blocking recvmmsg (SO_RCVTIMEO): how long an idle
+// loop takes to notice Shutdown or a test pause. It also makes recvmmsg
+// return EINTR instead of restarting when the Go runtime signals the
+// thread to preempt it (signal(7)), so a garbage collection never waits
+// for a packet.
+const rcvTimeout = 100 * time.Millisecond
+
+// udpListener is one UDP socket and its receive loop. The socket is in
+// blocking mode and not registered with Go's netpoller: the loop sleeps in
+// recvmmsg itself, which at low and moderate rates costs about half the
+// CPU per query of a netpoller wake-up (epoll_wait twice, recvmmsg until
+// EAGAIN, scheduler hand-offs). See serveUDP for what that asks of the
+// runtime.
 type udpListener struct {
-	conn  *net.UDPConn
-	raw   syscall.RawConn
+	fd    int
+	local netip.AddrPort
 	stats Stats
 	// beat is odd while the loop waits in recvmmsg and even while it
 	// handles a batch: two uncontended atomic adds per batch let
@@ -52,6 +66,11 @@ type udpListener struct {
 	beat   atomic.Uint64
 	exited atomic.Bool
 	hold   atomic.Pointer[chan struct{}] // PauseUDP (tests)
+	held   atomic.Bool
+	// stop asks the loop to return after the batch in hand, leaving the
+	// socket (shared with a twin, see Files) open.
+	stop      atomic.Bool
+	closeOnce sync.Once
 }
 
 func reusePort(network, address string, c syscall.RawConn) error {
@@ -65,26 +84,75 @@ func reusePort(network, address string, c syscall.RawConn) error {
 	return serr
 }
 
+// listenUDP opens a blocking SO_REUSEPORT UDP socket bound to ap.
 func listenUDP(ap netip.AddrPort) (*udpListener, error) {
-	lc := net.ListenConfig{Control: reusePort}
-	pc, err := lc.ListenPacket(context.Background(), "udp", ap.String())
-	if err != nil {
-		return nil, err
+	family, sa := unix.AF_INET, unix.Sockaddr(nil)
+	if a := ap.Addr(); a.Is4() || a.Is4In6() {
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.Unmap().As4()}
+	} else {
+		family = unix.AF_INET6
+		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
 	}
-	return newUDPListener(pc.(*net.UDPConn))
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("SO_REUSEPORT: %w", err)
+	}
+	if family == unix.AF_INET6 {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, os.NewSyscallError("bind", err)
+	}
+	return newUDPListener(fd)
 }
 
-// newUDPListener wraps a bound UDP socket, ours or adopted from a twin.
-func newUDPListener(conn *net.UDPConn) (*udpListener, error) {
-	_ = conn.SetReadBuffer(socketBuffer)
-	_ = conn.SetWriteBuffer(socketBuffer)
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		conn.Close()
-		return nil, err
+// newUDPListener takes a bound UDP socket, ours or adopted from a twin,
+// and sets it up for the receive loop.
+func newUDPListener(fd int) (*udpListener, error) {
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil || typ != unix.SOCK_DGRAM {
+		unix.Close(fd)
+		return nil, fmt.Errorf("not a UDP socket (type %d, %v)", typ, err)
 	}
-	return &udpListener{conn: conn, raw: raw}, nil
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("getsockname: %w", err)
+	}
+	l := &udpListener{fd: fd}
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		l.local = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		l.local = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+	default:
+		unix.Close(fd)
+		return nil, fmt.Errorf("not an IP socket")
+	}
+	// The mode and the options belong to the socket, which a twin may share:
+	// every instance sets them the same way.
+	_ = unix.SetNonblock(fd, false)
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, socketBuffer)
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, socketBuffer)
+	tv := unix.NsecToTimeval(int64(rcvTimeout))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("SO_RCVTIMEO: %w", err)
+	}
+	return l, nil
 }
+
+func (l *udpListener) addr() netip.AddrPort { return l.local }
+
+// close closes the socket. Call it only when the loop has returned or
+// never ran (a descriptor closed under a running loop could be reused by
+// another socket before the loop notices stop).
+func (l *udpListener) close() { l.closeOnce.Do(func() { _ = unix.Close(l.fd) }) }
 
 func listenTCP(ap netip.AddrPort) (*net.TCPListener, error) {
 	lc := net.ListenConfig{Control: reusePort}
@@ -123,25 +191,28 @@ func newBatch() *batch {
 // serveUDP is the receive loop of one socket: read a batch, answer hits
 // and errors in place, hand misses to goroutines, send the batch's answers
 // with one sendmmsg.
+//
+// The loop waits in a raw blocking recvmmsg: the Go runtime sees the
+// goroutine as running, so it keeps its P while it sleeps. Serve raises
+// GOMAXPROCS by one per loop so the rest of the program (misses, TCP,
+// HTTP, timers) always has Ps of its own, and the loop yields at every
+// timeout or signal so garbage collection can stop it within rcvTimeout.
 func (s *Server) serveUDP(l *udpListener) {
 	b := newBatch()
-	for {
+	for !l.stop.Load() {
 		l.beat.Add(1) // odd: waiting
 		n, err := l.recv(b)
 		l.beat.Add(1) // even: busy
 		if h := l.hold.Load(); h != nil {
+			l.held.Store(true)
 			<-*h
+			l.held.Store(false)
 		}
 		if err != nil {
-			// Shutdown wakes the loop with a past read deadline: it stops
-			// reading and leaves the socket, and what is queued in it, to a
-			// twin that holds it too.
-			if s.closing.Load() || errors.Is(err, net.ErrClosed) {
-				return
+			if err != unix.EAGAIN && err != unix.EINTR {
+				s.cfg.Logger.Warn("udp read failed", "addr", l.local, "err", err)
 			}
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
-				s.cfg.Logger.Warn("udp read failed", "addr", l.conn.LocalAddr(), "err", err)
-			}
+			runtime.Gosched() // a preemption point for the runtime
 			continue
 		}
 		now := s.cfg.Now().UnixNano()
@@ -195,8 +266,8 @@ func (s *Server) serveUDP(l *udpListener) {
 	}
 }
 
-// recv reads up to batchSize datagrams, blocking (in the netpoller) until
-// at least one is there.
+// recv reads up to batchSize datagrams, sleeping in the kernel until at
+// least one is there or rcvTimeout passes (EAGAIN).
 func (l *udpListener) recv(b *batch) (int, error) {
 	for i := range b.hdrIn {
 		h := &b.hdrIn[i]
@@ -205,52 +276,29 @@ func (l *udpListener) recv(b *batch) (int, error) {
 		h.Hdr.Flags = 0
 		h.Len = 0
 	}
-	var n int
-	var serr error
-	err := l.raw.Read(func(fd uintptr) bool {
-		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrIn[0])), batchSize, 0, 0, 0)
-		if e == unix.EAGAIN {
-			return false
-		}
-		if e == unix.EINTR {
-			return false
-		}
-		if e != 0 {
-			serr = e
-			return true
-		}
-		n = int(r)
-		return true
-	})
-	if err != nil {
-		return 0, err
+	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(l.fd), uintptr(unsafe.Pointer(&b.hdrIn[0])), batchSize, unix.MSG_WAITFORONE, 0, 0)
+	if e != 0 {
+		return 0, e
 	}
-	return n, serr
+	return int(r), nil
 }
 
-// send writes every message, waiting for buffer space when the socket is
-// full; a message the kernel refuses (e.g. an unreachable destination) is
-// skipped. RawConn.Write holds the socket's write lock, so the receive loop
-// and miss goroutines may call it concurrently.
+// send writes every message; a message the kernel refuses (e.g. an
+// unreachable destination) is skipped. The receive loop and miss goroutines
+// may send concurrently: the kernel serialises them. A full send buffer
+// blocks the caller (in a regular syscall, so its P is handed on).
 func (l *udpListener) send(msgs []unix.Mmsghdr) {
 	for len(msgs) > 0 {
-		var n int
-		err := l.raw.Write(func(fd uintptr) bool {
-			r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), 0, 0, 0)
-			switch e {
-			case 0:
-				n = int(r)
-			case unix.EAGAIN, unix.EINTR:
-				return false
-			default:
-				n = 1 // the first message failed: drop it and go on
-			}
-			return true
-		})
-		if err != nil {
-			return // socket closed
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(l.fd), uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), 0, 0, 0)
+		switch e {
+		case 0:
+			msgs = msgs[r:]
+		case unix.EINTR, unix.EAGAIN:
+		case unix.EBADF:
+			return // closed
+		default:
+			msgs = msgs[1:] // the first message failed: drop it and go on
 		}
-		msgs = msgs[n:]
 	}
 }
 
