@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -56,7 +57,15 @@ type tcpPool struct {
 type tcpConn struct {
 	pool *tcpPool
 	nc   net.Conn
-	wmu  sync.Mutex // serialises writes: two frames must never interleave
+	// Writes are combined: a query appends its frame to wbuf and wakes the
+	// connection's writer goroutine, which first yields once, so the other
+	// queries of a burst (a batch of misses from one recvmmsg) append
+	// theirs, then writes everything with one write(2). Frames never
+	// interleave.
+	wmu   sync.Mutex
+	wbuf  []byte
+	wake  chan struct{} // capacity 1
+	wdone chan struct{} // closed when the reader exits
 
 	// Guarded by pool.mu.
 	pending     map[uint16]chan tcpResult // wire ID → waiter; nil value: cancelled, answer may still come
@@ -110,11 +119,7 @@ func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question, pr
 	binary.BigEndian.PutUint16(frame, uint16(len(query)))
 	copy(frame[2:], query)
 	setID(frame[2:], id)
-	if err := c.write(ctx, frame); err != nil {
-		// The stream may hold half a frame: close it. The reader then fails every pending
-		// query on it, this one included.
-		c.closeWith(fmt.Errorf("write to %s: %w", p.upstream, err))
-	}
+	c.write(frame)
 	select {
 	case r := <-ch:
 		if r.err != nil {
@@ -228,11 +233,14 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 		pending:  make(map[uint16]chan tcpResult),
 		nextID:   uint16(rand.Uint32()),
 		lastUsed: time.Now(),
+		wake:     make(chan struct{}, 1),
+		wdone:    make(chan struct{}),
 	}
 	p.conns = append(p.conns, c)
 	p.obs.Conns(p.group, p.upstream, 1)
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go c.readLoop()
+	go c.writeLoop()
 	return c, nil
 }
 
@@ -324,18 +332,46 @@ func (p *tcpPool) wake() {
 	}
 }
 
-func (c *tcpConn) write(ctx context.Context, frame []byte) error {
-	dl := time.Now().Add(writeTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
-		dl = d
-	}
+// write queues frame for the writer goroutine. A write error closes the
+// connection, which fails every query pending on it, this one included.
+func (c *tcpConn) write(frame []byte) {
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := c.nc.SetWriteDeadline(dl); err != nil {
-		return err
+	c.wbuf = append(c.wbuf, frame...)
+	c.wmu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default: // already woken; it will take this frame too
 	}
-	_, err := c.nc.Write(frame)
-	return err
+}
+
+// writeLoop writes what queries queued, one write(2) per wake-up.
+func (c *tcpConn) writeLoop() {
+	p := c.pool
+	defer p.wg.Done()
+	var spare []byte
+	for {
+		select {
+		case <-c.wake:
+		case <-c.wdone:
+			return
+		}
+		// Let the queries that are runnable now queue their frames first.
+		runtime.Gosched()
+		c.wmu.Lock()
+		out := c.wbuf
+		c.wbuf = spare[:0]
+		c.wmu.Unlock()
+		err := c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if err == nil {
+			_, err = c.nc.Write(out)
+		}
+		spare = out[:0]
+		if err != nil {
+			// The stream may hold half a frame: close it.
+			c.closeWith(fmt.Errorf("write to %s: %w", p.upstream, err))
+			return
+		}
+	}
 }
 
 // closeWith closes c; cause, if not nil, is what its pending queries fail with (the reader
@@ -359,6 +395,7 @@ func (c *tcpConn) closeWith(cause error) {
 func (c *tcpConn) readLoop() {
 	p := c.pool
 	defer p.wg.Done()
+	defer close(c.wdone)
 	buf := make([]byte, maxFrame)
 	n := 0
 	for {

@@ -71,6 +71,14 @@ type udpListener struct {
 	// socket (shared with a twin, see Files) open.
 	stop      atomic.Bool
 	closeOnce sync.Once
+	// The queue of miss answers (reply); shdr and siov belong to the
+	// caller that is sending.
+	smu     sync.Mutex
+	sq      []*missReq
+	sspare  []*missReq
+	sending bool
+	shdr    [batchSize]unix.Mmsghdr
+	siov    [batchSize]unix.Iovec
 }
 
 func reusePort(network, address string, c syscall.RawConn) error {
@@ -340,11 +348,59 @@ func (s *Server) startMiss(l *udpListener, raw []byte, q *wire.Query, name []byt
 		if s.cfg.QueryLog != nil {
 			s.logQuery(sockaddrAddrPort(m.name[:m.nlen]), false, &m.q, m.out, fromUpstream, m.t0)
 		}
-		l.sendOne(m.out, m.name[:m.nlen])
-		if cap(m.out) <= udpOutSize {
-			missPool.Put(m)
-		}
+		l.reply(m)
 	}()
+}
+
+// reply queues a miss's answer and sends the queue with sendmmsg: the
+// first caller to find no send in progress sends until the queue is empty,
+// so answers that complete together (a burst of misses, a coalesced miss)
+// leave in one syscall. It returns m to the pool once sent.
+func (l *udpListener) reply(m *missReq) {
+	l.smu.Lock()
+	l.sq = append(l.sq, m)
+	if l.sending {
+		l.smu.Unlock()
+		return
+	}
+	l.sending = true
+	// Let the misses that are runnable now (answers that arrived together)
+	// queue theirs first.
+	l.smu.Unlock()
+	runtime.Gosched()
+	l.smu.Lock()
+	for len(l.sq) > 0 {
+		q := l.sq
+		l.sq = l.sspare[:0]
+		l.smu.Unlock()
+		for off := 0; off < len(q); off += batchSize {
+			k := 0
+			for _, m := range q[off:min(off+batchSize, len(q))] {
+				if len(m.out) == 0 || m.nlen == 0 {
+					continue
+				}
+				l.siov[k] = unix.Iovec{Base: &m.out[0]}
+				l.siov[k].SetLen(len(m.out))
+				h := &l.shdr[k].Hdr
+				h.Name = &m.name[0]
+				h.Namelen = m.nlen
+				h.Iov = &l.siov[k]
+				h.SetIovlen(1)
+				k++
+			}
+			l.send(l.shdr[:k])
+		}
+		for i, m := range q {
+			if cap(m.out) <= udpOutSize {
+				missPool.Put(m)
+			}
+			q[i] = nil
+		}
+		l.smu.Lock()
+		l.sspare = q[:0]
+	}
+	l.sending = false
+	l.smu.Unlock()
 }
 
 // sendOne sends one datagram to the raw socket address name.
