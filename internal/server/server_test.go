@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -209,5 +210,51 @@ func BenchmarkUDPHit(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	}
+}
+
+// TestTCPPipelinedHitsAllAnswered: 200 queries in one write (hits and a
+// few misses) all get their answers, the hits batched into few writes.
+func TestTCPPipelinedHitsAllAnswered(t *testing.T) {
+	s, z := startServer(t, nil)
+	c, err := net.Dial("tcp", s.TCPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var out []byte
+	for i := 0; i < 200; i++ {
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("n%d.example.", i%10), dns.TypeA) // 10 misses, 190 hits or coalesced
+		m.Id = uint16(i)
+		b, _ := m.Pack()
+		out = binary.BigEndian.AppendUint16(out, uint16(len(b)))
+		out = append(out, b...)
+	}
+	if _, err := c.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	seen := map[uint16]bool{}
+	for len(seen) < 200 {
+		var lb [2]byte
+		if _, err := io.ReadFull(c, lb[:]); err != nil {
+			t.Fatalf("after %d answers: %v", len(seen), err)
+		}
+		b := make([]byte, binary.BigEndian.Uint16(lb[:]))
+		if _, err := io.ReadFull(c, b); err != nil {
+			t.Fatal(err)
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(b); err != nil || len(r.Answer) != 1 || r.Question[0].Name != fmt.Sprintf("n%d.example.", r.Id%10) {
+			t.Fatalf("answer %v %v", r, err)
+		}
+		if seen[r.Id] {
+			t.Fatalf("id %d answered twice", r.Id)
+		}
+		seen[r.Id] = true
+	}
+	if n := z.n.Load(); n > 10 {
+		t.Fatalf("%d upstream queries for 10 names", n)
 	}
 }

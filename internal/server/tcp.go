@@ -112,28 +112,39 @@ func (s *Server) serveConn(tc *tcpConn) {
 	}()
 	r := bufio.NewReaderSize(c, 4096)
 	var q wire.Query
-	out := make([]byte, 0, 1024)
+	// pend collects the answers given without an upstream (hits, errors)
+	// while more queries are already buffered: a client that pipelines
+	// gets them in one write(2) instead of one per query.
+	pend := make([]byte, 0, 4096)
 	buf := make([]byte, 0, 512)
 	state := connFirst
 	for {
-		// Wait for the next query no longer than the idle timeout (less
-		// while draining); once its first byte is there, the rest must
-		// follow within the read timeout (a slow-loris client cannot hold a
-		// slot for long).
-		tc.state.Store(state)
-		wait := s.waitTimeout(state)
-		_ = c.SetReadDeadline(time.Now().Add(wait))
-		if w := s.waitTimeout(state); w != wait {
-			// Shutdown began between the two looks: its drain() may have
-			// come before our deadline and been overwritten.
-			_ = c.SetReadDeadline(time.Now().Add(w))
+		if !buffered(r) {
+			if len(pend) > 0 {
+				if !tc.writeRaw(pend) {
+					return
+				}
+				pend = pend[:0]
+			}
+			// Wait for the next query no longer than the idle timeout (less
+			// while draining); once its first byte is there, the rest must
+			// follow within the read timeout (a slow-loris client cannot
+			// hold a slot for long).
+			tc.state.Store(state)
+			wait := s.waitTimeout(state)
+			_ = c.SetReadDeadline(time.Now().Add(wait))
+			if w := s.waitTimeout(state); w != wait {
+				// Shutdown began between the two looks: its drain() may have
+				// come before our deadline and been overwritten.
+				_ = c.SetReadDeadline(time.Now().Add(w))
+			}
+			if _, err := r.Peek(1); err != nil {
+				return
+			}
+			tc.state.Store(connBusy)
+			state = connIdle
+			_ = c.SetReadDeadline(time.Now().Add(s.cfg.TCPReadTimeout))
 		}
-		if _, err := r.Peek(1); err != nil {
-			return
-		}
-		tc.state.Store(connBusy)
-		state = connIdle
-		_ = c.SetReadDeadline(time.Now().Add(s.cfg.TCPReadTimeout))
 		var lb [2]byte
 		if _, err := io.ReadFull(r, lb[:]); err != nil {
 			return
@@ -151,18 +162,25 @@ func (s *Server) serveConn(tc *tcpConn) {
 		if s.cfg.QueryLog != nil {
 			t0 = time.Now()
 		}
-		out = append(out[:0], 0, 0)
-		resp, v := s.answerLocal(buf, &q, out, true, now, &s.stats)
+		start := len(pend)
+		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, now, &s.stats)
 		switch v {
 		case dropped:
 			continue
 		case answered:
-			out = resp
-			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &q, out[2:], fromCache, t0)
-			}
-			if !tc.write(out) {
+			if len(resp)-start-2 > 0xFFFF {
 				return
+			}
+			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
+			pend = resp
+			if s.cfg.QueryLog != nil {
+				s.logQuery(remoteAddrPort(c), true, &q, pend[start+2:], fromCache, t0)
+			}
+			if len(pend) >= 16<<10 {
+				if !tc.writeRaw(pend) {
+					return
+				}
+				pend = pend[:0]
 			}
 			continue
 		}
@@ -170,6 +188,12 @@ func (s *Server) serveConn(tc *tcpConn) {
 		select {
 		case tc.slots <- struct{}{}:
 		default:
+			if len(pend) > 0 {
+				if !tc.writeRaw(pend) {
+					return
+				}
+				pend = pend[:0]
+			}
 			t := time.NewTimer(s.cfg.TCPReadTimeout)
 			select {
 			case tc.slots <- struct{}{}:
@@ -180,12 +204,11 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		if !s.admit() {
 			<-tc.slots
-			out = s.overloaded(buf, &q, append(out[:0], 0, 0), true)
+			start := len(pend)
+			pend = s.overloaded(buf, &q, append(pend, 0, 0), true)
+			binary.BigEndian.PutUint16(pend[start:], uint16(len(pend)-start-2))
 			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &q, out[2:], fromOverload, t0)
-			}
-			if !tc.write(out) {
-				return
+				s.logQuery(remoteAddrPort(c), true, &q, pend[start+2:], fromOverload, t0)
 			}
 			continue
 		}
@@ -217,6 +240,16 @@ func remoteAddrPort(c net.Conn) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
+// buffered reports whether r holds a whole length-prefixed message, so it
+// can be read without waiting.
+func buffered(r *bufio.Reader) bool {
+	if r.Buffered() < 2 {
+		return false
+	}
+	lb, _ := r.Peek(2)
+	return r.Buffered() >= 2+int(binary.BigEndian.Uint16(lb))
+}
+
 // write sends one answer (out starts with two bytes of room for the length
 // prefix) under the connection's write lock.
 func (tc *tcpConn) write(out []byte) bool {
@@ -225,6 +258,11 @@ func (tc *tcpConn) write(out []byte) bool {
 		return false
 	}
 	binary.BigEndian.PutUint16(out, uint16(n))
+	return tc.writeRaw(out)
+}
+
+// writeRaw sends length-prefixed answers under the connection's write lock.
+func (tc *tcpConn) writeRaw(out []byte) bool {
 	tc.wmu.Lock()
 	defer tc.wmu.Unlock()
 	_ = tc.c.SetWriteDeadline(time.Now().Add(tc.timeout))
