@@ -34,6 +34,10 @@ const defaultShards = 64
 // shardSkew bounds how far above its fair share one shard may grow.
 const shardSkew = 2
 
+// evictSample is how many random entries eviction compares (Redis's
+// approximated LRU uses 5 as well).
+const evictSample = 5
+
 // evictScan is how many entries from the LRU tail are looked at for an
 // expired one before the tail itself is evicted.
 const evictScan = 8
@@ -145,6 +149,7 @@ func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 	s.moveToFront(e)
 	s.stats.hits[e.kind]++
 	e.hits++
+	e.lastUsed = now
 	if c.prefetchHits > 0 && e.hits >= c.prefetchHits && !e.prefetching &&
 		(e.expires-now)*10 <= e.expires-e.stored {
 		e.prefetching = true
@@ -237,16 +242,34 @@ func (c *Cache) Put(e *Entry) bool {
 }
 
 // evict removes one entry of kind k: an expired one near the LRU tail if
-// there is one, else the tail.
+// there is one; else the least hit of a few sampled at random (Go map
+// iteration starts at a random slot), the least recently used of them on a
+// tie. Plain LRU evicts exactly the entry a cyclic workload (clients
+// walking a list of names slightly longer than the cache) asks for next,
+// so every query of it misses; sampling breaks the cycle, and the hit
+// counts keep popular names in.
 func (c *Cache) evict(s *shard, k Kind, now int64) {
 	head := &s.lru[k]
-	victim := head.prev
-	if victim == head {
+	if head.prev == head {
 		return
 	}
 	for i, e := 0, head.prev; i < evictScan && e != head; i, e = i+1, e.prev {
 		if e.Expired(now) {
+			c.remove(s, e)
+			s.stats.evictions++
+			return
+		}
+	}
+	victim := head.prev
+	seen := 0
+	for _, e := range s.items {
+		if e.kind != k {
+			continue
+		}
+		if seen == 0 || e.hits < victim.hits || (e.hits == victim.hits && e.lastUsed < victim.lastUsed) {
 			victim = e
+		}
+		if seen++; seen == evictSample {
 			break
 		}
 	}

@@ -12,7 +12,9 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-func TestCapacityEvictsLRU(t *testing.T) {
+// TestCapacityEvictsLeastUsed: with every entry of the shard sampled, the
+// one never hit since it was stored goes first.
+func TestCapacityEvictsLeastUsed(t *testing.T) {
 	c := New(Config{SuccessCapacity: 4, DenialCapacity: 4, Shards: 1})
 	put := func(name string) {
 		_, q := query(t, name, dns.TypeA, 0, false)
@@ -29,10 +31,12 @@ func TestCapacityEvictsLRU(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		put(fmt.Sprintf("n%d.example.", i))
 	}
-	get("n0.example.") // n0 is now the most recent; n1 the least
+	for _, n := range []string{"n0", "n2", "n3"} { // n1 is never asked for
+		get(n + ".example.")
+	}
 	put("n4.example.")
 	if get("n1.example.") {
-		t.Fatal("least recently used entry survived")
+		t.Fatal("the entry nobody asked for survived")
 	}
 	for _, n := range []string{"n0", "n2", "n3", "n4"} {
 		if !get(n + ".example.") {
@@ -175,5 +179,38 @@ func TestWorkingSetThatFitsNeverThrashes(t *testing.T) {
 	}
 	if st := c.Stats(); st.Evictions != 0 {
 		t.Fatalf("%d evictions", st.Evictions)
+	}
+}
+
+// TestCyclicWorkloadSlightlyLargerThanTheCache: clients walk 10,000 names
+// in a cache of 9,984. Strict LRU would miss every query (each miss evicts
+// the name asked for next); sampled eviction keeps the miss rate near the
+// overflow.
+func TestCyclicWorkloadSlightlyLargerThanTheCache(t *testing.T) {
+	c := New(Config{SuccessCapacity: 9984})
+	var qs []*wire.Query
+	var resps [][]byte
+	for i := 0; i < 10000; i++ {
+		name := fmt.Sprintf("n%d.example.", i)
+		_, q := query(t, name, dns.TypeA, 0, false)
+		qs = append(qs, q)
+		resps = append(resps, answer(t, name, dns.TypeA, 0, []string{name + " 300 IN A 192.0.2.1"}, nil, false))
+	}
+	misses := 0
+	for cycle := 0; cycle < 5; cycle++ {
+		for i, q := range qs {
+			if get(c, q, t0) == nil {
+				if cycle >= 2 {
+					misses++
+				}
+				e, _ := Build(resps[i], q, externalP, 0, t0)
+				c.Put(e)
+			}
+		}
+	}
+	rate := float64(misses) / float64(3*len(qs))
+	t.Logf("miss rate over cycles 3-5: %.2f%%", 100*rate)
+	if rate > 0.05 {
+		t.Fatalf("miss rate %.1f%%: the cache thrashes on a cyclic workload", 100*rate)
 	}
 }

@@ -83,6 +83,7 @@ type Entry struct {
 	// (set when a refresh failed).
 	prev, next   *Entry
 	hits         uint32
+	lastUsed     int64 // unix ns of the last hit (eviction tie-break)
 	prefetching  bool
 	refreshAfter int64
 }
@@ -106,9 +107,9 @@ func (e *Entry) size() int64 {
 	return int64(cap(e.msg)) + int64(cap(e.ttls))*8 + entryOverhead
 }
 
-// entryOverhead is the Entry struct (~112 B), the map slot (~24 B) and
+// entryOverhead is the Entry struct (~136 B), the map slot (~24 B) and
 // allocator rounding of the two buffers, rounded up.
-const entryOverhead = 192
+const entryOverhead = 208
 
 // Policy caps the lifetime of entries in one part of the name space.
 type Policy struct {
