@@ -91,6 +91,7 @@ type upstream struct {
 	addr  netip.AddrPort
 	name  string
 	tcp   *tcpPool // TCP groups only
+	udp   udpSockets
 	fails atomic.Int32
 	down  atomic.Bool
 }
@@ -283,6 +284,7 @@ func (g *Group) Close() error {
 		if u.tcp != nil {
 			u.tcp.close()
 		}
+		u.udp.close()
 	}
 	return nil
 }

@@ -14,23 +14,98 @@ import (
 // udpBufs holds receive buffers big enough for any UDP DNS message (EDNS answers can exceed 4 KB).
 var udpBufs = sync.Pool{New: func() any { b := make([]byte, 65535); return &b }}
 
-// exchangeUDP sends query from a fresh connected socket (a kernel-chosen random source port) with
-// a random ID, and reads until a valid answer or the deadline. Packets that are not the answer
-// (garbage, another ID, another question) are counted and ignored, not accepted: with the random
-// ID and port this is the spoofing defence of RFC 5452. A truncated answer is returned as is.
-func (g *Group) exchangeUDP(ctx context.Context, u *upstream, query []byte, q question) ([]byte, error) {
+// Idle UDP sockets kept per upstream, and how many queries one socket
+// carries before it is replaced. Opening a socket per query (socket,
+// connect, poller registration, close: about ten syscalls) was most of the
+// cost of a miss to the node's resolvers. Reuse keeps RFC 5452's defence:
+// each query still has a random ID, the ports are random (kernel-chosen)
+// and change every udpSocketUses queries, and at most udpIdleSockets of
+// them are idle at a time (256: the misses a busy node has in flight). A
+// socket whose query failed is never reused: a late answer could arrive on
+// it.
+const (
+	udpIdleSockets = 256
+	udpSocketUses  = 64
+)
+
+// udpSockets is the free list of one upstream's connected UDP sockets.
+type udpSockets struct {
+	mu     sync.Mutex
+	idle   []*udpSocket
+	closed bool
+}
+
+type udpSocket struct {
+	nc   net.Conn
+	uses int
+}
+
+func (p *udpSockets) get(ctx context.Context, addr string) (*udpSocket, error) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		s := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		return s, nil
+	}
+	p.mu.Unlock()
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "udp", u.name)
+	nc, err := d.DialContext(ctx, "udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &udpSocket{nc: nc}, nil
+}
+
+// put returns a socket whose query was answered, or closes it.
+func (p *udpSockets) put(s *udpSocket) {
+	s.uses++
+	p.mu.Lock()
+	if !p.closed && s.uses < udpSocketUses && len(p.idle) < udpIdleSockets {
+		p.idle = append(p.idle, s)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	_ = s.nc.Close()
+}
+
+func (p *udpSockets) close() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle, p.closed = nil, true
+	p.mu.Unlock()
+	for _, s := range idle {
+		_ = s.nc.Close()
+	}
+}
+
+// exchangeUDP sends query from a connected socket (a kernel-chosen random
+// source port, see udpSockets) with a random ID, and reads until a valid
+// answer or the deadline. Packets that are not the answer (garbage,
+// another ID, another question) are counted and ignored, not accepted: with
+// the random ID and port this is the spoofing defence of RFC 5452. A
+// truncated answer is returned as is.
+func (g *Group) exchangeUDP(ctx context.Context, u *upstream, query []byte, q question) ([]byte, error) {
+	sock, err := u.udp.get(ctx, u.name)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", u.name, err)
 	}
-	defer nc.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		if err := nc.SetDeadline(dl); err != nil {
-			return nil, fmt.Errorf("set deadline: %w", err)
-		}
+	ans, err := g.exchangeOn(ctx, sock.nc, u, query, q)
+	if err != nil {
+		_ = sock.nc.Close()
+		return nil, err
 	}
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) }) // cancellation without a deadline
+	u.udp.put(sock)
+	return ans, nil
+}
+
+func (g *Group) exchangeOn(ctx context.Context, nc net.Conn, u *upstream, query []byte, q question) ([]byte, error) {
+	dl, _ := ctx.Deadline() // zero: none
+	if err := nc.SetDeadline(dl); err != nil {
+		return nil, fmt.Errorf("set deadline: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) }) // cancellation before the deadline
 	defer stop()
 
 	wire := append([]byte(nil), query...)
