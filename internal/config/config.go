@@ -168,7 +168,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	if c.LocalIPs, err = parseIPs(localIP); err != nil {
 		return nil, usage("-localip: %v", err)
 	}
-	if c.Port < 0 || c.Port > 65535 {
+	// 0 is not a port clients can be given (and the rules would name 53).
+	if c.Port < 1 || c.Port > 65535 {
 		return nil, usage("-port: %d is not a port", c.Port)
 	}
 	if c.HealthPort < 0 || c.HealthPort > 65535 {
@@ -193,6 +194,13 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	} else {
 		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil {
 			return nil, err
+		}
+		// The classic mistake in iptables mode: serving the kube-dns
+		// ClusterIP and forwarding to it. Our NOTRACK rules deliver those
+		// packets to us, kube-proxy's DNAT skipped: every cluster query loops.
+		if int(c.KubeDNS.Port()) == c.Port && contains(c.LocalIPs, c.KubeDNS.Addr()) {
+			return nil, usage("kube-dns %s (from %s) is one of our own listen addresses (-localip): forwarding there loops; "+
+				"forward to a second Service in front of the kube-dns pods (-upstreamsvc kube-dns-upstream, deploy/daemonset.yaml)", c.KubeDNS, c.KubeDNSSource)
 		}
 	}
 	if c.HealthAddr == "" && c.HealthPort > 0 {

@@ -102,6 +102,9 @@ func TestBadInputIsOneClearError(t *testing.T) {
 		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", empty}, "lists no nameserver"},
 		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", bad}, "not-an-ip"},
 		{append([]string{"-local-mode"}, k...), "exclude"},
+		{append([]string{"-port", "0"}, k...), "-port"},
+		// Serving the kube-dns ClusterIP and forwarding to it loops.
+		{append([]string{"-localip", "169.254.20.10,10.96.0.10"}, k...), "our own listen addresses"},
 	}
 	for _, tc := range tests {
 		_, err := Parse(tc.args, envOf(nil), io.Discard)
@@ -113,6 +116,26 @@ func TestBadInputIsOneClearError(t *testing.T) {
 		if !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") || strings.Contains(msg, "<nil>") {
 			t.Errorf("%v: %q should be one line naming %q", tc.args, msg, tc.want)
 		}
+	}
+}
+
+// TestKubeDNSOnOwnAddressLoops: in iptables mode the cache serves the
+// kube-dns ClusterIP; taking kube-dns from that very Service (the stock
+// -upstreamsvc default) would send every cluster query back to us.
+func TestKubeDNSOnOwnAddressLoops(t *testing.T) {
+	rc := writeFile(t, "nameserver 10.0.0.2\n")
+	env := envOf(map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10", "KUBE_DNS_UPSTREAM_SERVICE_HOST": "10.96.0.11"})
+	args := []string{"-localip", "169.254.20.10,10.96.0.10", "-resolv-conf", rc}
+	_, err := Parse(append(args, "-upstreamsvc", "kube-dns"), env, io.Discard)
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "$KUBE_DNS_SERVICE_HOST") || !strings.Contains(err.Error(), "kube-dns-upstream") {
+		t.Fatalf("err %v, want a usage error naming the source and the way out", err)
+	}
+	if _, err := Parse(append(args, "-upstreamsvc", "kube-dns-upstream"), env, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	// Another port on the same address is no loop.
+	if _, err := Parse(append(args, "-kube-dns", "10.96.0.10:5353"), env, io.Discard); err != nil {
+		t.Fatal(err)
 	}
 }
 
