@@ -247,7 +247,12 @@ func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 
 // try is one attempt on one server, bounded by TryTimeout. The answer keeps the wire ID.
 func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
-	tctx, cancel := context.WithTimeout(ctx, g.cfg.TryTimeout)
+	tctx, cancel := ctx, context.CancelFunc(func() {})
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.cfg.TryTimeout {
+		// A context of its own only when the caller's ends later: each
+		// costs a timer and four allocations on every miss.
+		tctx, cancel = context.WithTimeout(ctx, g.cfg.TryTimeout)
+	}
 	defer cancel()
 	if g.cfg.Proto == TCP {
 		return u.tcp.exchange(tctx, query, q, probe)
