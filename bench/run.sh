@@ -1,0 +1,739 @@
+#!/usr/bin/env bash
+# bench/run.sh: dnsperf side by side, nodelocaldns against CoreDNS (stock
+# node-local-dns Corefile), Unbound and dnsmasq, each a node-local cache in
+# front of the same test upstream (bench/upstream).
+#
+# Usage: bench/run.sh          (or: make bench)
+#        bench/run.sh profile  (or: make profile): a CPU profile of nodelocaldns
+#            under dnsperf load, in bench/cpu.pprof and bench/cpu.top.txt
+#
+# Every server runs pinned to core 0, dnsperf and the test upstream to core 1.
+# Everything runs on loopback: servers on 127.0.0.1, the upstream on
+# 127.0.0.2:53 (node resolvers) and 127.0.0.3:53 (kube-dns). Every process
+# started here is stopped on exit.
+#
+# Environment (defaults in brackets):
+#   BENCH_DURATION       seconds per unlimited-rate run [10]
+#   BENCH_CPU_DURATION   seconds per fixed-rate run (CPU/query, latency) [5]
+#   BENCH_CPU_RATE       offered qps of the fixed-rate runs on hit workloads [20000]
+#   BENCH_MISS_CPU_RATE  offered qps of the fixed-rate run on unique misses [10000]
+#   BENCH_CLIENTS        dnsperf -c [32]
+#   BENCH_OUTSTANDING    dnsperf -q [100]
+#   BENCH_SERVERS        [nodelocaldns coredns unbound dnsmasq ceiling]
+#   BENCH_WORKLOADS      [hit1 hit20 nx1 names10k unique tcphit]
+#   BENCH_NODELOCALDNS_ARGS  extra flags for the daemon
+#   BENCH_SKIP_INSTALL=1 never call apt-get
+#   COREDNS_VERSION      [v1.15.0]
+#   BENCH_NODE_RESOLVER, BENCH_KUBE_DNS  upstream addresses, port 53 [127.0.0.2, 127.0.0.3]
+#   PROFILE_WORKLOAD     workload of `profile` [hit20]
+#   PROFILE_SECONDS      length of the profile [15]
+# Writes bench/RESULTS.md, bench/results.png; raw output in bench/out/.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$BENCH_DIR")
+CACHE=$BENCH_DIR/.cache
+BIN=$CACHE/bin
+OUT=$BENCH_DIR/out
+
+DURATION=${BENCH_DURATION:-10}
+CPU_DURATION=${BENCH_CPU_DURATION:-5}
+CPU_RATE=${BENCH_CPU_RATE:-20000}
+MISS_CPU_RATE=${BENCH_MISS_CPU_RATE:-10000}
+CLIENTS=${BENCH_CLIENTS:-32}
+OUTSTANDING=${BENCH_OUTSTANDING:-100}
+SERVERS=${BENCH_SERVERS:-nodelocaldns coredns unbound dnsmasq ceiling}
+WORKLOADS=${BENCH_WORKLOADS:-hit1 hit20 nx1 names10k unique tcphit}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+# Unique names generated per second of run: above any server's miss rate here.
+UNIQUE_PER_SECOND=${BENCH_UNIQUE_PER_SECOND:-100000}
+
+SERVER_CORE=0
+CLIENT_CORE=1
+NODE_RESOLVER=${BENCH_NODE_RESOLVER:-127.0.0.2}
+KUBE_DNS=${BENCH_KUBE_DNS:-127.0.0.3}
+LISTEN=127.0.0.1
+declare -A PORT=([nodelocaldns]=5301 [coredns]=5302 [unbound]=5303 [dnsmasq]=5304 [ceiling]=5305)
+# Second port of each server: metrics (and pprof) / health.
+declare -A MPORT=([nodelocaldns]=19301 [coredns]=19302)
+declare -A HPORT=([nodelocaldns]=18301 [coredns]=18302)
+
+export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin
+COMMAND="BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
+
+log() { printf '%s bench: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+# ---------------------------------------------------------------- processes
+
+PIDS=() # process groups started here (each via setsid, so pid == pgid)
+
+# signal SIG PID: SIG to PID's process group (to PID alone if setsid has not
+# made the group yet).
+signal() {
+	kill -"$1" -- "-$2" 2>/dev/null || kill -"$1" "$2" 2>/dev/null || true
+}
+
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+	local pid
+	for pid in "${PIDS[@]}"; do
+		signal TERM "$pid"
+	done
+	for pid in "${PIDS[@]}"; do
+		wait_gone "$pid" 5 || signal KILL "$pid"
+	done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# wait_gone PID SECONDS: true once PID has exited (and been reaped).
+wait_gone() {
+	local pid=$1 deadline=$((SECONDS + $2))
+	while kill -0 "$pid" 2>/dev/null; do
+		if ((SECONDS >= deadline)); then
+			return 1
+		fi
+		sleep 0.1
+	done
+	wait "$pid" 2>/dev/null || true
+}
+
+# spawn LOG CORE CMD...: starts CMD pinned to CORE in its own process group;
+# its pid is left in SPAWNED.
+spawn() {
+	local logf=$1 core=$2
+	shift 2
+	setsid taskset -c "$core" "$@" >"$logf" 2>&1 </dev/null &
+	SPAWNED=$!
+	disown "$SPAWNED" # the shell's job notices ("Killed") would clutter the log
+	PIDS+=("$SPAWNED")
+}
+
+# stop PID [NAME]: TERM its process group, KILL after 20 s (nodelocaldns
+# keeps answering for its lame-duck time, 5 s, before it drains).
+stop() {
+	local pid=$1 name=${2:-} p keep=() t0=$SECONDS
+	signal TERM "$pid"
+	if wait_gone "$pid" 20; then
+		if [[ -n $name ]]; then log "$name: exited $((SECONDS - t0)) s after SIGTERM"; fi
+	else
+		log "${name:-pid $pid}: still running 20 s after SIGTERM; killed"
+		signal KILL "$pid"
+		wait_gone "$pid" 2 || true
+	fi
+	for p in "${PIDS[@]}"; do
+		[[ $p == "$pid" ]] || keep+=("$p")
+	done
+	PIDS=("${keep[@]}")
+}
+
+# ready HOST PORT PID: waits (20 s at most) until HOST:PORT answers a query.
+ready() {
+	local host=$1 port=$2 pid=$3 deadline=$((SECONDS + 20))
+	while ((SECONDS < deadline)); do
+		kill -0 "$pid" 2>/dev/null || return 1
+		if dig +time=1 +tries=1 +short -p "$port" "@$host" ready.bench.example A >/dev/null 2>&1; then
+			return 0
+		fi
+		sleep 0.2
+	done
+	return 1
+}
+
+# --------------------------------------------------------------- install/build
+
+need_packages() {
+	local missing=() cmd pkg
+	for cmd in "$@"; do
+		pkg=${cmd#*:}
+		command -v "${cmd%%:*}" >/dev/null 2>&1 || missing+=("$pkg")
+	done
+	((${#missing[@]} == 0)) && return 0
+	[[ ${BENCH_SKIP_INSTALL:-} == 1 ]] && die "missing packages: ${missing[*]} (BENCH_SKIP_INSTALL=1)"
+	((EUID == 0)) || die "missing packages: ${missing[*]}; run as root or install them"
+	log "installing ${missing[*]} from apt"
+	# Keep apt from starting unbound/dnsmasq as system services.
+	local policy=/usr/sbin/policy-rc.d added=
+	if [[ ! -e $policy ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added=1
+	fi
+	local ok=1
+	if ! DEBIAN_FRONTEND=noninteractive apt-get update -qq ||
+		! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; then
+		ok=0
+	fi
+	if [[ -n $added ]]; then rm -f "$policy"; fi
+	((ok)) || die "apt-get install ${missing[*]} failed"
+}
+
+build_tools() {
+	mkdir -p "$BIN"
+	log "building bench tools (upstream, report, chart)"
+	(cd "$BENCH_DIR" && go build -o "$BIN/" ./upstream ./report ./chart)
+}
+
+build_coredns() {
+	if [[ ! -x $BIN/coredns-$COREDNS_VERSION ]]; then
+		log "building CoreDNS $COREDNS_VERSION with go install (a few minutes, once)"
+		local gobin
+		gobin=$(mktemp -d "$CACHE/gobin.XXXXXX")
+		# As CoreDNS's own release builds: static, stripped.
+		CGO_ENABLED=0 GOBIN=$gobin go install -trimpath -ldflags='-s -w' "github.com/coredns/coredns@$COREDNS_VERSION"
+		mv "$gobin/coredns" "$BIN/coredns-$COREDNS_VERSION"
+		rmdir "$gobin"
+	fi
+}
+
+# build_nodelocaldns: sets NLD_STATUS to "ok" or to why it is n/a.
+build_nodelocaldns() {
+	NLD_STATUS=ok
+	if [[ ! -d $ROOT/cmd/nodelocaldns ]] || ! compgen -G "$ROOT/cmd/nodelocaldns/*.go" >/dev/null; then
+		NLD_STATUS="n/a: cmd/nodelocaldns does not exist yet"
+		return 0
+	fi
+	log "building nodelocaldns"
+	if ! (cd "$ROOT" && go build -o "$BIN/nodelocaldns" ./cmd/nodelocaldns) >"$OUT/nodelocaldns-build.log" 2>&1; then
+		NLD_STATUS="n/a: go build ./cmd/nodelocaldns failed: $(grep -m1 -v '^#' "$OUT/nodelocaldns-build.log" | cut -c1-160)"
+		rm -f "$BIN/nodelocaldns"
+	fi
+}
+
+# ------------------------------------------------------------------ queries
+
+gen_queries() {
+	local q=$OUT/queries
+	mkdir -p "$q"
+	echo "kubernetes.default.svc.cluster.local A" >"$q/hit1.txt"
+	echo "nxdomain.default.svc.cluster.local A" >"$q/nx1.txt"
+	{
+		for i in $(seq 0 9); do
+			echo "svc-$i.default.svc.cluster.local A"
+			echo "www.site-$i.example.com A"
+		done
+	} >"$q/hit20.txt"
+	# 10k distinct names, half in the cluster domain (TTL 30 s), half outside
+	# (TTL 300 s): each half fits one 9984-entry CoreDNS cache.
+	awk 'BEGIN { for (i = 0; i < 5000; i++) {
+		printf "svc-%d.ns-%d.svc.cluster.local A\n", i, i % 50
+		printf "host-%d.site-%d.example.com A\n", i, i % 97 } }' >"$q/names10k.txt"
+	# Unique names, never repeated: all misses, forwarded to kube-dns.
+	local n=$((UNIQUE_PER_SECOND * DURATION)) m=$((MISS_CPU_RATE * CPU_DURATION + MISS_CPU_RATE))
+	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "u%d.default.svc.cluster.local A\n", i }' >"$q/unique.txt"
+	# A second set, for measuring once more when other work disturbed the first.
+	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "v%d.default.svc.cluster.local A\n", i }' >"$q/unique-retry.txt"
+	awk -v n="$m" 'BEGIN { for (i = 0; i < n; i++) printf "c%d.default.svc.cluster.local A\n", i }' >"$q/unique-cpu.txt"
+	# Names for the memory phase: 10k, then 90k more (100k distinct in all).
+	awk 'BEGIN { for (i = 0; i < 10000; i++) if (i % 2) printf "r%d.default.svc.cluster.local A\n", i; else printf "r%d.example.net A\n", i }' >"$q/rss10k.txt"
+	awk 'BEGIN { for (i = 10000; i < 100000; i++) if (i % 2) printf "r%d.default.svc.cluster.local A\n", i; else printf "r%d.example.net A\n", i }' >"$q/rss100k.txt"
+}
+
+# workload NAME: sets W_FILE, W_RETRY_FILE, W_MODE, W_WARM, W_ONCE, W_CPU_FILE, W_RATE.
+workload() {
+	local q=$OUT/queries
+	W_MODE=udp W_WARM=1 W_ONCE=0 W_RATE=$CPU_RATE W_RETRY_FILE=
+	case $1 in
+	hit1) W_FILE=$q/hit1.txt ;;
+	hit20) W_FILE=$q/hit20.txt ;;
+	nx1) W_FILE=$q/nx1.txt ;;
+	names10k) W_FILE=$q/names10k.txt ;;
+	tcphit) W_FILE=$q/hit1.txt W_MODE=tcp ;;
+	unique) W_FILE=$q/unique.txt W_RETRY_FILE=$q/unique-retry.txt W_WARM=0 W_ONCE=1 W_RATE=$MISS_CPU_RATE ;;
+	*) die "unknown workload $1" ;;
+	esac
+	W_CPU_FILE=$W_FILE
+	if [[ $1 == unique ]]; then W_CPU_FILE=$q/unique-cpu.txt; fi
+	return 0
+}
+
+# --------------------------------------------------------------- measuring
+
+# cpu_ticks PID: utime+stime (+ reaped children: dnsmasq forks for TCP).
+cpu_ticks() {
+	awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"
+}
+
+rss_kb() {
+	awk '$1 == "VmRSS:" { print $2 }' "/proc/$1/status"
+}
+
+hwm_kb() {
+	awk '$1 == "VmHWM:" { print $2 }' "/proc/$1/status"
+}
+
+# core_busy CORE: user+nice+system+steal jiffies of CORE so far: steal is
+# time the hypervisor gave to another machine; irq/softirq are left out, as
+# they are the server's own packets as much as anyone's.
+core_busy() {
+	awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $9 }' /proc/stat
+}
+
+# child_ticks: CPU time of this shell's reaped children (dnsperf among them).
+child_ticks() {
+	awk '{ print $16 + $17 }' "/proc/$$/stat"
+}
+
+# share TICKS NANOSECONDS: TICKS in % of one core over that wall time, >= 0.
+share() {
+	awk -v t="$1" -v hz="$HZ" -v ns="$2" 'BEGIN { v = t / hz / (ns / 1e9) * 100; printf "%.0f", v < 0 ? 0 : v }'
+}
+
+# upstream_count: queries the test upstream has answered so far (UDP + TCP).
+upstream_count() {
+	dig +time=1 +tries=2 +short "@$NODE_RESOLVER" _stats.upstream.bench TXT |
+		tr -d '"' | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "udp" || kv[1] == "tcp") n += kv[2] } } END { print n + 0 }'
+}
+
+# dnsperf_run PORT MODE FILE OUTFILE ARGS...: dnsperf on the client core.
+dnsperf_run() {
+	local port=$1 mode=$2 file=$3 outf=$4
+	shift 4
+	taskset -c "$CLIENT_CORE" dnsperf -s "$LISTEN" -p "$port" -m "$mode" -d "$file" \
+		-c "$CLIENTS" -q "$OUTSTANDING" "$@" >"$outf" 2>&1 || true
+}
+
+# stat FILE KEY: a number from dnsperf's summary.
+stat_of() {
+	awk -v k="$2" 'index($0, k) { sub(/.*:[ \t]*/, ""); print $1; exit }' "$1"
+}
+
+# run_workload SERVER PID WORKLOAD: one row of results.tsv.
+run_workload() {
+	local s=$1 pid=$2 w=$3 port=${PORT[$1]} dir=$OUT/$1
+	workload "$w"
+	if ((W_WARM)); then
+		dnsperf_run "$port" udp "$W_FILE" "$dir/$w.warm.txt" -n 1
+	fi
+	local once=()
+	((W_ONCE)) && once=(-n 1)
+
+	# Unlimited rate: QPS and lost queries. Other work on either core (this
+	# machine is shared) is measured: on the server core all but the server,
+	# on the client core all but dnsperf (reaped by this shell) and the
+	# upstream. A run it disturbed by more than 10% of a core is measured once
+	# more and the quieter run kept.
+	local up0 up1 try noise noise0 noise1 best_noise=101 t0 t1 b0 b1 c0 c1 k0 k1 d0 d1 u0 u1 file=$W_FILE
+	for try in 1 2; do
+		up0=$(upstream_count)
+		b0=$(core_busy "$SERVER_CORE") c0=$(cpu_ticks "$pid") t0=$(date +%s%N)
+		k0=$(core_busy "$CLIENT_CORE") d0=$(child_ticks) u0=$(cpu_ticks "$UPSTREAM")
+		dnsperf_run "$port" "$W_MODE" "$file" "$dir/$w.qps.try.txt" -l "$DURATION" "${once[@]}"
+		b1=$(core_busy "$SERVER_CORE") c1=$(cpu_ticks "$pid") t1=$(date +%s%N)
+		k1=$(core_busy "$CLIENT_CORE") d1=$(child_ticks) u1=$(cpu_ticks "$UPSTREAM")
+		up1=$(upstream_count)
+		noise0=$(share $((b1 - b0 - (c1 - c0))) $((t1 - t0)))
+		noise1=$(share $((k1 - k0 - (d1 - d0) - (u1 - u0))) $((t1 - t0)))
+		noise=$((noise0 > noise1 ? noise0 : noise1))
+		if ((noise < best_noise)); then
+			best_noise=$noise
+			mv "$dir/$w.qps.try.txt" "$dir/$w.qps.txt"
+			echo "$((up1 - up0))" >"$dir/$w.upstream"
+		fi
+		# Names asked once must not be asked again: the second try of such a
+		# workload takes a second set.
+		if ((noise <= 10 || try == 2)) || [[ $W_ONCE == 1 && -z $W_RETRY_FILE ]]; then
+			break
+		fi
+		if ((W_ONCE)); then file=$W_RETRY_FILE; fi
+		log "$s $w: other work took ${noise0}% of the server core, ${noise1}% of the client core; measuring again"
+	done
+	rm -f "$dir/$w.qps.try.txt"
+	noise=$best_noise
+	local qps sent lost completed
+	qps=$(stat_of "$dir/$w.qps.txt" "Queries per second")
+	sent=$(stat_of "$dir/$w.qps.txt" "Queries sent")
+	lost=$(stat_of "$dir/$w.qps.txt" "Queries lost")
+	completed=$(stat_of "$dir/$w.qps.txt" "Queries completed")
+
+	# Fixed rate: CPU per query and latency (per-query output from -v).
+	local cpu_done cpu_lost lat
+	sleep 0.5
+	c0=$(cpu_ticks "$pid")
+	dnsperf_run "$port" "$W_MODE" "$W_CPU_FILE" "$dir/$w.cpu.txt" -l "$CPU_DURATION" -Q "$W_RATE" -v "${once[@]}"
+	sleep 0.5 # let the server finish (and reap TCP children)
+	c1=$(cpu_ticks "$pid")
+	cpu_done=$(stat_of "$dir/$w.cpu.txt" "Queries completed")
+	cpu_lost=$(stat_of "$dir/$w.cpu.txt" "Queries lost")
+	lat=$(awk '/^> / { print $NF }' "$dir/$w.cpu.txt" | sort -g |
+		awk '{ v[NR] = $1; s += $1 } END { if (NR == 0) { print "n/a n/a n/a"; exit }
+			i = int(NR * 0.99); if (i < 1) i = 1; j = int(NR * 0.5); if (j < 1) j = 1
+			printf "%.3f %.3f %.3f\n", s / NR * 1000, v[j] * 1000, v[i] * 1000 }')
+	# Keep only the summary of the per-query output.
+	grep -v '^> ' "$dir/$w.cpu.txt" >"$dir/$w.cpu.summary.txt" || true
+	rm -f "$dir/$w.cpu.txt"
+	local cpu_us=n/a
+	if [[ -n $cpu_done && $cpu_done -gt 0 ]]; then
+		cpu_us=$(awk -v t=$((c1 - c0)) -v hz="$HZ" -v n="$cpu_done" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
+	fi
+	local lat_avg lat_p50 lat_p99
+	read -r lat_avg lat_p50 lat_p99 <<<"$lat"
+	local fwd
+	fwd=$(cat "$dir/$w.upstream")
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$w" "${qps:-n/a}" "${sent:-n/a}" \
+		"${completed:-n/a}" "${lost:-n/a}" "$fwd" "$W_RATE" "${cpu_lost:-n/a}" "$cpu_us" \
+		"$lat_avg" "$lat_p50" "$lat_p99" "$noise" >>"$OUT/results.tsv"
+	log "$(printf '%-12s %-9s %8.0f qps  lost %s  cpu %s us/q  p99 %s ms  forwarded %s  other work %s%%' \
+		"$s" "$w" "${qps:-0}" "${lost:-n/a}/${cpu_lost:-n/a}" "$cpu_us" "$lat_p99" "$fwd" "$noise")"
+}
+
+# --------------------------------------------------------------- the servers
+
+write_resolv_conf() {
+	printf 'nameserver %s\n' "$NODE_RESOLVER" >"$OUT/resolv.conf"
+}
+
+# start_server NAME: starts it, sets SPID; false when it could not start.
+start_server() {
+	local s=$1 dir=$OUT/$1 port=${PORT[$1]}
+	mkdir -p "$dir"
+	port_free "$port" || {
+		log "$s: port $port is in use"
+		return 1
+	}
+	case $s in
+	nodelocaldns)
+		[[ $NLD_STATUS == ok ]] || return 1
+		# shellcheck disable=SC2086 # extra flags split on purpose
+		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/nodelocaldns" \
+			-localip "$LISTEN" -port "$port" -kube-dns "$KUBE_DNS:53" \
+			-resolv-conf "$OUT/resolv.conf" -setupinterface=false -setupiptables=false \
+			-metrics-listen-address "$LISTEN:${MPORT[$s]}" -health-port "${HPORT[$s]}" \
+			-cluster-domain cluster.local ${BENCH_NODELOCALDNS_ARGS:-}
+		;;
+	coredns)
+		write_corefile "$dir/Corefile" "$port"
+		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/coredns-$COREDNS_VERSION" -conf "$dir/Corefile"
+		;;
+	unbound)
+		write_unbound_conf "$dir/unbound.conf" "$port" "$dir"
+		spawn "$dir/server.log" "$SERVER_CORE" unbound -d -c "$dir/unbound.conf"
+		;;
+	dnsmasq)
+		# -k: foreground but otherwise as in production (-d would also stop
+		# it forking for TCP connections). 10000: its historical maximum, about
+		# the stock 9984; larger caches make dnsmasq slower once full. 64 TCP
+		# connections: the default 20 would leave 12 of dnsperf's 32 unserved.
+		spawn "$dir/server.log" "$SERVER_CORE" dnsmasq -k --conf-file=/dev/null \
+			--no-resolv --no-hosts --no-poll --log-facility=- --user=root \
+			--pid-file="$dir/dnsmasq.pid" --listen-address="$LISTEN" --bind-interfaces \
+			--port="$port" --cache-size=10000 --max-tcp-connections=64 \
+			--server=/cluster.local/"$KUBE_DNS" --server=/in-addr.arpa/"$KUBE_DNS" \
+			--server=/ip6.arpa/"$KUBE_DNS" --server="$NODE_RESOLVER"
+		;;
+	ceiling)
+		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/upstream" -listen "$LISTEN:$port"
+		;;
+	esac
+	SPID=$SPAWNED
+	if ! ready "$LISTEN" "$port" "$SPID"; then
+		log "$s: did not answer within 20 s; log: $dir/server.log"
+		tail -5 "$dir/server.log" >&2 || true
+		stop "$SPID"
+		return 1
+	fi
+}
+
+port_free() {
+	! ss -Hlnu "sport = :$1" 2>/dev/null | grep -q . && ! ss -Hlnt "sport = :$1" 2>/dev/null | grep -q .
+}
+
+# The stock node-local-dns Corefile (kubernetes cluster/addons/dns/nodelocaldns),
+# with its pillars filled in for loopback.
+write_corefile() {
+	local f=$1 port=$2 zone
+	{
+		cat <<EOF
+cluster.local:$port {
+    errors
+    cache {
+        success 9984 30
+        denial 9984 5
+    }
+    reload
+    loop
+    bind $LISTEN
+    forward . $KUBE_DNS {
+        force_tcp
+    }
+    prometheus $LISTEN:${MPORT[coredns]}
+    health $LISTEN:${HPORT[coredns]}
+}
+EOF
+		for zone in in-addr.arpa ip6.arpa; do
+			cat <<EOF
+$zone:$port {
+    errors
+    cache 30
+    reload
+    loop
+    bind $LISTEN
+    forward . $KUBE_DNS {
+        force_tcp
+    }
+    prometheus $LISTEN:${MPORT[coredns]}
+}
+EOF
+		done
+		cat <<EOF
+.:$port {
+    errors
+    cache 30
+    reload
+    loop
+    bind $LISTEN
+    forward . $OUT/resolv.conf
+    prometheus $LISTEN:${MPORT[coredns]}
+}
+EOF
+	} >"$f"
+}
+
+# Unbound as a forwarding node cache: no validation, one thread (one core),
+# the cluster domain and reverse zones to kube-dns over TCP as the others do.
+write_unbound_conf() {
+	local f=$1 port=$2 dir=$3 zone
+	{
+		cat <<EOF
+server:
+    interface: $LISTEN@$port
+    port: $port
+    do-daemonize: no
+    num-threads: 1
+    use-syslog: no
+    logfile: ""
+    chroot: ""
+    username: ""
+    pidfile: ""
+    directory: "$dir"
+    verbosity: 0
+    access-control: 127.0.0.0/8 allow
+    module-config: "iterator"
+    do-not-query-localhost: no
+    unblock-lan-zones: yes
+    insecure-lan-zones: yes
+    # 32 dnsperf TCP clients: the default of 10 would queue them.
+    incoming-num-tcp: 64
+    outgoing-num-tcp: 16
+EOF
+		for zone in cluster.local in-addr.arpa ip6.arpa; do
+			cat <<EOF
+forward-zone:
+    name: "$zone."
+    forward-addr: $KUBE_DNS@53
+    forward-tcp-upstream: yes
+EOF
+		done
+		cat <<EOF
+forward-zone:
+    name: "."
+    forward-addr: $NODE_RESOLVER@53
+EOF
+	} >"$f"
+}
+
+# Every server runs for the whole workload phase, all pinned to the server
+# core (idle ones cost nothing), and each workload is measured on each server
+# in turn: a burst of other work on this shared machine then hits one
+# workload of every server rather than every workload of one server.
+declare -A RUNNING=() # server -> pid
+
+start_all() {
+	local s why
+	for s in $SERVERS; do
+		if start_server "$s"; then
+			RUNNING[$s]=$SPID
+			printf '%s\tstatus\tok\n' "$s" >>"$OUT/status.tsv"
+			log "$s: started (pid $SPID, port ${PORT[$s]})"
+		else
+			why="n/a: did not start (see bench/out/$s/server.log)"
+			if [[ $s == nodelocaldns && $NLD_STATUS != ok ]]; then why=$NLD_STATUS; fi
+			printf '%s\tstatus\t%s\n' "$s" "$why" >>"$OUT/status.tsv"
+			log "$s: $why"
+		fi
+	done
+}
+
+run_all() {
+	local w s pid
+	for w in $WORKLOADS; do
+		for s in $SERVERS; do
+			[[ -v "RUNNING[$s]" ]] || continue
+			pid=${RUNNING[$s]}
+			if ! kill -0 "$pid" 2>/dev/null; then
+				log "$s: exited during the run; log: $OUT/$s/server.log"
+				printf '%s\tstatus\tn/a: exited during %s (see bench/out/%s/server.log)\n' "$s" "$w" "$s" >>"$OUT/status.tsv"
+				unset "RUNNING[$s]"
+				continue
+			fi
+			run_workload "$s" "$pid" "$w"
+		done
+	done
+	for s in $SERVERS; do
+		[[ -v "RUNNING[$s]" ]] || continue
+		hwm_kb "${RUNNING[$s]}" >"$OUT/$s/hwm"
+		stop "${RUNNING[$s]}" "$s"
+		unset "RUNNING[$s]"
+	done
+}
+
+# measure_rss NAME: a fresh process, VmRSS after 10k and then 100k distinct names.
+measure_rss() {
+	local s=$1 pid r0 r10 r100 hwm
+	[[ $s != ceiling && -f $OUT/$s/hwm ]] || return 0
+	hwm=$(cat "$OUT/$s/hwm")
+	start_server "$s" || return 0
+	pid=$SPID
+	r0=$(rss_kb "$pid")
+	dnsperf_run "${PORT[$s]}" udp "$OUT/queries/rss10k.txt" "$OUT/$s/rss10k.txt" -n 1
+	sleep 1
+	r10=$(rss_kb "$pid")
+	dnsperf_run "${PORT[$s]}" udp "$OUT/queries/rss100k.txt" "$OUT/$s/rss100k.txt" -n 1
+	sleep 1
+	r100=$(rss_kb "$pid")
+	printf '%s\t%s\t%s\t%s\t%s\n' "$s" "$r0" "$r10" "$r100" "$hwm" >>"$OUT/rss.tsv"
+	log "$s: RSS start ${r0} kB, 10k names ${r10} kB, 100k names ${r100} kB, peak under load ${hwm} kB"
+	stop "$pid" "$s"
+}
+
+# ------------------------------------------------------------------- facts
+
+write_facts() {
+	local f=$OUT/facts.env nld_rev
+	nld_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "no commit")
+	if [[ -n $(git -C "$ROOT" status --porcelain -- cmd internal go.mod 2>/dev/null) ]]; then
+		nld_rev="$nld_rev + uncommitted changes"
+	fi
+	{
+		echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
+		echo "command=$COMMAND"
+		echo "cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
+		echo "cores=$(nproc)"
+		echo "memory=$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
+		echo "kernel=$(uname -sr)"
+		echo "os=$(awk -F= '$1 == "PRETTY_NAME" { gsub(/"/, "", $2); print $2 }' /etc/os-release)"
+		echo "go=$(go version | awk '{ print $3 }')"
+		echo "dnsperf=$(dnsperf -h 2>&1 | awk '/^Version/ { print $2; exit }')"
+		echo "unbound=$(unbound -V 2>/dev/null | awk '/^Version/ { print $2; exit }')"
+		echo "dnsmasq=$(dnsmasq --version | awk 'NR == 1 { print $3 }')"
+		echo "coredns=$("$BIN/coredns-$COREDNS_VERSION" -version | awk -F- 'NR == 1 { print $2 }')"
+		echo "nodelocaldns=$nld_rev"
+		echo "nodelocaldns_status=$NLD_STATUS"
+		echo "duration=$DURATION"
+		echo "cpu_duration=$CPU_DURATION"
+		echo "cpu_rate=$CPU_RATE"
+		echo "miss_cpu_rate=$MISS_CPU_RATE"
+		echo "clients=$CLIENTS"
+		echo "outstanding=$OUTSTANDING"
+		echo "load_before=$LOAD_BEFORE"
+		echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)"
+		echo "elapsed=$SECONDS"
+	} >"$f"
+}
+
+# -------------------------------------------------------------------- main
+
+# common_setup PACKAGES...: packages, lock, tools, nodelocaldns, queries, upstream.
+common_setup() {
+	command -v go >/dev/null || die "go is not on PATH"
+	[[ $(nproc) -ge 2 ]] || die "needs 2 cores (server on core 0, client on core 1)"
+	need_packages dnsperf:dnsperf dig:bind9-dnsutils taskset:util-linux setsid:util-linux \
+		flock:util-linux ss:iproute2 "$@"
+	mkdir -p "$CACHE/bin" "$OUT"
+	exec 9>"$CACHE/run.lock"
+	flock -n 9 || die "another bench run holds $CACHE/run.lock"
+	rm -rf "${OUT:?}"/*
+	HZ=$(getconf CLK_TCK)
+	LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+	build_tools
+	build_nodelocaldns
+	log "nodelocaldns: $NLD_STATUS"
+	gen_queries
+	write_resolv_conf
+
+	spawn "$OUT/upstream.log" "$CLIENT_CORE" "$BIN/upstream" -listen "$NODE_RESOLVER:53,$KUBE_DNS:53"
+	UPSTREAM=$SPAWNED
+	sleep 0.3
+	kill -0 "$UPSTREAM" 2>/dev/null || die "test upstream did not start: $(cat "$OUT/upstream.log")"
+	ready "$NODE_RESOLVER" 53 "$UPSTREAM" || die "test upstream did not start: $(cat "$OUT/upstream.log")"
+	ready "$KUBE_DNS" 53 "$UPSTREAM" || die "test upstream did not start on $KUBE_DNS:53"
+}
+
+bench() {
+	common_setup unbound:unbound dnsmasq:dnsmasq-base
+	build_coredns
+	: >"$OUT/results.tsv"
+	: >"$OUT/rss.tsv"
+	: >"$OUT/status.tsv"
+	log "load average before: $LOAD_BEFORE (other work on this machine skews the numbers)"
+
+	local s
+	for s in $SERVERS; do
+		[[ -v "PORT[$s]" ]] || die "unknown server $s"
+	done
+	start_all
+	run_all
+	for s in $SERVERS; do
+		measure_rss "$s"
+	done
+	stop "$UPSTREAM"
+
+	write_facts
+	"$BIN/report" -out "$OUT" -md "$BENCH_DIR/RESULTS.md" -png results.png
+	"$BIN/chart" -in "$OUT/results.tsv" -status "$OUT/status.tsv" -out "$BENCH_DIR/results.png"
+	log "done in ${SECONDS}s: bench/RESULTS.md, bench/results.png"
+}
+
+# profile: nodelocaldns under dnsperf load, CPU profile from its pprof endpoint.
+profile() {
+	local w=${PROFILE_WORKLOAD:-hit20} secs=${PROFILE_SECONDS:-15}
+	common_setup curl:curl
+	[[ $NLD_STATUS == ok ]] || die "nodelocaldns: $NLD_STATUS"
+	if ! "$BIN/nodelocaldns" -h 2>&1 | grep -q -- '-pprof'; then
+		die "nodelocaldns has no -pprof flag: cannot serve /debug/pprof/"
+	fi
+	BENCH_NODELOCALDNS_ARGS="${BENCH_NODELOCALDNS_ARGS:-} -pprof"
+	start_server nodelocaldns || die "nodelocaldns did not start; log: $OUT/nodelocaldns/server.log"
+	local pid=$SPID port=${PORT[nodelocaldns]} dir=$OUT/nodelocaldns
+	workload "$w"
+	if ((W_WARM)); then
+		dnsperf_run "$port" udp "$W_FILE" "$dir/warm.txt" -n 1
+	fi
+	local once=()
+	((W_ONCE)) && once=(-n 1)
+	log "profiling nodelocaldns for ${secs}s under $w load"
+	spawn "$dir/profile-load.txt" "$CLIENT_CORE" dnsperf -s "$LISTEN" -p "$port" -m "$W_MODE" \
+		-d "$W_FILE" -c "$CLIENTS" -q "$OUTSTANDING" -l $((secs + 2)) "${once[@]}"
+	local load=$SPAWNED
+	sleep 1
+	curl -fsS -o "$BENCH_DIR/cpu.pprof" \
+		"http://$LISTEN:${MPORT[nodelocaldns]}/debug/pprof/profile?seconds=$secs" ||
+		die "no profile from http://$LISTEN:${MPORT[nodelocaldns]}/debug/pprof/profile"
+	wait_gone "$load" 30 || true
+	grep -E 'Queries (sent|completed|lost)|per second' "$dir/profile-load.txt" >&2 || true
+	stop "$pid"
+	{
+		echo "Workload: $w, dnsperf -c $CLIENTS -q $OUTSTANDING, $(stat_of "$dir/profile-load.txt" "Queries per second") qps while profiled"
+		go tool pprof -top -nodecount=40 "$BIN/nodelocaldns" "$BENCH_DIR/cpu.pprof" 2>/dev/null
+	} >"$BENCH_DIR/cpu.top.txt"
+	head -30 "$BENCH_DIR/cpu.top.txt"
+	log "wrote bench/cpu.pprof and bench/cpu.top.txt (go tool pprof -http=: $BIN/nodelocaldns bench/cpu.pprof)"
+}
+
+# One compound command ending in exit: bash has parsed all of it before it
+# runs, so editing this file during a run cannot change the run.
+{
+	case ${1:-bench} in
+	bench) bench ;;
+	profile)
+		OUT=$BENCH_DIR/out/profile # keep the last bench's raw output
+		profile
+		;;
+	*) die "usage: $0 [bench|profile]" ;;
+	esac
+	exit
+}
