@@ -27,31 +27,34 @@ func (s *Server) resolve(raw []byte, q *wire.Query, out []byte, tcp bool) []byte
 		return s.writeStale(out, q, e, tcp)
 	}
 	stale := e // nil unless status == cache.Stale
-	call, joined := s.cfg.Cache.Flight().Start(q, s.fetch)
-	if joined {
-		st.Coalesced.Add(1)
-	}
-	if stale != nil {
-		t := time.NewTimer(s.cfg.StaleClientTimeout)
-		select {
-		case <-call.Done():
-			t.Stop()
-		case <-t.C:
-			// The refresh goes on in the background and updates the cache.
-			return s.writeStale(out, q, stale, tcp)
+	if stale == nil {
+		// Nothing to fall back on: wait for the answer whoever fetches
+		// it; the first asker fetches in its own goroutine.
+		entry, joined, err := s.cfg.Cache.Flight().Do(q, s.fetch)
+		if joined {
+			st.Coalesced.Add(1)
 		}
-	} else {
-		<-call.Done()
-	}
-	if call.Err != nil || call.Entry.Rcode() == wire.RcodeServFail {
-		if stale != nil {
-			return s.writeStale(out, q, stale, tcp)
-		}
-		if call.Err != nil {
+		if err != nil {
 			out = wire.AppendError(out, raw, q, wire.RcodeServFail, s.cfg.MaxUDPSize)
 			st.countRcode(wire.RcodeServFail)
 			return out
 		}
+		return s.write(out, q, entry, tcp)
+	}
+	call, joined := s.cfg.Cache.Flight().Start(q, s.fetch)
+	if joined {
+		st.Coalesced.Add(1)
+	}
+	t := time.NewTimer(s.cfg.StaleClientTimeout)
+	select {
+	case <-call.Done():
+		t.Stop()
+	case <-t.C:
+		// The refresh goes on in the background and updates the cache.
+		return s.writeStale(out, q, stale, tcp)
+	}
+	if call.Err != nil || call.Entry.Rcode() == wire.RcodeServFail {
+		return s.writeStale(out, q, stale, tcp)
 	}
 	return s.write(out, q, call.Entry, tcp)
 }
