@@ -15,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/config/configmaptest"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 )
 
@@ -32,50 +33,10 @@ func answerA(ip string) func(r *dns.Msg) *dns.Msg {
 	}
 }
 
-// kubeletWrite updates a ConfigMap volume as the kubelet's AtomicWriter
-// does: a fresh "..<timestamp>" directory with the content, a "..data_tmp"
-// symlink to it renamed over "..data", top-level "key -> ..data/key"
-// symlinks for new keys, the old directory removed, removed keys' symlinks
-// last. (The same dance as in internal/config's tests.)
+// kubeletWrite updates a ConfigMap volume as the kubelet does.
 func kubeletWrite(t testing.TB, dir string, files map[string]string) {
 	t.Helper()
-	ts, err := os.MkdirTemp(dir, time.Now().UTC().Format("..2006_01_02_15_04_05."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range files {
-		if err := os.WriteFile(filepath.Join(ts, k), []byte(v), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	data, tmp := filepath.Join(dir, "..data"), filepath.Join(dir, "..data_tmp")
-	old, _ := os.Readlink(data)
-	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, data); err != nil {
-		t.Fatal(err)
-	}
-	for k := range files {
-		if _, err := os.Lstat(filepath.Join(dir, k)); os.IsNotExist(err) {
-			if err := os.Symlink(filepath.Join("..data", k), filepath.Join(dir, k)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if old != "" {
-		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		if n := e.Name(); n[0] != '.' {
-			if _, ok := files[n]; !ok {
-				_ = os.Remove(filepath.Join(dir, n))
-			}
-		}
-	}
+	configmaptest.Write(t, dir, files)
 }
 
 func stubs(zone string, u *upstream) map[string]string {
