@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
@@ -28,8 +27,8 @@ func (s *Server) resolve(raw []byte, q *wire.Query, out []byte, tcp bool) []byte
 	}
 	stale := e // nil unless status == cache.Stale
 	if stale == nil {
-		// Nothing to fall back on: wait for the answer whoever fetches
-		// it; the first asker fetches in its own goroutine.
+		// Nothing to fall back on: wait for the answer, whoever fetches
+		// it; the first asker fetches it itself, in this goroutine.
 		entry, joined, err := s.cfg.Cache.Flight().Do(q, s.fetch)
 		if joined {
 			st.Coalesced.Add(1)
