@@ -158,27 +158,10 @@ func start(t *testing.T, mutate func(*config.Config)) *env {
 		node:  startUpstream(t, records),
 		clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
 	}
-	cfg := &config.Config{
-		LocalIPs:      []netip.Addr{netip.MustParseAddr("127.0.0.1")},
-		Port:          0,
-		KubeDNS:       e.kube.addr,
-		KubeDNSSource: "test",
-		ClusterDomain: "cluster.local.",
-		Nameservers:   []netip.AddrPort{e.node.addr},
-		MetricsAddr:   "127.0.0.1:0",
-		Cache: config.CacheConfig{
-			SuccessCapacity: 9984, DenialCapacity: 9984, MaxBytes: 64 << 20,
-			ClusterSuccessTTL: 30 * time.Second, ClusterDenialTTL: 5 * time.Second,
-			SuccessTTL: 30 * time.Second, DenialTTL: 30 * time.Second, ServFailTTL: 2 * time.Second,
-		},
-		UDPSockets:     1,
-		MaxUDPSize:     1232,
-		MaxInflight:    1024,
-		MaxTCPConns:    100,
-		TCPIdleTimeout: 10 * time.Second,
-		ForwardTimeout: 2 * time.Second,
-		TCPPoolSize:    2,
-	}
+	cfg := testConfig(e.node.addr)
+	cfg.LocalMode = false
+	cfg.KubeDNS, cfg.KubeDNSSource = e.kube.addr, "test"
+	cfg.UDPSockets = 1
 	if mutate != nil {
 		mutate(cfg)
 	}
