@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Build Kubernetes components from the Go module proxy, cached by version.
+#
+#   test/kube/build.sh [-v VERSION] COMPONENT...
+#
+# COMPONENT is a cmd/ name of k8s.io/kubernetes (kube-apiserver, kubelet,
+# kube-proxy, kube-controller-manager, kube-scheduler, kubectl). Each binary
+# goes to $NLD_CACHE/kube-VERSION/COMPONENT (default cache
+# /var/cache/nodelocaldns-test) and is built only when missing, so a second
+# run does not rebuild. Prints the cache directory on stdout.
+#
+# k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces the staging
+# modules with ./staging/...), so a throwaway module requires it and pins
+# every staging module to the matching v0.X.Y.
+set -euo pipefail
+
+version=v1.37.2
+if [ "${1:-}" = "-v" ]; then version=$2; shift 2; fi
+[ $# -gt 0 ] || { echo "usage: $0 [-v VERSION] COMPONENT..." >&2; exit 2; }
+
+cache=${NLD_CACHE:-/var/cache/nodelocaldns-test}
+out=$cache/kube-$version
+mkdir -p "$out"
+# Two callers (the e2e and a test that needs kube-apiserver) may build at once.
+exec 9>"$out/.lock"
+flock 9
+
+missing=()
+for c in "$@"; do
+	[ -x "$out/$c" ] || missing+=("$c")
+done
+if ((${#missing[@]} == 0)); then echo "$out"; exit 0; fi
+
+staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
+	cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
+	cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms
+	kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
+	mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller)
+minor=v0.${version#v1.}
+
+mod=$(mktemp -d)
+trap 'rm -rf "$mod"' EXIT
+cd "$mod"
+{
+	echo "module kubebuild"
+	echo
+	echo "go 1.26"
+	echo
+	echo "require k8s.io/kubernetes $version"
+	for s in "${staging[@]}"; do echo "replace k8s.io/$s => k8s.io/$s $minor"; done
+} >go.mod
+{
+	echo "package kubebuild"
+	echo
+	echo "import ("
+	for c in "${missing[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$c/app\""; done
+	echo ")"
+} >tools.go
+# Some staging modules a version does not have yet (or any more) make tidy
+# fail with "unknown revision": drop those replaces and try again.
+for _ in 1 2 3 4 5; do
+	if err=$(go mod tidy 2>&1); then break; fi
+	bad=$(grep -o 'k8s.io/[a-z-]*@'"$minor"': .*unknown revision' <<<"$err" | sed 's/@.*//' | sort -u || true)
+	if [ -z "$bad" ]; then echo "$err" >&2; exit 1; fi
+	for b in $bad; do sed -i "\#^replace $b => #d" go.mod; done
+done
+for c in "${missing[@]}"; do
+	start=$(date +%s)
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version" \
+		-o "$out/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+	mv "$out/$c.tmp" "$out/$c"
+	echo "built $c $version in $(($(date +%s) - start)) s" >&2
+done
+echo "$out"
