@@ -47,7 +47,6 @@ const evictScan = 8
 type Cache struct {
 	shards       []shard
 	mask         uint64
-	flight       Flight
 	prefetchHits uint32
 	capacity     [numKinds]int64
 	maxBytes     int64
@@ -70,7 +69,6 @@ type shard struct {
 
 type shardStats struct {
 	hits       [numKinds]uint64
-	misses     uint64
 	prefetches uint64
 	inserts    uint64
 	evictions  uint64
@@ -114,9 +112,6 @@ func New(cfg Config) *Cache {
 	return c
 }
 
-// Flight returns the cache's miss coalescer.
-func (c *Cache) Flight() *Flight { return &c.flight }
-
 // Status says what Lookup found.
 type Status uint8
 
@@ -128,7 +123,8 @@ const (
 )
 
 // Get returns the fresh entry answering q at now (unix ns), or nil, and
-// counts a hit or a miss. prefetch is true, once per entry, when this hit
+// counts a hit. A miss is not counted here: only the caller knows whether
+// it is answered stale, from the upstream or not at all. prefetch is true, once per entry, when this hit
 // makes a popular entry (PrefetchHits hits) that is in the last tenth of
 // its lifetime due for a background refresh. The returned entry is
 // immutable and may be used after Get returns.
@@ -142,7 +138,6 @@ func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 		if e != nil && now >= e.staleUntil && e.matches(q, flags) {
 			c.remove(s, e)
 		}
-		s.stats.misses++
 		s.mu.Unlock()
 		return nil, false
 	}
@@ -325,7 +320,6 @@ func (s *shard) moveToFront(e *Entry) {
 // Stats is a snapshot of the cache's counters and gauges.
 type Stats struct {
 	Hits   [numKinds]uint64 // by Kind
-	Misses uint64
 	// Prefetches counts hits that started a background refresh.
 	Prefetches uint64
 	Inserts    uint64
@@ -344,7 +338,6 @@ func (c *Cache) Stats() Stats {
 		for k := range st.Hits {
 			st.Hits[k] += s.stats.hits[k]
 		}
-		st.Misses += s.stats.misses
 		st.Prefetches += s.stats.prefetches
 		st.Inserts += s.stats.inserts
 		st.Evictions += s.stats.evictions

@@ -2,8 +2,6 @@ package cache
 
 import (
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,62 +92,6 @@ func TestByteBudget(t *testing.T) {
 	}
 	if sum != st.Bytes || n != st.Entries[Success] {
 		t.Fatalf("gauges %d bytes/%d entries, actual %d/%d", st.Bytes, st.Entries[Success], sum, n)
-	}
-}
-
-func TestFlightCoalesces(t *testing.T) {
-	var f Flight
-	var calls atomic.Int32
-	release := make(chan struct{})
-	_, q := query(t, "a.example.", dns.TypeA, 0, false)
-	_, qUpper := query(t, "A.EXAMPLE.", dns.TypeA, 0, false)
-	want := &Entry{}
-	var wg sync.WaitGroup
-	var shared atomic.Int32
-	for i := 0; i < 100; i++ {
-		wg.Add(1)
-		qq := q
-		if i%2 == 1 {
-			qq = qUpper
-		}
-		go func() {
-			defer wg.Done()
-			e, s, err := f.Do(qq, func(*wire.Query) (*Entry, error) {
-				calls.Add(1)
-				<-release
-				return want, nil
-			})
-			if err != nil || e != want {
-				t.Errorf("got %v %v", e, err)
-			}
-			if s {
-				shared.Add(1)
-			}
-		}()
-	}
-	for deadline := time.Now().Add(5 * time.Second); f.InFlight() == 0 || calls.Load() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("no call started")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	// Give the other 99 a chance to join before releasing; joining late is
-	// also fine (they would start a second call), so only count below.
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		f.mu.Lock()
-		n := 0
-		for _, c := range f.calls {
-			n = c.dups
-		}
-		f.mu.Unlock()
-		if n == 99 {
-			break
-		}
-	}
-	close(release)
-	wg.Wait()
-	if calls.Load() != 1 || shared.Load() != 99 {
-		t.Fatalf("%d calls, %d shared; want 1 and 99", calls.Load(), shared.Load())
 	}
 }
 

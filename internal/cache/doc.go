@@ -15,6 +15,7 @@
 // stored.
 //
 // The Cache is a sharded LRU bounded by entry capacities per kind and by a
-// byte budget, with exact entry and byte gauges. Flight coalesces concurrent
-// misses. The package parses no flags, logs nothing and knows no upstreams.
+// byte budget, with exact entry and byte gauges. Coalescing and the
+// serve-stale policy live in package resolve. The package parses no flags,
+// logs nothing and knows no upstreams.
 package cache

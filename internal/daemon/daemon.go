@@ -27,10 +27,12 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
 
@@ -68,7 +70,9 @@ type Daemon struct {
 
 // Options are what tests and main may change beyond the Config.
 type Options struct {
-	Now   func() time.Time // clock for TTLs; time.Now by default
+	// Clock is the time source for TTLs and the serving path's timers
+	// (nil: clock.Real).
+	Clock clock.Clock
 	PProf bool
 	// InstanceID overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
@@ -77,9 +81,7 @@ type Options struct {
 
 // New builds every part from cfg without touching the node or the network.
 func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
-	if opt.Now == nil {
-		opt.Now = time.Now
-	}
+	opt.Clock = clock.Or(opt.Clock)
 	d := &Daemon{cfg: cfg, log: log}
 	d.Cache = cache.New(cache.Config{
 		SuccessCapacity: cfg.Cache.SuccessCapacity,
@@ -96,31 +98,49 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 
-	srv, err = server.New(server.Config{
-		Addrs:       cfg.LocalIPs,
-		Port:        cfg.Port,
-		UDPSockets:  cfg.UDPSockets,
-		Cache:       d.Cache,
-		Forward:     d.forward,
-		ClusterZone: cfg.ClusterDomain,
-		ClusterPolicy: cache.Policy{
+	pol := func(ttl cache.Policy) resolve.Policy {
+		return resolve.Policy{
+			TTL:                ttl,
+			ServFailTTL:        cfg.Cache.ServFailTTL,
+			StaleWindow:        cfg.Cache.StaleWindow,
+			StaleClientTimeout: cfg.Cache.StaleClientTimeout,
+			StaleRecheck:       cfg.Cache.StaleRecheck,
+		}
+	}
+	policy, err := resolve.Zones(
+		pol(cache.Policy{SuccessMax: cfg.Cache.SuccessTTL, DenialMax: cfg.Cache.DenialTTL, MinTTL: cfg.Cache.MinTTL}),
+		resolve.Zone{Name: cfg.ClusterDomain, Policy: pol(cache.Policy{
 			SuccessMax: cfg.Cache.ClusterSuccessTTL, DenialMax: cfg.Cache.ClusterDenialTTL, MinTTL: cfg.Cache.MinTTL,
-		},
-		DefaultPolicy: cache.Policy{
-			SuccessMax: cfg.Cache.SuccessTTL, DenialMax: cfg.Cache.DenialTTL, MinTTL: cfg.Cache.MinTTL,
-		},
-		ServFailTTL:        cfg.Cache.ServFailTTL,
-		StaleWindow:        cfg.Cache.StaleWindow,
-		StaleClientTimeout: cfg.Cache.StaleClientTimeout,
-		StaleRecheck:       cfg.Cache.StaleRecheck,
-		MaxUDPSize:         uint16(cfg.MaxUDPSize),
-		ForwardTimeout:     cfg.ForwardTimeout,
-		MaxInflight:        cfg.MaxInflight,
-		MaxTCPConns:        cfg.MaxTCPConns,
-		TCPIdleTimeout:     cfg.TCPIdleTimeout,
-		Now:                opt.Now,
-		Logger:             log.With("component", "server"),
-		QueryLog:           queryLog(cfg, log),
+		})},
+	)
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	res, err := resolve.New(resolve.Config{
+		Cache:        d.Cache,
+		Fetch:        d.forward,
+		Policy:       policy,
+		Clock:        opt.Clock,
+		FetchTimeout: cfg.ForwardTimeout,
+		UDPSize:      uint16(cfg.MaxUDPSize),
+		MaxFlights:   cfg.MaxInflight,
+	})
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	srv, err = server.New(server.Config{
+		Addrs:          cfg.LocalIPs,
+		Port:           cfg.Port,
+		UDPSockets:     cfg.UDPSockets,
+		Resolver:       res,
+		Clock:          opt.Clock,
+		MaxUDPSize:     uint16(cfg.MaxUDPSize),
+		MaxTCPConns:    cfg.MaxTCPConns,
+		TCPIdleTimeout: cfg.TCPIdleTimeout,
+		Logger:         log.With("component", "server"),
+		QueryLog:       queryLog(cfg, log),
 	})
 	if err != nil {
 		d.closeGroups()

@@ -142,14 +142,16 @@ var (
 	descResponses = prometheus.NewDesc(ns+"_responses_total", "DNS answers sent, by rcode.", []string{"rcode"}, nil)
 	descMalformed = prometheus.NewDesc(ns+"_malformed_queries_total", "Queries answered FORMERR, NOTIMP or BADVERS.", nil, nil)
 	descDropped   = prometheus.NewDesc(ns+"_dropped_queries_total", "Messages dropped unanswered (unreadable header, or a response).", nil, nil)
-	descRejected  = prometheus.NewDesc(ns+"_admission_rejects_total", "Misses answered SERVFAIL at once because -max-inflight were in flight.", nil, nil)
+	descRejected  = prometheus.NewDesc(ns+"_admission_rejects_total", "Misses not admitted (-max-inflight questions in flight, the per-question or the total waiter bound) and without a stale answer: SERVFAIL at once. Part of cache_misses_total.", nil, nil)
 	descCoalesced = prometheus.NewDesc(ns+"_coalesced_queries_total", "Misses that waited for another client's identical upstream query.", nil, nil)
-	descFwdErrors = prometheus.NewDesc(ns+"_forward_errors_total", "Misses answered SERVFAIL because forwarding failed or the answer was unusable.", nil, nil)
+	descFwdErrors = prometheus.NewDesc(ns+"_forward_errors_total", "Upstream fetches that failed or returned an unusable answer.", nil, nil)
+	descHealth    = prometheus.NewDesc(ns+"_health_queries_total", "Queries for the health name, answered by the server itself; neither hits nor misses.", nil, nil)
+	descReflector = prometheus.NewDesc(ns+"_reflector_drops_total", "UDP queries from a reflector source port (0, 7, 13, 17, 19, 37) dropped unanswered; also in dropped_queries_total.", nil, nil)
 	descTCPConns  = prometheus.NewDesc(ns+"_tcp_connections", "Open client TCP connections.", nil, nil)
 	descTCPRef    = prometheus.NewDesc(ns+"_tcp_refused_total", "Client TCP connections closed at once over -max-tcp-conns.", nil, nil)
-	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Cache hits, by entry type; type=stale counts answers served stale (RFC 8767).", []string{"type"}, nil)
+	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Queries answered from the cache, by entry type; type=stale counts answers served stale (RFC 8767), which are not misses. hits + misses is every query that reached the cache.", []string{"type"}, nil)
 	descPrefetch  = prometheus.NewDesc(ns+"_cache_prefetches_total", "Popular entries refreshed in the background before they expired.", nil, nil)
-	descMisses    = prometheus.NewDesc(ns+"_cache_misses_total", "Cache misses.", nil, nil)
+	descMisses    = prometheus.NewDesc(ns+"_cache_misses_total", "Queries the cache could not answer: they waited for the upstream (or were not admitted). A stale answer is not a miss; health checks are neither.", nil, nil)
 	descInserts   = prometheus.NewDesc(ns+"_cache_inserts_total", "Answers stored in the cache.", nil, nil)
 	descEvictions = prometheus.NewDesc(ns+"_cache_evictions_total", "Entries evicted to stay within capacity or the byte budget.", nil, nil)
 	descEntries   = prometheus.NewDesc(ns+"_cache_entries", "Entries in the cache, by type.", []string{"type"}, nil)
@@ -159,7 +161,7 @@ var (
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes, descPrefetch} {
+		descEntries, descBytes, descPrefetch, descHealth, descReflector} {
 		ch <- d
 	}
 }
@@ -188,6 +190,9 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTCPConns, c.TCPConns)
 		counter(descTCPRef, c.TCPRefused)
 		counter(descHits, c.StaleServed, "stale")
+		counter(descMisses, c.CacheMisses)
+		counter(descHealth, c.HealthChecks)
+		counter(descReflector, c.ReflectorDrops)
 	}
 	if s.cache != nil {
 		st := s.cache.Stats()
@@ -195,7 +200,6 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descHits, st.Hits[k], k.String())
 			gauge(descEntries, st.Entries[k], k.String())
 		}
-		counter(descMisses, st.Misses)
 		counter(descPrefetch, st.Prefetches)
 		counter(descInserts, st.Inserts)
 		counter(descEvictions, st.Evictions)

@@ -16,7 +16,6 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 )
 
 // How the old instance leaves the shared address in a handover run.
@@ -43,13 +42,10 @@ func (h handover) String() string {
 func newAt(t testing.TB, ap netip.AddrPort, sockets int) *Server {
 	t.Helper()
 	s, err := New(Config{
-		Addrs:         []netip.Addr{ap.Addr()},
-		Port:          int(ap.Port()),
-		UDPSockets:    sockets,
-		Cache:         cache.New(cache.Config{}),
-		Forward:       (&zoneForward{}).forward,
-		DefaultPolicy: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
-		ClusterPolicy: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
+		Addrs:      []netip.Addr{ap.Addr()},
+		Port:       int(ap.Port()),
+		UDPSockets: sockets,
+		Resolver:   newResolver(t, (&zoneForward{}).forward),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -90,8 +90,10 @@ func (s *Server) Serve() {
 	s.reserveProcs(len(s.udp))
 	for _, l := range s.udp {
 		s.wg.Add(1)
+		l.ref() // the loop's: the socket stays open until it returns
 		go func() {
 			defer s.wg.Done()
+			defer l.unref()
 			defer l.exited.Store(true)
 			s.serveUDP(l)
 		}()
@@ -203,8 +205,9 @@ func (s *Server) reserveProcs(n int) {
 func (s *Server) closeListeners() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// A receive loop still running here (Shutdown's ctx ran out) has stop
-	// set, so it makes no syscall on the descriptor after this close.
+	// A receive loop or a miss still running here (Shutdown's ctx ran out)
+	// holds its own reference: the descriptor is closed when the last of
+	// them is done, never under them.
 	for _, l := range s.udp {
 		l.close()
 	}
@@ -253,6 +256,9 @@ func (s *Server) Files() ([]*os.File, error) {
 		return nil
 	}
 	for _, l := range s.udp {
+		if l.closed.Load() {
+			return fail(fmt.Errorf("dup udp %s: %w", l.local, net.ErrClosed))
+		}
 		nfd, err := unix.FcntlInt(uintptr(l.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			return fail(fmt.Errorf("dup udp %s: %w", l.local, err))

@@ -14,9 +14,10 @@ import (
 // Where an answer came from, for the query log.
 const (
 	fromCache    = "hit"      // a cache entry
-	fromUpstream = "miss"     // resolved (or served stale) after a miss
+	fromUpstream = "miss"     // resolved upstream (or SERVFAIL) after a miss
+	fromStale    = "stale"    // a stale entry (RFC 8767) after a miss
 	fromServer   = "local"    // an error or the health name, answered by the server itself
-	fromOverload = "overload" // not admitted over -max-inflight
+	fromOverload = "overload" // not admitted (flight bound, waiters per question, waiting clients)
 )
 
 // logQuery writes one query log line. It is only called when
@@ -41,7 +42,7 @@ func (s *Server) logQuery(client netip.AddrPort, tcp bool, q *wire.Query, resp [
 		slog.String("name", name),
 		slog.String("type", typeString(q.Type)),
 		slog.String("rcode", RcodeLabel(rcode)),
-		slog.Duration("duration", time.Since(start)),
+		slog.Duration("duration", s.cfg.Clock.Now().Sub(start)),
 		slog.String("cache", source))
 }
 

@@ -4,8 +4,9 @@
 // they complete, admission (a bound on concurrent misses and on TCP
 // connections), EDNS, and truncation to the client's payload size.
 //
-// It knows nothing about upstreams: a miss calls the Forward function it is
-// given with a ready upstream query, and the answer goes through the cache.
+// It knows nothing about upstreams or cache policy: a hit is the Resolver's
+// Hit, a miss its Resolve (one miss path for UDP and TCP, miss.go), and the
+// server writes the entry it gets.
 //
 // Lifecycle (lifecycle.go): Files and Adopt hand the listening sockets to a
 // twin instance, so what is queued in them survives this server; Shutdown
@@ -14,9 +15,7 @@
 package server
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -25,62 +24,46 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-// ForwardFunc sends query (wire format, ID chosen by the transport) for the
-// lower-case FQDN qname upstream and returns the validated answer.
-type ForwardFunc func(ctx context.Context, qname string, query []byte) ([]byte, error)
-
-// Config configures a Server.
+// Config configures a Server. Zero fields take the defaults of package
+// config (the flags' defaults), so a default lives in one place.
 type Config struct {
 	Addrs []netip.Addr
 	Port  int
 	// UDPSockets is the number of SO_REUSEPORT sockets per address; 0
 	// means GOMAXPROCS, so every core can read its own socket.
 	UDPSockets int
-	Cache      *cache.Cache
-	Forward    ForwardFunc
-	// ClusterZone is the cluster domain ("cluster.local."); names in it
-	// get the Cluster policy, others the Default policy.
-	ClusterZone   string
-	ClusterPolicy cache.Policy
-	DefaultPolicy cache.Policy
-	ServFailTTL   time.Duration
-	// StaleWindow is how long past expiry an answer may be served stale
-	// (RFC 8767) when the upstream fails or is slow; 0 disables.
-	StaleWindow time.Duration
-	// StaleClientTimeout is how long a client whose answer is stale waits
-	// for the refresh before it gets the stale answer (default 1.8 s, RFC
-	// 8767's suggestion: under the 2 s many stubs wait before retrying).
-	StaleClientTimeout time.Duration
-	// StaleRecheck is how long after a failed refresh a stale answer is
-	// served without asking the upstream again (default 30 s, RFC 8767).
-	StaleRecheck time.Duration
+	// Resolver answers hits and misses (cache, coalescing, serve-stale,
+	// admission of distinct questions).
+	Resolver *resolve.Resolver
+	// Clock is the time source for TTLs and the server's timers (nil:
+	// clock.Real). Socket deadlines are the kernel's and use real time.
+	Clock clock.Clock
 	// MaxUDPSize caps the payload size answered over UDP and advertised in
-	// OPT records (default 1232, the DNS flag day 2020 value that fits an
-	// IPv6 minimum MTU without fragmentation).
+	// OPT records (default config.DefaultMaxUDPSize).
 	MaxUDPSize uint16
-	// ForwardTimeout bounds one miss end to end (default 4 s: a glibc client
-	// waits 5 s before it retries, so it still gets our SERVFAIL).
-	ForwardTimeout time.Duration
-	// MaxInflight bounds concurrent misses (default 1024); past it a query
-	// gets SERVFAIL at once and is counted as rejected.
-	MaxInflight int
-	// TCPIdleTimeout closes a TCP connection with no query for this long
-	// (default 10 s, as CoreDNS); TCPReadTimeout bounds reading one query
-	// once it has started (default 2 s); MaxTCPConns bounds open TCP
-	// connections (default 1000); MaxTCPPipeline bounds the misses
-	// outstanding on one connection (default 32).
+	// MaxWaiting bounds the clients waiting for a miss, all questions
+	// together, so memory stays bounded whatever the clients do (default
+	// config.DefaultMaxWaiting); past it a miss gets its stale answer or
+	// SERVFAIL at once and is counted as rejected. The bound on distinct
+	// questions is the Resolver's.
+	MaxWaiting int
+	// TCPIdleTimeout closes a TCP connection with no query for this long;
+	// TCPReadTimeout bounds reading one query once it has started;
+	// MaxTCPConns bounds open TCP connections; MaxTCPPipeline bounds the
+	// misses outstanding on one connection (defaults: config.Default*).
 	TCPIdleTimeout time.Duration
 	TCPReadTimeout time.Duration
 	MaxTCPConns    int
 	MaxTCPPipeline int
-	Now            func() time.Time
 	Logger         *slog.Logger
 	// QueryLog, when set, gets one line per answered query (client, name,
-	// type, rcode, duration, cache hit or miss); nil costs nothing.
+	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
 }
 
@@ -89,49 +72,35 @@ func (c *Config) setDefaults() {
 		c.UDPSockets = runtime.GOMAXPROCS(0)
 	}
 	if c.MaxUDPSize < wire.MinUDPSize {
-		c.MaxUDPSize = 1232
+		c.MaxUDPSize = config.DefaultMaxUDPSize
 	}
-	if c.ForwardTimeout <= 0 {
-		c.ForwardTimeout = 4 * time.Second
-	}
-	if c.MaxInflight <= 0 {
-		c.MaxInflight = 1024
+	if c.MaxWaiting <= 0 {
+		c.MaxWaiting = config.DefaultMaxWaiting
 	}
 	if c.TCPIdleTimeout <= 0 {
-		c.TCPIdleTimeout = 10 * time.Second
+		c.TCPIdleTimeout = config.DefaultTCPIdleTimeout
 	}
 	if c.TCPReadTimeout <= 0 {
-		c.TCPReadTimeout = 2 * time.Second
+		c.TCPReadTimeout = config.DefaultTCPReadTimeout
 	}
 	if c.MaxTCPConns <= 0 {
-		c.MaxTCPConns = 1000
+		c.MaxTCPConns = config.DefaultMaxTCPConns
 	}
 	if c.MaxTCPPipeline <= 0 {
-		c.MaxTCPPipeline = 32
+		c.MaxTCPPipeline = config.DefaultMaxTCPPipeline
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.StaleClientTimeout <= 0 {
-		c.StaleClientTimeout = 1800 * time.Millisecond
-	}
-	if c.StaleRecheck <= 0 {
-		c.StaleRecheck = 30 * time.Second
-	}
+	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.ClusterZone == "" {
-		c.ClusterZone = "cluster.local."
 	}
 }
 
 // Server answers DNS queries on UDP and TCP.
 type Server struct {
-	cfg         Config
-	clusterWire []byte
-	inflight    chan struct{}
-	stats       Stats
+	cfg     Config
+	res     *resolve.Resolver
+	waiting chan struct{} // one token per client waiting for a miss
+	stats   Stats
 
 	mu      sync.Mutex
 	udp     []*udpListener
@@ -150,30 +119,18 @@ type Server struct {
 // New checks cfg and returns a server that is not yet listening.
 func New(cfg Config) (*Server, error) {
 	cfg.setDefaults()
-	if cfg.Cache == nil || cfg.Forward == nil {
-		return nil, errors.New("server: Cache and Forward are required")
+	if cfg.Resolver == nil {
+		return nil, errors.New("server: Resolver is required")
 	}
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("server: no listen address")
 	}
-	zone, ok := wire.AppendNameWire(nil, cfg.ClusterZone)
-	if !ok {
-		return nil, fmt.Errorf("server: invalid cluster zone %q", cfg.ClusterZone)
-	}
 	return &Server{
-		cfg:         cfg,
-		clusterWire: zone,
-		inflight:    make(chan struct{}, cfg.MaxInflight),
-		conns:       make(map[net.Conn]*tcpConn),
+		cfg:     cfg,
+		res:     cfg.Resolver,
+		waiting: make(chan struct{}, cfg.MaxWaiting),
+		conns:   make(map[net.Conn]*tcpConn),
 	}, nil
-}
-
-// policy picks the TTL policy for a question name.
-func (s *Server) policy(name []byte) cache.Policy {
-	if wire.InZone(name, s.clusterWire) {
-		return s.cfg.ClusterPolicy
-	}
-	return s.cfg.DefaultPolicy
 }
 
 // Result of answering a query from what is at hand.
@@ -212,20 +169,20 @@ func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, no
 		st.countRcode(wire.RcodeRefused)
 		return out, answered
 	}
-	e, prefetch := s.cfg.Cache.Get(q, now)
+	if isHealth(q.Name) {
+		// Answered here, never cached or forwarded, and not counted as a
+		// hit or a miss: health checks would skew the hit ratio.
+		st.HealthChecks.Add(1)
+		out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
+		st.countRcode(wire.RcodeSuccess)
+		return out, answered
+	}
+	e := s.res.Hit(q, now)
 	if e == nil {
-		if wire.EqualNameFold(q.Name, healthName) {
-			out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
-			st.countRcode(wire.RcodeSuccess)
-			return out, answered
-		}
 		return out, miss
 	}
 	out = e.Write(out, q, now, s.maxSize(q, tcp), s.cfg.MaxUDPSize)
 	st.countRcode(e.Rcode())
-	if prefetch {
-		s.prefetch(q)
-	}
 	return out, answered
 }
 
@@ -236,24 +193,30 @@ func (s *Server) maxSize(q *wire.Query, tcp bool) int {
 	return int(min(q.Size, s.cfg.MaxUDPSize))
 }
 
-// admit takes a miss slot, or reports false when MaxInflight are busy.
+// admit takes a waiting slot for a miss, or reports false when MaxWaiting
+// clients are waiting.
 func (s *Server) admit() bool {
 	select {
-	case s.inflight <- struct{}{}:
+	case s.waiting <- struct{}{}:
 		return true
 	default:
-		s.stats.Rejected.Add(1)
 		return false
 	}
 }
 
-func (s *Server) release() { <-s.inflight }
+func (s *Server) release() { <-s.waiting }
 
 // healthName is answered by the server itself (NOERROR, no records), so a
 // health check proves the listener works without asking any upstream. It
 // is under .invalid (RFC 6761 §6.4), which no real resolver answers, so it
 // shadows nothing.
 var healthName, _ = wire.AppendNameWire(nil, "health-check.nodelocaldns.invalid.")
+
+// isHealth reports whether name is healthName; the length test keeps it to
+// one comparison on the hit path.
+func isHealth(name []byte) bool {
+	return len(name) == len(healthName) && wire.EqualNameFold(name, healthName)
+}
 
 // HealthQuery returns a query for the health name with the given ID.
 func HealthQuery(id uint16) []byte {

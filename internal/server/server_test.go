@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
 // zoneForward answers every query itself, the way an upstream would, and
@@ -33,16 +34,36 @@ func (z *zoneForward) forward(_ context.Context, _ string, query []byte) ([]byte
 	return r.Pack()
 }
 
-func startServer(t testing.TB, mutate func(*Config)) (*Server, *zoneForward) {
+// newResolver is a Resolver over a fresh cache, with one minute TTL caps
+// everywhere; rmut may change its Config.
+func newResolver(t testing.TB, fetch resolve.FetchFunc, rmut ...func(*resolve.Config)) *resolve.Resolver {
+	t.Helper()
+	pol, err := resolve.Zones(resolve.Policy{TTL: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := resolve.Config{Cache: cache.New(cache.Config{}), Fetch: fetch, Policy: pol}
+	for _, f := range rmut {
+		f(&cfg)
+	}
+	r, err := resolve.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// startServer serves on 127.0.0.1 (one UDP socket, any port) with a
+// Resolver over zoneForward; mutate changes the server's Config, rmut the
+// Resolver's.
+func startServer(t testing.TB, mutate func(*Config), rmut ...func(*resolve.Config)) (*Server, *zoneForward) {
 	t.Helper()
 	z := &zoneForward{}
+	rmut = append([]func(*resolve.Config){func(c *resolve.Config) { c.Fetch = z.forward }}, rmut...)
 	cfg := Config{
-		Addrs:         []netip.Addr{netip.MustParseAddr("127.0.0.1")},
-		UDPSockets:    1,
-		Cache:         cache.New(cache.Config{}),
-		Forward:       z.forward,
-		DefaultPolicy: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
-		ClusterPolicy: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
+		Addrs:      []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+		UDPSockets: 1,
+		Resolver:   newResolver(t, z.forward, rmut...),
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -142,9 +163,9 @@ func TestTCPConnectionBound(t *testing.T) {
 
 func TestAdmissionBoundAnswersServfail(t *testing.T) {
 	release := make(chan struct{})
-	s, _ := startServer(t, func(c *Config) {
-		c.MaxInflight = 1
-		c.Forward = func(ctx context.Context, _ string, q []byte) ([]byte, error) {
+	s, _ := startServer(t, nil, func(c *resolve.Config) {
+		c.MaxFlights = 1
+		c.Fetch = func(ctx context.Context, _ string, q []byte) ([]byte, error) {
 			<-release
 			return nil, context.Canceled
 		}
@@ -161,6 +182,13 @@ func TestAdmissionBoundAnswersServfail(t *testing.T) {
 		m.Id = uint16(i + 1)
 		b, _ := m.Pack()
 		_, _ = conn.Write(b)
+		// The first question must hold the one flight before the second
+		// asks.
+		for deadline := time.Now().Add(3 * time.Second); s.res.InFlight() == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no flight started")
+			}
+		}
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
 	buf := make([]byte, 512)

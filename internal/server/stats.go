@@ -17,18 +17,15 @@ type Stats struct {
 	// that could not be answered at all.
 	Malformed atomic.Uint64
 	Dropped   atomic.Uint64
-	// Rejected misses over the in-flight bound; Coalesced misses that
-	// waited on another client's upstream query.
-	Rejected  atomic.Uint64
-	Coalesced atomic.Uint64
-	// UpstreamErrors: misses answered SERVFAIL because forwarding failed
-	// or the answer was unusable.
-	UpstreamErrors atomic.Uint64
-	// StaleServed: answers served stale (RFC 8767).
-	StaleServed atomic.Uint64
-	TCPConns    atomic.Int64
-	TCPRefused  atomic.Uint64
-	_           [64]byte
+	// HealthChecks: queries for the health name, answered by the server
+	// and counted neither as hits nor as misses.
+	HealthChecks atomic.Uint64
+	// ReflectorDrops: UDP queries from a reflector source port (see
+	// reflectorPort), dropped and counted (also in Dropped).
+	ReflectorDrops atomic.Uint64
+	TCPConns       atomic.Int64
+	TCPRefused     atomic.Uint64
+	_              [64]byte
 }
 
 func (st *Stats) countRequest(tcp bool) {
@@ -48,16 +45,27 @@ func (st *Stats) countRcode(rcode int) {
 	}
 }
 
-// Counters is a point-in-time sum of the server's Stats.
+// Counters is a point-in-time sum of the server's and its Resolver's
+// counters. Every client query that reached the cache is exactly one of a
+// hit (the cache's counters, by kind), StaleServed or CacheMisses; health
+// checks, malformed and dropped queries are none of them.
 type Counters struct {
 	RequestsUDP, RequestsTCP uint64
 	Responses                [17]uint64
 	Malformed, Dropped       uint64
-	Rejected, Coalesced      uint64
-	UpstreamErrors           uint64
-	StaleServed              uint64
-	TCPConns                 int64
-	TCPRefused               uint64
+	// Rejected: misses not admitted (the server's bound on waiting clients
+	// and the Resolver's bounds), a part of CacheMisses.
+	Rejected       uint64
+	Coalesced      uint64
+	UpstreamErrors uint64
+	// CacheMisses: client queries the cache could not answer.
+	CacheMisses uint64
+	// StaleServed: client queries answered stale (RFC 8767), not misses.
+	StaleServed    uint64
+	HealthChecks   uint64
+	ReflectorDrops uint64
+	TCPConns       int64
+	TCPRefused     uint64
 }
 
 func (c *Counters) add(st *Stats) {
@@ -68,10 +76,8 @@ func (c *Counters) add(st *Stats) {
 	}
 	c.Malformed += st.Malformed.Load()
 	c.Dropped += st.Dropped.Load()
-	c.Rejected += st.Rejected.Load()
-	c.Coalesced += st.Coalesced.Load()
-	c.UpstreamErrors += st.UpstreamErrors.Load()
-	c.StaleServed += st.StaleServed.Load()
+	c.HealthChecks += st.HealthChecks.Load()
+	c.ReflectorDrops += st.ReflectorDrops.Load()
 	c.TCPConns += st.TCPConns.Load()
 	c.TCPRefused += st.TCPRefused.Load()
 }
@@ -81,6 +87,12 @@ func (c *Counters) add(st *Stats) {
 func (s *Server) Snapshot() Counters {
 	var c Counters
 	c.add(&s.stats)
+	rs := s.res.Stats()
+	c.Rejected = rs.Rejected.Load()
+	c.Coalesced = rs.Coalesced.Load()
+	c.UpstreamErrors = rs.UpstreamErrors.Load()
+	c.CacheMisses = rs.Misses.Load()
+	c.StaleServed = rs.Stale.Load()
 	for _, l := range s.udp {
 		c.add(&l.stats)
 	}

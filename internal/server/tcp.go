@@ -32,7 +32,8 @@ func (s *Server) serveTCP(l *tcpListener) {
 			// Out of file descriptors and the like: slow down, keep going.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			s.cfg.Logger.Warn("tcp accept failed", "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
+			t := s.cfg.Clock.NewTimer(backoff)
+			<-t.C()
 			continue
 		}
 		backoff = 0
@@ -116,54 +117,22 @@ func (s *Server) serveConn(tc *tcpConn) {
 	// while more queries are already buffered: a client that pipelines
 	// gets them in one write(2) instead of one per query.
 	pend := make([]byte, 0, 4096)
-	buf := make([]byte, 0, 512)
+	var buf []byte
 	state := connFirst
 	for {
 		if !buffered(r) {
-			if len(pend) > 0 {
-				if !tc.writeRaw(pend) {
-					return
-				}
-				pend = pend[:0]
-			}
-			// Wait for the next query no longer than the idle timeout (less
-			// while draining); once its first byte is there, the rest must
-			// follow within the read timeout (a slow-loris client cannot
-			// hold a slot for long).
-			tc.state.Store(state)
-			wait := s.waitTimeout(state)
-			_ = c.SetReadDeadline(time.Now().Add(wait))
-			if w := s.waitTimeout(state); w != wait {
-				// Shutdown began between the two looks: its drain() may have
-				// come before our deadline and been overwritten.
-				_ = c.SetReadDeadline(time.Now().Add(w))
-			}
-			if _, err := r.Peek(1); err != nil {
+			if !tc.flush(&pend) || !s.waitQuery(tc, r, state) {
 				return
 			}
-			tc.state.Store(connBusy)
 			state = connIdle
-			_ = c.SetReadDeadline(time.Now().Add(s.cfg.TCPReadTimeout))
 		}
-		var lb [2]byte
-		if _, err := io.ReadFull(r, lb[:]); err != nil {
+		var err error
+		if buf, err = readMsg(r, buf); err != nil {
 			return
 		}
-		n := int(binary.BigEndian.Uint16(lb[:]))
-		if cap(buf) < n {
-			buf = make([]byte, n)
-		}
-		buf = buf[:n]
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return
-		}
-		now := s.cfg.Now().UnixNano()
-		var t0 time.Time
-		if s.cfg.QueryLog != nil {
-			t0 = time.Now()
-		}
+		t := s.cfg.Clock.Now()
 		start := len(pend)
-		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, now, &s.stats)
+		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, t.UnixNano(), &s.stats)
 		switch v {
 		case dropped:
 			continue
@@ -174,61 +143,114 @@ func (s *Server) serveConn(tc *tcpConn) {
 			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
 			pend = resp
 			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &q, pend[start+2:], fromCache, t0)
+				s.logQuery(remoteAddrPort(c), true, &q, pend[start+2:], fromCache, t)
 			}
-			if len(pend) >= 16<<10 {
-				if !tc.writeRaw(pend) {
-					return
-				}
-				pend = pend[:0]
+			if len(pend) >= 16<<10 && !tc.flush(&pend) {
+				return
 			}
 			continue
 		}
 		// A miss: resolve it concurrently, bounded per connection.
-		select {
-		case tc.slots <- struct{}{}:
-		default:
-			if len(pend) > 0 {
-				if !tc.writeRaw(pend) {
-					return
-				}
-				pend = pend[:0]
-			}
-			t := time.NewTimer(s.cfg.TCPReadTimeout)
-			select {
-			case tc.slots <- struct{}{}:
-				t.Stop()
-			case <-t.C:
-				return // the client does not read its answers
-			}
+		if !s.takeSlot(tc, &pend) {
+			return
 		}
-		if !s.admit() {
-			<-tc.slots
-			start := len(pend)
-			pend = s.overloaded(buf, &q, append(pend, 0, 0), true)
-			binary.BigEndian.PutUint16(pend[start:], uint16(len(pend)-start-2))
-			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &q, pend[start+2:], fromOverload, t0)
-			}
-			continue
-		}
-		raw := append([]byte(nil), buf...)
-		var mq wire.Query
-		_ = wire.ParseQuery(raw, &mq)
+		m := newMiss(buf, true, t)
+		m.tc = tc
 		tc.pending.Add(1)
-		s.missWG.Add(1)
-		go func() {
-			defer s.missWG.Done()
-			defer tc.pending.Done()
-			defer func() { <-tc.slots }()
-			defer s.release()
-			resp := s.resolve(raw, &mq, make([]byte, 2, 514), true)
-			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &mq, resp[2:], fromUpstream, t0)
-			}
-			tc.write(resp)
-		}()
+		s.startMiss(m)
 	}
+}
+
+// waitQuery waits for the first byte of the next query no longer than the
+// idle timeout (less while draining); once it is there, the rest must
+// follow within the read timeout (a slow-loris client cannot hold a
+// connection for long). Socket deadlines are the kernel's: real time.
+func (s *Server) waitQuery(tc *tcpConn, r *bufio.Reader, state int32) bool {
+	c := tc.c
+	tc.state.Store(state)
+	wait := s.waitTimeout(state)
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	if w := s.waitTimeout(state); w != wait {
+		// Shutdown began between the two looks: its drain() may have
+		// come before our deadline and been overwritten.
+		_ = c.SetReadDeadline(time.Now().Add(w))
+	}
+	if _, err := r.Peek(1); err != nil {
+		return false
+	}
+	tc.state.Store(connBusy)
+	_ = c.SetReadDeadline(time.Now().Add(s.cfg.TCPReadTimeout))
+	return true
+}
+
+// takeSlot takes one of the connection's pipeline slots. When none is free
+// it sends the pending answers and waits at most the read timeout for one
+// (false: the client does not read its answers).
+func (s *Server) takeSlot(tc *tcpConn, pend *[]byte) bool {
+	select {
+	case tc.slots <- struct{}{}:
+		return true
+	default:
+	}
+	if !tc.flush(pend) {
+		return false
+	}
+	t := s.cfg.Clock.NewTimer(s.cfg.TCPReadTimeout)
+	defer t.Stop()
+	select {
+	case tc.slots <- struct{}{}:
+		return true
+	case <-t.C():
+		return false
+	}
+}
+
+// tcpMsgChunk is how much a message buffer grows by at first: the buffer
+// follows the data that has arrived, not the length the client announced,
+// so a client announcing 65,535 bytes and sending none costs nothing.
+const tcpMsgChunk = 512
+
+// readMsg reads one length-prefixed message into buf (reused), growing it
+// only as the bytes arrive.
+func readMsg(r *bufio.Reader, buf []byte) ([]byte, error) {
+	var lb [2]byte
+	if _, err := io.ReadFull(r, lb[:]); err != nil {
+		return buf, err
+	}
+	n := int(binary.BigEndian.Uint16(lb[:]))
+	buf = buf[:0]
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			nb := make([]byte, len(buf), min(n, max(2*cap(buf), tcpMsgChunk)))
+			copy(nb, buf)
+			buf = nb
+		}
+		k, err := r.Read(buf[len(buf):min(n, cap(buf))])
+		buf = buf[:len(buf)+k]
+		if err != nil && len(buf) < n {
+			return buf, err
+		}
+	}
+	return buf, nil
+}
+
+// deliver writes a miss's answer, frees its pipeline slot and returns it
+// to the pool.
+func (tc *tcpConn) deliver(m *missReq) {
+	tc.write(m.out)
+	<-tc.slots
+	tc.pending.Done()
+	putMiss(m)
+}
+
+// flush writes the pending answers, if any.
+func (tc *tcpConn) flush(pend *[]byte) bool {
+	if len(*pend) == 0 {
+		return true
+	}
+	ok := tc.writeRaw(*pend)
+	*pend = (*pend)[:0]
+	return ok
 }
 
 // remoteAddrPort is the client's address of a TCP connection.

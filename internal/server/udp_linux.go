@@ -69,10 +69,19 @@ type udpListener struct {
 	held   atomic.Bool
 	// stop asks the loop to return after the batch in hand, leaving the
 	// socket (shared with a twin, see Files) open.
-	stop      atomic.Bool
+	stop atomic.Bool
+	// refs counts the users of fd: the owner (until close), the receive
+	// loop while it runs, and every miss that will reply on it. The
+	// descriptor is closed when the last one lets go, so no sendmmsg or
+	// recvmmsg can ever reach a descriptor number the process has reused
+	// for another file (a netlink socket, an iptables pipe, a metrics
+	// connection), however Shutdown ends.
+	refs      atomic.Int64
+	closed    atomic.Bool
 	closeOnce sync.Once
 	// The queue of miss answers (reply); shdr and siov belong to the
-	// caller that is sending.
+	// caller that is sending. The serving path takes no mutex to send: smu
+	// only guards the queue, and one caller at a time sends it.
 	smu     sync.Mutex
 	sq      []*missReq
 	sspare  []*missReq
@@ -133,6 +142,7 @@ func newUDPListener(fd int) (*udpListener, error) {
 		return nil, fmt.Errorf("getsockname: %w", err)
 	}
 	l := &udpListener{fd: fd}
+	l.refs.Store(1)
 	switch sa := sa.(type) {
 	case *unix.SockaddrInet4:
 		l.local = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
@@ -157,10 +167,26 @@ func newUDPListener(fd int) (*udpListener, error) {
 
 func (l *udpListener) addr() netip.AddrPort { return l.local }
 
-// close closes the socket. Call it only when the loop has returned or
-// never ran (a descriptor closed under a running loop could be reused by
-// another socket before the loop notices stop).
-func (l *udpListener) close() { l.closeOnce.Do(func() { _ = unix.Close(l.fd) }) }
+// close gives up the owner's reference: the socket is closed at once if
+// nothing else uses it, else when the receive loop has returned and the
+// last miss has sent its answer.
+func (l *udpListener) close() {
+	l.closeOnce.Do(func() {
+		l.closed.Store(true)
+		l.unref()
+	})
+}
+
+// ref takes a reference on the descriptor. Only a holder of a reference
+// (the owner, the loop) may take another, so it never revives a closed one.
+func (l *udpListener) ref() { l.refs.Add(1) }
+
+// unref drops a reference and closes the descriptor with the last one.
+func (l *udpListener) unref() {
+	if l.refs.Add(-1) == 0 {
+		_ = unix.Close(l.fd)
+	}
+}
 
 func listenTCP(ap netip.AddrPort) (*net.TCPListener, error) {
 	lc := net.ListenConfig{Control: reusePort}
@@ -223,12 +249,9 @@ func (s *Server) serveUDP(l *udpListener) {
 			runtime.Gosched() // a preemption point for the runtime
 			continue
 		}
-		now := s.cfg.Now().UnixNano()
-		var t0 time.Time
+		t := s.cfg.Clock.Now()
+		now := t.UnixNano()
 		qlog := s.cfg.QueryLog != nil
-		if qlog {
-			t0 = time.Now()
-		}
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {
@@ -238,17 +261,28 @@ func (s *Server) serveUDP(l *udpListener) {
 				h.Len = wire.HeaderLen
 			}
 			raw := b.in[i][:h.Len]
+			name := b.names[i][:h.Hdr.Namelen]
+			if reflectorPort(name) {
+				l.stats.RequestsUDP.Add(1)
+				l.stats.Dropped.Add(1)
+				l.stats.ReflectorDrops.Add(1)
+				continue
+			}
 			start := len(b.out)
 			out, v := s.answerLocal(raw, &b.q, b.out, false, now, &l.stats)
 			switch v {
 			case dropped:
 				continue
 			case miss:
-				s.startMiss(l, raw, &b.q, b.names[i][:h.Hdr.Namelen], t0)
+				m := newMiss(raw, false, t)
+				m.l = l
+				m.nlen = uint32(copy(m.name[:], name))
+				l.ref() // released once the answer is sent (reply)
+				s.startMiss(m)
 				continue
 			}
 			if qlog {
-				s.logQuery(sockaddrAddrPort(b.names[i][:h.Hdr.Namelen]), false, &b.q, out[start:], fromCache, t0)
+				s.logQuery(sockaddrAddrPort(name), false, &b.q, out[start:], fromCache, t)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]
@@ -292,8 +326,9 @@ func (l *udpListener) recv(b *batch) (int, error) {
 }
 
 // send writes every message; a message the kernel refuses (e.g. an
-// unreachable destination) is skipped. The receive loop and miss goroutines
-// may send concurrently: the kernel serialises them. A full send buffer
+// unreachable destination) is skipped. The receive loop and the goroutine
+// sending the miss queue (reply) may send concurrently: the kernel
+// serialises them. The caller holds a reference on the descriptor. A full send buffer
 // blocks the caller (in a regular syscall, so its P is handed on).
 func (l *udpListener) send(msgs []unix.Mmsghdr) {
 	for len(msgs) > 0 {
@@ -308,48 +343,6 @@ func (l *udpListener) send(msgs []unix.Mmsghdr) {
 			msgs = msgs[1:] // the first message failed: drop it and go on
 		}
 	}
-}
-
-// missReq carries one miss off the receive loop: copies of the query and
-// the client's address, because the batch buffers are reused at once.
-type missReq struct {
-	raw  []byte
-	name [unix.SizeofSockaddrAny]byte
-	nlen uint32
-	q    wire.Query
-	out  []byte
-	t0   time.Time // for the query log
-}
-
-var missPool = sync.Pool{New: func() any {
-	return &missReq{raw: make([]byte, 0, 512), out: make([]byte, 0, 1232)}
-}}
-
-func (s *Server) startMiss(l *udpListener, raw []byte, q *wire.Query, name []byte, t0 time.Time) {
-	if !s.admit() {
-		out := s.overloaded(raw, q, nil, false)
-		if s.cfg.QueryLog != nil {
-			s.logQuery(sockaddrAddrPort(name), false, q, out, fromOverload, t0)
-		}
-		l.sendOne(out, name)
-		return
-	}
-	m := missPool.Get().(*missReq)
-	m.raw = append(m.raw[:0], raw...)
-	m.nlen = uint32(copy(m.name[:], name))
-	m.t0 = t0
-	// Re-parse on the copy so the query's slices point into m.raw.
-	_ = wire.ParseQuery(m.raw, &m.q)
-	s.missWG.Add(1)
-	go func() {
-		defer s.missWG.Done()
-		defer s.release()
-		m.out = s.resolve(m.raw, &m.q, m.out[:0], false)
-		if s.cfg.QueryLog != nil {
-			s.logQuery(sockaddrAddrPort(m.name[:m.nlen]), false, &m.q, m.out, fromUpstream, m.t0)
-		}
-		l.reply(m)
-	}()
 }
 
 // reply queues a miss's answer and sends the queue with sendmmsg: the
@@ -391,10 +384,9 @@ func (l *udpListener) reply(m *missReq) {
 			l.send(l.shdr[:k])
 		}
 		for i, m := range q {
-			if cap(m.out) <= udpOutSize {
-				missPool.Put(m)
-			}
+			putMiss(m)
 			q[i] = nil
+			l.unref() // the miss's reference (serveUDP)
 		}
 		l.smu.Lock()
 		l.sspare = q[:0]
@@ -403,17 +395,25 @@ func (l *udpListener) reply(m *missReq) {
 	l.smu.Unlock()
 }
 
-// sendOne sends one datagram to the raw socket address name.
-func (l *udpListener) sendOne(b []byte, name []byte) {
-	if len(b) == 0 || len(name) == 0 {
-		return
+// reflectorPorts are UDP source ports no DNS client uses and whose
+// services answer anything (echo 7, daytime 13, qotd 17, chargen 19, time
+// 37; 0 is not a valid source): a query "from" one of them is a spoofed
+// packet that would start a reflection loop, our answer provoking theirs.
+var reflectorPorts = [...]uint16{0, 7, 13, 17, 19, 37}
+
+// reflectorPort reports whether the raw sockaddr's port is a reflector's.
+func reflectorPort(sa []byte) bool {
+	if len(sa) < 4 {
+		return false
 	}
-	var h [1]unix.Mmsghdr
-	iov := unix.Iovec{Base: &b[0]}
-	iov.SetLen(len(b))
-	h[0].Hdr.Name = &name[0]
-	h[0].Hdr.Namelen = uint32(len(name))
-	h[0].Hdr.Iov = &iov
-	h[0].Hdr.SetIovlen(1)
-	l.send(h[:])
+	p := uint16(sa[2])<<8 | uint16(sa[3])
+	if p > 37 {
+		return false
+	}
+	for _, r := range reflectorPorts {
+		if p == r {
+			return true
+		}
+	}
+	return false
 }

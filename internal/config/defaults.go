@@ -1,0 +1,54 @@
+package config
+
+import "time"
+
+// Defaults of the serving path. The flags below use them, and so do
+// server.New and resolve.New for a zero Config field, so a default lives in
+// one place.
+const (
+	// DefaultMaxUDPSize is the largest UDP answer and the EDNS size we
+	// advertise: 1232, the DNS flag day 2020 value that fits an IPv6
+	// minimum MTU without fragmentation.
+	DefaultMaxUDPSize = 1232
+	// DefaultMaxInflight bounds the distinct questions being resolved
+	// upstream at once (flights, not waiting clients): past it a new
+	// question gets its stale answer or SERVFAIL at once.
+	DefaultMaxInflight = 1024
+	// DefaultMaxWaitersPerQuestion caps the clients waiting on one
+	// question's flight. A thousand pods starting together all ask for the
+	// same Service name at once, and they must all be answered by one
+	// upstream query (TestThousandConcurrentMissesOneUpstreamQuery); a
+	// client past the cap gets the stale answer or SERVFAIL at once. At a
+	// quarter of DefaultMaxWaiting, one stuck name can never hold more
+	// than a quarter of the waiting budget: 3,072 other clients still wait.
+	DefaultMaxWaitersPerQuestion = 1024
+	// DefaultMaxWaiting bounds all clients waiting for a miss, so memory
+	// stays bounded whatever clients do: each costs a goroutine and its
+	// query and answer buffers, under 10 KiB with the stack, so 4096 cost
+	// under 40 MiB, inside the manifest's 256 MiB limit. Four times the
+	// flight bound gives every flight room for a few waiters.
+	DefaultMaxWaiting = 4 * DefaultMaxInflight
+	// DefaultMaxTCPConns bounds open client TCP connections.
+	DefaultMaxTCPConns = 1000
+	// DefaultMaxTCPPipeline bounds the misses outstanding on one client
+	// TCP connection.
+	DefaultMaxTCPPipeline = 32
+	// DefaultForwardTimeout bounds one miss end to end: a glibc client
+	// waits 5 s before it retries, so it still gets our SERVFAIL.
+	DefaultForwardTimeout = 4 * time.Second
+	// DefaultTCPIdleTimeout closes an idle client TCP connection (as
+	// CoreDNS).
+	DefaultTCPIdleTimeout = 10 * time.Second
+	// DefaultTCPReadTimeout bounds reading one TCP query once its first
+	// byte is there (a slow-loris client cannot hold a slot for long).
+	DefaultTCPReadTimeout = 2 * time.Second
+	// DefaultStaleClientTimeout is how long a client whose answer is stale
+	// waits for the refresh: 1.8 s, RFC 8767's suggestion, under the 2 s
+	// many stubs wait before retrying.
+	DefaultStaleClientTimeout = 1800 * time.Millisecond
+	// DefaultStaleRecheck is how long after a failed refresh a stale
+	// answer is served without asking the upstream again (RFC 8767: 30 s).
+	DefaultStaleRecheck = 30 * time.Second
+	// DefaultClusterDomain is the Kubernetes default cluster domain.
+	DefaultClusterDomain = "cluster.local."
+)

@@ -1,0 +1,305 @@
+// Package resolve decides where the answer to a question comes from: the
+// cache, a stale entry, or the upstream. Given a cache, a fetch function
+// and a clock, a Resolver answers "give me the entry for this question"
+// with coalescing (one upstream query per question however many clients
+// ask), serve-stale (RFC 8767), a recheck interval after a failed refresh,
+// prefetch of popular entries and SERVFAIL caching, all under a per-name
+// Policy.
+//
+// It is also the admission of misses: a bound on distinct questions being
+// fetched (flights) and on the clients waiting for one question. It knows
+// no sockets and writes no bytes: the server asks Hit on its hot path and
+// Resolve for a miss, and writes the entry it gets.
+package resolve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// FetchFunc sends query (wire format, ID chosen by the transport) for the
+// lower-case FQDN qname upstream and returns the answer. ctx carries the
+// fetch's deadline (Config.FetchTimeout).
+type FetchFunc func(ctx context.Context, qname string, query []byte) ([]byte, error)
+
+// Policy is the cache policy of one part of the name space.
+type Policy struct {
+	// TTL caps and floors the lifetime of answers.
+	TTL cache.Policy
+	// ServFailTTL is how long an upstream SERVFAIL is cached (0: not).
+	ServFailTTL time.Duration
+	// StaleWindow is how long past expiry an answer may be served stale
+	// (RFC 8767) when the upstream fails or is slow; 0 disables.
+	StaleWindow time.Duration
+	// StaleClientTimeout is how long a client whose answer is stale waits
+	// for the refresh before it gets the stale answer (0:
+	// config.DefaultStaleClientTimeout).
+	StaleClientTimeout time.Duration
+	// StaleRecheck is how long after a failed refresh a stale answer is
+	// served without asking the upstream again (0:
+	// config.DefaultStaleRecheck).
+	StaleRecheck time.Duration
+}
+
+// PolicyFunc returns the policy for a question name (wire format, any
+// case). It is called once or twice per miss, never on a hit, and must not
+// return nil.
+type PolicyFunc func(name []byte) *Policy
+
+// Config configures a Resolver.
+type Config struct {
+	Cache *cache.Cache
+	Fetch FetchFunc
+	// Policy picks the policy of a question name (see Zones).
+	Policy PolicyFunc
+	// Clock is the time source (nil: clock.Real).
+	Clock clock.Clock
+	// FetchTimeout bounds one upstream fetch (0:
+	// config.DefaultForwardTimeout).
+	FetchTimeout time.Duration
+	// UDPSize is the EDNS payload size advertised upstream (0:
+	// config.DefaultMaxUDPSize).
+	UDPSize uint16
+	// MaxFlights bounds the distinct questions being fetched at once,
+	// prefetches and refreshes included (0: config.DefaultMaxInflight).
+	MaxFlights int
+	// MaxWaiters caps the clients waiting on one question (0:
+	// config.DefaultMaxWaitersPerQuestion).
+	MaxWaiters int
+}
+
+// ErrOverloaded is returned by Resolve when the question could not be
+// admitted (MaxFlights questions in flight, or MaxWaiters clients waiting
+// on this one) and there was no stale answer to give instead.
+var ErrOverloaded = errors.New("resolve: overloaded")
+
+// Stats counts what a Resolver did. Every client question that reached the
+// cache is exactly one of: a hit (counted by the cache, by kind), Stale, or
+// a Miss. Rejected misses are a part of Misses.
+type Stats struct {
+	// Misses: client questions the cache could not answer; they waited
+	// for the upstream, or were rejected (admission).
+	Misses atomic.Uint64
+	// Stale: client questions answered with a stale entry (RFC 8767).
+	Stale atomic.Uint64
+	// Coalesced: misses that waited on another asker's upstream query.
+	Coalesced atomic.Uint64
+	// Rejected: misses not admitted (flight bound or waiter cap) and with
+	// no stale answer: the client gets SERVFAIL at once.
+	Rejected atomic.Uint64
+	// UpstreamErrors: fetches that failed or returned an unusable answer.
+	UpstreamErrors atomic.Uint64
+}
+
+// Resolver answers questions from the cache and the upstream. It is safe
+// for concurrent use.
+type Resolver struct {
+	cfg     Config
+	clk     clock.Clock
+	flights flights
+	stats   Stats
+}
+
+// New checks cfg and returns a Resolver.
+func New(cfg Config) (*Resolver, error) {
+	if cfg.Cache == nil || cfg.Fetch == nil || cfg.Policy == nil {
+		return nil, errors.New("resolve: Cache, Fetch and Policy are required")
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = config.DefaultForwardTimeout
+	}
+	if cfg.UDPSize < wire.MinUDPSize {
+		cfg.UDPSize = config.DefaultMaxUDPSize
+	}
+	if cfg.MaxFlights <= 0 {
+		cfg.MaxFlights = config.DefaultMaxInflight
+	}
+	if cfg.MaxWaiters <= 0 {
+		cfg.MaxWaiters = config.DefaultMaxWaitersPerQuestion
+	}
+	r := &Resolver{cfg: cfg, clk: clock.Or(cfg.Clock)}
+	r.flights.max = cfg.MaxFlights
+	r.flights.maxWaiters = cfg.MaxWaiters
+	return r, nil
+}
+
+// Stats returns the resolver's counters (read them with Load).
+func (r *Resolver) Stats() *Stats { return &r.stats }
+
+// InFlight reports how many distinct questions are being fetched.
+func (r *Resolver) InFlight() int { return r.flights.inFlight() }
+
+// Hit returns the fresh entry answering q at now (unix ns), or nil for a
+// miss, which the caller then gives to Resolve. A hit on a popular entry
+// near its expiry starts its refresh in the background (once per entry).
+// It allocates nothing unless it starts a prefetch.
+func (r *Resolver) Hit(q *wire.Query, now int64) *cache.Entry {
+	e, prefetch := r.cfg.Cache.Get(q, now)
+	if prefetch {
+		r.prefetch(q)
+	}
+	return e
+}
+
+// Resolve answers a miss: it returns the entry for q, and whether it is
+// served stale. It blocks until the upstream answers, the fetch fails, or,
+// when a stale entry exists, StaleClientTimeout passes; ctx ends the wait
+// early (the fetch goes on for the other askers and the cache).
+//
+// There is at most one upstream query per question. When the entry is
+// stale the client gets the refresh if it comes in time and succeeds, else
+// the stale entry; while a failed refresh's recheck interval runs it gets
+// the stale entry at once. A refresh fails when the fetch fails or the
+// upstream answers anything but NOERROR or NXDOMAIN (SERVFAIL, REFUSED,
+// ...: RFC 8767 §4). Without a stale entry, a failed fetch is an error
+// (the client gets SERVFAIL) and ErrOverloaded means it was not admitted.
+func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, stale bool, err error) {
+	now := r.clk.Now().UnixNano()
+	if e := r.Hit(q, now); e != nil {
+		return e, false, nil // inserted since the caller looked
+	}
+	e, status, refresh := r.cfg.Cache.Lookup(q, now)
+	if status == cache.Stale && !refresh {
+		r.stats.Stale.Add(1)
+		return e, true, nil
+	}
+	if status != cache.Stale {
+		e = nil
+	}
+	c, own, joined, ok := r.flights.join(q, true)
+	if !ok {
+		if e != nil {
+			r.stats.Stale.Add(1)
+			return e, true, nil
+		}
+		r.stats.Misses.Add(1)
+		r.stats.Rejected.Add(1)
+		return nil, false, ErrOverloaded
+	}
+	defer r.flights.leave(c)
+	if joined {
+		r.stats.Coalesced.Add(1)
+	}
+	if e == nil {
+		// Nothing to fall back on: the first asker fetches in its own
+		// goroutine, the others wait for it.
+		r.stats.Misses.Add(1)
+		if !joined {
+			r.run(c, own)
+		} else {
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+				return nil, false, ctx.Err()
+			}
+		}
+		if c.err != nil {
+			return nil, false, c.err
+		}
+		return c.entry, false, nil
+	}
+	if !joined {
+		go r.run(c, own)
+	}
+	timeout := r.policy(q.Name).StaleClientTimeout
+	if timeout <= 0 {
+		timeout = config.DefaultStaleClientTimeout
+	}
+	t := r.clk.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C():
+		// The refresh goes on in the background and updates the cache.
+		r.stats.Stale.Add(1)
+		return e, true, nil
+	case <-ctx.Done():
+		r.stats.Stale.Add(1)
+		return e, true, nil
+	}
+	if c.err != nil || !refreshed(c.entry) {
+		r.stats.Stale.Add(1)
+		return e, true, nil
+	}
+	r.stats.Misses.Add(1)
+	return c.entry, false, nil
+}
+
+// Shed answers a miss the caller could not admit (its own bound on waiting
+// clients): the stale entry for q if there is one, counted as stale, else
+// nil, counted as a rejected miss (the client gets SERVFAIL).
+func (r *Resolver) Shed(q *wire.Query, now int64) *cache.Entry {
+	if e, status, _ := r.cfg.Cache.Lookup(q, now); status == cache.Stale {
+		r.stats.Stale.Add(1)
+		return e
+	}
+	r.stats.Misses.Add(1)
+	r.stats.Rejected.Add(1)
+	return nil
+}
+
+// refreshed reports whether an upstream answer replaces a stale entry:
+// NOERROR or NXDOMAIN does; SERVFAIL, REFUSED and other errors do not.
+func refreshed(e *cache.Entry) bool {
+	rc := e.Rcode()
+	return rc == wire.RcodeSuccess || rc == wire.RcodeNXDomain
+}
+
+// prefetch refreshes a popular entry near its expiry in the background,
+// through the flights so a concurrent miss shares it. Over the flight bound
+// it is skipped: the entry is then fetched on its first miss.
+func (r *Resolver) prefetch(q *wire.Query) {
+	if c, own, joined, ok := r.flights.join(q, false); ok && !joined {
+		go r.run(c, own)
+	}
+}
+
+func (r *Resolver) policy(name []byte) *Policy { return r.cfg.Policy(name) }
+
+// run fetches the question of own and finishes c.
+func (r *Resolver) run(c *call, own flightRun) {
+	e, err := r.fetch(&own.q)
+	r.flights.finish(c, own, e, err)
+}
+
+// fetch asks the upstream for q, builds the entry and caches it when it may
+// be cached. A failed refresh of a stale entry (an error, or an answer
+// that is not NOERROR or NXDOMAIN) starts its recheck interval.
+func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, error) {
+	pol := r.policy(q.Name)
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
+	defer cancel()
+	uq := wire.AppendUpstreamQuery(make([]byte, 0, 64+len(q.Name)), q, r.cfg.UDPSize)
+	resp, err := r.cfg.Fetch(ctx, wire.NameString(q.Name), uq)
+	var e *cache.Entry
+	if err == nil {
+		e, err = cache.BuildStale(resp, q, pol.TTL, pol.ServFailTTL, pol.StaleWindow, r.clk.Now().UnixNano())
+	}
+	if err != nil {
+		r.stats.UpstreamErrors.Add(1)
+		r.refreshFailed(q, pol)
+		return nil, fmt.Errorf("resolve %s: %w", wire.NameString(q.Name), err)
+	}
+	r.cfg.Cache.Put(e)
+	if !refreshed(e) {
+		r.refreshFailed(q, pol)
+	}
+	return e, nil
+}
+
+func (r *Resolver) refreshFailed(q *wire.Query, pol *Policy) {
+	recheck := pol.StaleRecheck
+	if recheck <= 0 {
+		recheck = config.DefaultStaleRecheck
+	}
+	now := r.clk.Now().UnixNano()
+	r.cfg.Cache.RefreshFailed(q, now, now+int64(recheck))
+}

@@ -1,0 +1,145 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// missReq carries one miss off the reading goroutine, UDP or TCP: copies
+// of the query (the read buffers are reused at once), where the answer
+// goes, and the answer.
+type missReq struct {
+	raw []byte
+	q   wire.Query
+	out []byte // the answer; over TCP it starts with the 2-byte length
+	t0  time.Time
+	tcp bool
+	// source says where the answer came from, for the query log.
+	source string
+	// UDP: the socket and the client's raw sockaddr.
+	l    *udpListener
+	name [unix.SizeofSockaddrAny]byte
+	nlen uint32
+	// TCP: the connection.
+	tc *tcpConn
+}
+
+var missPool = sync.Pool{New: func() any {
+	return &missReq{raw: make([]byte, 0, 512), out: make([]byte, 0, 1232)}
+}}
+
+// putMiss returns m to the pool unless it grew past a UDP answer.
+func putMiss(m *missReq) {
+	if cap(m.out) <= udpOutSize && cap(m.raw) <= udpBufSize {
+		m.l, m.tc = nil, nil
+		missPool.Put(m)
+	}
+}
+
+func (m *missReq) client() netip.AddrPort {
+	if m.tcp {
+		return remoteAddrPort(m.tc.c)
+	}
+	return sockaddrAddrPort(m.name[:m.nlen])
+}
+
+// newMiss copies a query for the miss path; the caller sets the
+// destination (l and name, or tc).
+func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
+	m := missPool.Get().(*missReq)
+	m.raw = append(m.raw[:0], raw...)
+	// Re-parse on the copy so the query's slices point into m.raw.
+	_ = wire.ParseQuery(m.raw, &m.q)
+	m.tcp, m.t0 = tcp, t0
+	m.out = m.out[:0]
+	if tcp {
+		m.out = append(m.out, 0, 0)
+	}
+	return m
+}
+
+// startMiss is the one miss path of UDP and TCP. The caller holds what the
+// destination needs until deliver (the UDP socket's reference, the TCP
+// connection's pipeline slot). Past MaxWaiting the client is answered at
+// once (stale or SERVFAIL); otherwise a goroutine waits for the Resolver
+// and delivers the answer.
+func (s *Server) startMiss(m *missReq) {
+	if !s.admit() {
+		m.source = fromOverload
+		m.out = s.shed(m)
+		s.finishMiss(m)
+		return
+	}
+	s.missWG.Add(1)
+	go func() {
+		defer s.missWG.Done()
+		m.out = s.resolve(m)
+		s.release()
+		s.finishMiss(m)
+	}()
+}
+
+// finishMiss logs the query and hands the answer to its transport, which
+// returns m to the pool.
+func (s *Server) finishMiss(m *missReq) {
+	if s.cfg.QueryLog != nil {
+		resp := m.out
+		if m.tcp {
+			resp = resp[2:]
+		}
+		s.logQuery(m.client(), m.tcp, &m.q, resp, m.source, m.t0)
+	}
+	if m.tcp {
+		m.tc.deliver(m)
+	} else {
+		m.l.reply(m)
+	}
+}
+
+// resolve asks the Resolver and appends the answer to m.out.
+func (s *Server) resolve(m *missReq) []byte {
+	e, stale, err := s.res.Resolve(context.Background(), &m.q)
+	switch {
+	case err != nil:
+		m.source = fromUpstream
+		if errors.Is(err, resolve.ErrOverloaded) {
+			m.source = fromOverload
+		}
+		return s.servfail(m)
+	case stale:
+		m.source = fromStale
+		return s.writeStale(m, e)
+	}
+	m.source = fromUpstream
+	s.stats.countRcode(e.Rcode())
+	return e.Write(m.out, &m.q, s.cfg.Clock.Now().UnixNano(), s.maxSize(&m.q, m.tcp), s.cfg.MaxUDPSize)
+}
+
+// shed answers a miss that was not admitted: with the stale answer if
+// there is one, else SERVFAIL, never cached.
+func (s *Server) shed(m *missReq) []byte {
+	if e := s.res.Shed(&m.q, s.cfg.Clock.Now().UnixNano()); e != nil {
+		m.source = fromStale
+		return s.writeStale(m, e)
+	}
+	return s.servfail(m)
+}
+
+func (s *Server) servfail(m *missReq) []byte {
+	s.stats.countRcode(wire.RcodeServFail)
+	return wire.AppendError(m.out, m.raw, &m.q, wire.RcodeServFail, s.cfg.MaxUDPSize)
+}
+
+func (s *Server) writeStale(m *missReq, e *cache.Entry) []byte {
+	s.stats.countRcode(e.Rcode())
+	return e.WriteStale(m.out, &m.q, s.maxSize(&m.q, m.tcp), s.cfg.MaxUDPSize)
+}
