@@ -319,7 +319,7 @@ func (s *shard) moveToFront(e *Entry) {
 
 // Stats is a snapshot of the cache's counters and gauges.
 type Stats struct {
-	Hits   [numKinds]uint64 // by Kind
+	Hits [numKinds]uint64 // by Kind
 	// Prefetches counts hits that started a background refresh.
 	Prefetches uint64
 	Inserts    uint64

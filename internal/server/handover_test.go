@@ -15,7 +15,6 @@ import (
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
-
 )
 
 // How the old instance leaves the shared address in a handover run.
