@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
@@ -284,5 +286,69 @@ func TestTCPPipelinedHitsAllAnswered(t *testing.T) {
 	}
 	if n := z.n.Load(); n > 10 {
 		t.Fatalf("%d upstream queries for 10 names", n)
+	}
+}
+
+// TestCountsSayTheTruth: every query that reaches the cache is one hit,
+// one stale answer or one miss; a stale answer is not also a miss, and
+// health checks are neither.
+func TestCountsSayTheTruth(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	var failing atomic.Bool
+	z := &zoneForward{}
+	var c *cache.Cache
+	s, _ := startServer(t, func(cfg *Config) { cfg.Clock = clk }, func(rc *resolve.Config) {
+		rc.Clock = clk
+		c = rc.Cache
+		pol, _ := resolve.Zones(resolve.Policy{
+			TTL:         cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
+			StaleWindow: time.Hour,
+		})
+		rc.Policy = pol
+		rc.Fetch = func(ctx context.Context, name string, q []byte) ([]byte, error) {
+			if failing.Load() {
+				return nil, errors.New("upstream down")
+			}
+			return z.forward(ctx, name, q)
+		}
+	})
+	conn, err := net.Dial("udp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(name string) *dns.Msg {
+		t.Helper()
+		m := new(dns.Msg)
+		m.SetQuestion(name, dns.TypeA)
+		b, _ := m.Pack()
+		_, _ = conn.Write(b)
+		_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 1500)
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(buf[:n]); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ask("count.example.") // miss
+	ask("count.example.") // hit
+	clk.Advance(2 * time.Minute)
+	failing.Store(true)
+	if r := ask("count.example."); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Fatalf("outage: %v, want the stale answer", r)
+	}
+	ask("count.example.")                     // stale at once (recheck interval)
+	ask("health-check.nodelocaldns.invalid.") // neither
+	ask("HEALTH-check.nodelocaldns.invalid.") // neither
+	snap := s.Snapshot()
+	hits := c.Stats().Hits
+	if snap.CacheMisses != 1 || snap.StaleServed != 2 || hits[cache.Success] != 1 || snap.HealthChecks != 2 {
+		t.Fatalf("misses %d stale %d hits %d health %d; want 1, 2, 1, 2",
+			snap.CacheMisses, snap.StaleServed, hits[cache.Success], snap.HealthChecks)
 	}
 }
