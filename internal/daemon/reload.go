@@ -90,7 +90,10 @@ func (d *Daemon) buildRoutes() error {
 			Servers:  []netip.AddrPort{d.cfg.KubeDNS},
 			Proto:    forward.TCP,
 			PoolSize: d.cfg.TCPPoolSize,
-			Logger:   d.log.With("group", "kube-dns"),
+			// A group can carry every flight the resolver admits: one
+			// bound, -max-inflight, not 1024 here and 1000 there.
+			MaxInflight: d.cfg.MaxInflight,
+			Logger:      d.log.With("group", "kube-dns"),
 		}, d.Metrics)
 		if err != nil {
 			return fmt.Errorf("kube-dns: %w", err)
@@ -313,10 +316,11 @@ func (d *Daemon) apply() error {
 
 func (d *Daemon) udpGroup(name string, servers []netip.AddrPort) (*forward.Group, error) {
 	return forward.NewGroup(forward.GroupConfig{
-		Name:    name,
-		Servers: servers,
-		Proto:   forward.UDP,
-		Logger:  d.log.With("group", name),
+		Name:        name,
+		Servers:     servers,
+		Proto:       forward.UDP,
+		MaxInflight: d.cfg.MaxInflight, // as the kube-dns group
+		Logger:      d.log.With("group", name),
 	}, d.Metrics)
 }
 

@@ -79,9 +79,10 @@ type udpListener struct {
 	refs      atomic.Int64
 	closed    atomic.Bool
 	closeOnce sync.Once
-	// The queue of miss answers (reply); shdr and siov belong to the
-	// caller that is sending. The serving path takes no mutex to send: smu
-	// only guards the queue, and one caller at a time sends it.
+	// The queue of miss answers (reply): smu guards the queue and the
+	// sending flag, never a syscall; shdr and siov belong to the one
+	// caller that is sending. The receive loop sends its own batches
+	// without it.
 	smu     sync.Mutex
 	sq      []*missReq
 	sspare  []*missReq
