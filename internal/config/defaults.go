@@ -18,16 +18,17 @@ const (
 	// question's flight. A thousand pods starting together all ask for the
 	// same Service name at once, and they must all be answered by one
 	// upstream query (TestThousandConcurrentMissesOneUpstreamQuery); a
-	// client past the cap gets the stale answer or SERVFAIL at once. At a
-	// quarter of DefaultMaxWaiting, one stuck name can never hold more
-	// than a quarter of the waiting budget: 3,072 other clients still wait.
+	// client past the cap gets the stale answer or SERVFAIL at once. At
+	// half of DefaultMaxWaiting, one stuck name can never hold more than
+	// half of the waiting budget: 1,024 other clients still wait, as many
+	// as the whole budget was before admission counted questions.
 	DefaultMaxWaitersPerQuestion = 1024
 	// DefaultMaxWaiting bounds all clients waiting for a miss, so memory
-	// stays bounded whatever clients do: each costs a goroutine and its
-	// query and answer buffers, under 10 KiB with the stack, so 4096 cost
-	// under 40 MiB, inside the manifest's 256 MiB limit. Four times the
-	// flight bound gives every flight room for a few waiters.
-	DefaultMaxWaiting = 4 * DefaultMaxInflight
+	// stays bounded whatever clients do. One costs ~7 KiB (a goroutine
+	// stack and its pooled query and answer, TestWaitingClientMemory), so
+	// 2048 cost ~14 MiB, as the manifest's memory arithmetic counts. Twice
+	// the flight bound gives every flight room for a second waiter.
+	DefaultMaxWaiting = 2 * DefaultMaxInflight
 	// DefaultMaxTCPConns bounds open client TCP connections.
 	DefaultMaxTCPConns = 1000
 	// DefaultMaxTCPPipeline bounds the misses outstanding on one client
