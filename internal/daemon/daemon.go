@@ -114,6 +114,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		StaleClientTimeout: cfg.Cache.StaleClientTimeout,
 		StaleRecheck:       cfg.Cache.StaleRecheck,
 		MaxUDPSize:         uint16(cfg.MaxUDPSize),
+		MaxClientUDPSize:   uint16(cfg.MaxClientUDPSize),
 		ForwardTimeout:     cfg.ForwardTimeout,
 		MaxInflight:        cfg.MaxInflight,
 		MaxTCPConns:        cfg.MaxTCPConns,

@@ -58,10 +58,14 @@ type Config struct {
 	// StaleRecheck is how long after a failed refresh a stale answer is
 	// served without asking the upstream again (default 30 s, RFC 8767).
 	StaleRecheck time.Duration
-	// MaxUDPSize caps the payload size answered over UDP and advertised in
-	// OPT records (default 1232, the DNS flag day 2020 value that fits an
-	// IPv6 minimum MTU without fragmentation).
+	// MaxUDPSize is the UDP payload size advertised in OPT records, to
+	// upstreams and to clients (default 1232, the DNS flag day 2020 value
+	// that fits an IPv6 minimum MTU without fragmentation).
 	MaxUDPSize uint16
+	// MaxClientUDPSize caps a UDP answer to a client that advertises a
+	// larger EDNS size (default 4096: the pod-to-node link has no path MTU
+	// to fear; docs/design.md, "UDP sizes"). Clients without EDNS get 512.
+	MaxClientUDPSize uint16
 	// ForwardTimeout bounds one miss end to end (default 4 s: a glibc client
 	// waits 5 s before it retries, so it still gets our SERVFAIL).
 	ForwardTimeout time.Duration
@@ -90,6 +94,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxUDPSize < wire.MinUDPSize {
 		c.MaxUDPSize = 1232
+	}
+	if c.MaxClientUDPSize < wire.MinUDPSize {
+		c.MaxClientUDPSize = DefaultMaxClientUDPSize
 	}
 	if c.ForwardTimeout <= 0 {
 		c.ForwardTimeout = 4 * time.Second
@@ -229,11 +236,24 @@ func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, no
 	return out, answered
 }
 
+// DefaultMaxClientUDPSize is the default cap on UDP answers to EDNS
+// clients: 4096, the size most clients that advertise more than 1232
+// advertise (kdig, older dig, BIND), so they get their answer in one round
+// trip. Between a pod and its node there is no path MTU to discover; a
+// 4096-byte answer is at most 3 fragments on a 1500-byte veth.
+const DefaultMaxClientUDPSize = 4096
+
+// maxSize is the largest answer the client gets over this transport: over
+// UDP its EDNS size (already at least 512) up to MaxClientUDPSize, and 512
+// without EDNS (RFC 1035 §4.2.1).
 func (s *Server) maxSize(q *wire.Query, tcp bool) int {
 	if tcp {
 		return 0xFFFF
 	}
-	return int(min(q.Size, s.cfg.MaxUDPSize))
+	if !q.EDNS {
+		return wire.MinUDPSize
+	}
+	return int(min(q.Size, s.cfg.MaxClientUDPSize))
 }
 
 // admit takes a miss slot, or reports false when MaxInflight are busy.
