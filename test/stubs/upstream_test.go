@@ -22,43 +22,50 @@ type zone struct {
 
 const zoneTTL = 30
 
-func newZone(t testing.TB) *zone {
+// newZone holds the same names in each Kubernetes namespace of nss (and
+// under <ns>.example.com for external names), so that each client of a
+// test can start from an empty cache by living in a namespace of its own.
+func newZone(t testing.TB, nss ...string) *zone {
 	t.Helper()
 	z := &zone{rrs: map[string][]dns.RR{}, fail: map[string]bool{}}
-	add := func(s string) {
-		rr, err := dns.NewRR(s)
+	add := func(format string, a ...any) {
+		rr, err := dns.NewRR(fmt.Sprintf(format, a...))
 		if err != nil {
 			t.Fatal(err)
 		}
 		name := strings.ToLower(rr.Header().Name)
 		z.rrs[name] = append(z.rrs[name], rr)
 	}
-	const svc = "default.svc.cluster.local."
-	// A ClusterIP Service reached by its short name through the search list.
-	add("api." + svc + " 30 IN A 10.96.0.1")
-	// A headless Service of 100 pods: a 1.7 KB answer (1647 bytes).
-	for i := 0; i < 100; i++ {
-		add(fmt.Sprintf("web.%s 30 IN A 10.244.%d.%d", svc, i/50, i%50+1))
+	for _, ns := range nss {
+		svc := ns + ".svc.cluster.local."
+		// A ClusterIP Service reached by its short name through the search list.
+		add("api.%s 30 IN A 10.96.0.1", svc)
+		// A headless Service of 100 pods: a 1.7 KB answer (1647 bytes in
+		// namespace default).
+		for i := 0; i < 100; i++ {
+			add("web.%s 30 IN A 10.244.%d.%d", svc, i/50, i%50+1)
+		}
+		// 40 pods: a 690-byte answer, over 512 and under 1232.
+		for i := 0; i < 40; i++ {
+			add("mid.%s 30 IN A 10.245.0.%d", svc, i+1)
+		}
+		// AAAA only.
+		add("v6only.%s 30 IN AAAA fd00::6", svc)
+		// SRV records of the headless Service's named port.
+		for i := 0; i < 20; i++ {
+			add("_http._tcp.web.%s 30 IN SRV 0 5 80 web-%d.web.%s", svc, i, svc)
+		}
+		// External names: a CNAME chain, a plain name, an NXDOMAIN, a SERVFAIL.
+		com, net := ns+".example.com.", ns+".example.net."
+		add("www.%s 30 IN CNAME a.cdn.%s", com, net)
+		add("a.cdn.%s 30 IN CNAME b.edge.%s", net, net)
+		for i := 1; i <= 3; i++ {
+			add("b.edge.%s 30 IN A 198.51.100.%d", net, i)
+			add("b.edge.%s 30 IN AAAA 2001:db8::%d", net, i)
+		}
+		add("plain.%s 30 IN A 203.0.113.7", com)
+		z.fail["fail."+com] = true
 	}
-	// 40 pods: a 687-byte answer, over 512 and under 1232.
-	for i := 0; i < 40; i++ {
-		add(fmt.Sprintf("mid.%s 30 IN A 10.245.0.%d", svc, i+1))
-	}
-	// AAAA only.
-	add("v6only." + svc + " 30 IN AAAA fd00::6")
-	// SRV records of the headless Service's named port.
-	for i := 0; i < 20; i++ {
-		add(fmt.Sprintf("_http._tcp.web.%s 30 IN SRV 0 5 80 web-%d.web.%s", svc, i, svc))
-	}
-	// External names: a CNAME chain, a plain name, an NXDOMAIN, a SERVFAIL.
-	add("www.example.com. 30 IN CNAME a.cdn.example.net.")
-	add("a.cdn.example.net. 30 IN CNAME b.edge.example.net.")
-	for i := 1; i <= 3; i++ {
-		add(fmt.Sprintf("b.edge.example.net. 30 IN A 198.51.100.%d", i))
-		add(fmt.Sprintf("b.edge.example.net. 30 IN AAAA 2001:db8::%d", i))
-	}
-	add("plain.example.com. 30 IN A 203.0.113.7")
-	z.fail["fail.example.com."] = true
 	return z
 }
 
