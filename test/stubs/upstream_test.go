@@ -20,8 +20,6 @@ type zone struct {
 	fail map[string]bool     // names answered SERVFAIL
 }
 
-const zoneTTL = 30
-
 // newZone holds the same names in each Kubernetes namespace of nss (and
 // under <ns>.example.com for external names), so that each client of a
 // test can start from an empty cache by living in a namespace of its own.
