@@ -304,11 +304,15 @@ func (e *Entry) WriteStale(dst []byte, q *wire.Query, maxSize int, ednsSize uint
 }
 
 func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSize uint16, stale bool) []byte {
-	optLen := 0
+	size := max(maxSize, wire.MinUDPSize)
 	if q.EDNS {
-		optLen = wire.OPTLen
+		size -= wire.OPTLen
 	}
-	end, n := e.cut(max(maxSize, wire.MinUDPSize) - optLen)
+	end, n := len(e.msg), len(e.rrs)
+	truncated := end > size
+	if truncated {
+		end, n = e.cut(size)
+	}
 	start := len(dst)
 	dst = append(dst, e.msg[:end]...)
 	out := dst[start:]
@@ -318,12 +322,8 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 		// RFC 6840 §5.8: AD only for clients that asked about DNSSEC.
 		flags |= wire.Flags(e.msg) & wire.FlagAD
 	}
-	_, an, ns, ar := wire.Counts(out)
-	if n < len(e.rrs) {
+	if truncated {
 		flags |= wire.FlagTC
-		an = min(an, uint16(n))
-		ns = min(ns, uint16(n)-an)
-		ar = uint16(n) - an - ns
 	}
 	wire.SetFlags(out, flags)
 	copy(out[wire.HeaderLen:], q.Name)
@@ -332,7 +332,9 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 		age = 0
 	}
 	ageSec := uint32(age / int64(time.Second))
-	for _, f := range e.rrs[:n] {
+	rrs := e.rrs[:n]
+	for i := range rrs {
+		f := &rrs[i]
 		t := uint32(0)
 		switch {
 		case stale:
@@ -345,6 +347,16 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 			copy(out[f.name:], q.Name)
 		}
 	}
+	if !truncated && !q.EDNS {
+		return dst
+	}
+	_, an, ns, ar := wire.Counts(out)
+	if truncated {
+		// The kept records are the first n in message order.
+		an = min(an, uint16(n))
+		ns = min(ns, uint16(n)-an)
+		ar = uint16(n) - an - ns
+	}
 	if q.EDNS {
 		ar++
 		dst = wire.AppendOPT(dst, ednsSize, q.DO, 0)
@@ -354,16 +366,13 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 	return dst
 }
 
-// cut returns how much of msg fits in size bytes and how many records that
-// is: all of it when it fits, else the header, the question and the longest
-// run of whole records from the first one that fits. The stored message is
-// a prefix-closed layout (compression pointers only point backwards), so
-// any such prefix is a valid message. No parsing: the record ends were
-// recorded at build time.
+// cut returns the end of the longest run of whole records, from the first
+// one, that fits in size bytes (the header and question when none does),
+// and how many records that is; size is less than the whole message. The
+// stored message is prefix-closed (compression pointers only point
+// backwards), so any such prefix is a valid message. No parsing: the record
+// ends were recorded at build time.
 func (e *Entry) cut(size int) (end, n int) {
-	if len(e.msg) <= size {
-		return len(e.msg), len(e.rrs)
-	}
 	// Binary search for the first record that does not fit; ends grow.
 	lo, hi := 0, len(e.rrs)
 	for lo < hi {
