@@ -76,3 +76,38 @@ func BenchmarkEntryBytes(b *testing.B) {
 		b.ReportMetric(float64(st.Bytes)/float64(st.Entries[Success]), "bytes/entry")
 	}
 }
+
+// BenchmarkCacheHitTruncated is the hit path for a headless Service of
+// 100 addresses asked by a client without EDNS: the answer is cut at the
+// last whole record that fits in 512 bytes. It must not allocate either.
+func BenchmarkCacheHitTruncated(b *testing.B) {
+	c := New(Config{})
+	const name = "web.default.svc.cluster.local."
+	var ans []string
+	for i := 0; i < 100; i++ {
+		ans = append(ans, fmt.Sprintf("%s 30 IN A 10.244.0.%d", name, i+1))
+	}
+	raw, q := query(b, name, dns.TypeA, 0, false)
+	e, err := Build(answer(b, name, dns.TypeA, 0, ans, nil, true), q, clusterP, 0, t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.Put(e)
+	out := make([]byte, 0, 4096)
+	var pq wire.Query
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := wire.ParseQuery(raw, &pq); err != nil {
+			b.Fatal(err)
+		}
+		hit, _ := c.Get(&pq, t0)
+		if hit == nil {
+			b.Fatal("miss")
+		}
+		out = hit.Write(out[:0], &pq, t0, int(pq.Size), 1232)
+	}
+	if wire.Flags(out)&wire.FlagTC == 0 || len(out) > 512 {
+		b.Fatalf("not truncated to 512: %d bytes", len(out))
+	}
+}

@@ -3,9 +3,11 @@
 //
 // An Entry is built once from an upstream response (Build): the question
 // name is lower-cased, the OPT record removed (it is hop-by-hop), and the
-// offset of every TTL field recorded. A hit (Entry.Write) copies the bytes,
-// writes the client's ID, RD bit and qname case, the remaining TTLs and the
-// client's OPT, and truncates to the client's payload size with TC set.
+// offset of every TTL field and the end of every record recorded. A hit
+// (Entry.Write) copies the bytes, writes the client's ID, RD bit and qname
+// case, the remaining TTLs and the client's OPT; an answer larger than the
+// client's payload size keeps the whole records that fit (as miekg/dns's
+// Msg.Truncate) and sets TC.
 //
 // Lifetimes follow DESIGN.md: a positive answer lives for the smallest TTL
 // of its answer and authority records, a denial (NXDOMAIN or NODATA) for

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"time"
+	"unsafe"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -47,24 +48,27 @@ const (
 // answer is neither cached nor relayed.
 var ErrMismatch = errors.New("cache: answer does not match the question")
 
-// ttlField records where a TTL is in Entry.msg and the value to count down
-// from (the received TTL, capped at the entry's lifetime).
-type ttlField struct {
-	off uint16
+// rrField is the layout of one record of Entry.msg, recorded at build time
+// so a hit needs no parsing: where its TTL is and the value to count down
+// from (the received TTL, capped at the entry's lifetime), and where the
+// record ends, which is where a truncated answer may be cut.
+type rrField struct {
+	off uint16 // offset of the 32-bit TTL field
 	// name is the offset of the record's owner name when it is the
 	// question name written out in full (an uncompressing upstream): hits
 	// write the client's case there too. 0 when not.
 	name uint16
 	ttl  uint32
+	end  uint16 // offset just past the rdata
 }
 
 // Entry is one cached answer: the upstream response as packed wire bytes
 // (question name lower-cased, OPT removed, AA and TC cleared), plus the
-// offsets of its TTL fields. Entries are immutable once built, so a reader
+// layout of its records (TTL offsets and record ends). Entries are immutable once built, so a reader
 // may use one after the shard lock is released.
 type Entry struct {
 	msg     []byte
-	ttls    []ttlField
+	rrs     []rrField // in message order: answer, authority, additional
 	nameLen uint16
 	qtype   uint16
 	qclass  uint16
@@ -104,7 +108,7 @@ func (e *Entry) Expired(now int64) bool { return now >= e.expires }
 // and a map slot. The struct and map overhead is an estimate measured with
 // runtime.MemStats in TestMemoryBound.
 func (e *Entry) size() int64 {
-	return int64(cap(e.msg)) + int64(cap(e.ttls))*8 + entryOverhead
+	return int64(cap(e.msg)) + int64(cap(e.rrs))*int64(unsafe.Sizeof(rrField{})) + entryOverhead
 }
 
 // entryOverhead is the Entry struct (~136 B), the map slot (~24 B) and
@@ -188,7 +192,7 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 			n++
 		}
 	}
-	e.ttls = make([]ttlField, 0, n)
+	e.rrs = make([]rrField, 0, n)
 	for _, rr := range a.RRs {
 		if rr.Start >= end {
 			continue
@@ -197,11 +201,11 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 		if e.kind != Uncacheable && t > life {
 			t = life
 		}
-		f := ttlField{off: uint16(rr.TTLOff), ttl: t}
+		f := rrField{off: uint16(rr.TTLOff), ttl: t, end: uint16(rr.End)}
 		if n := len(a.Name); rr.TTLOff-4-rr.Start == n && wire.EqualNameFold(msg[rr.Start:rr.Start+n], a.Name) {
 			f.name = uint16(rr.Start)
 		}
-		e.ttls = append(e.ttls, f)
+		e.rrs = append(e.rrs, f)
 	}
 	return e, nil
 }
@@ -278,9 +282,13 @@ func (e *Entry) matches(q *wire.Query, flags uint8) bool {
 
 // Write appends the answer for the client query q to dst and returns it.
 // It writes the client's ID, RD bit and qname case, the remaining TTLs at
-// now (unix ns), and the client's OPT (advertising ednsSize), and truncates
-// to maxSize with TC set when the answer does not fit: the truncated answer
-// keeps only the header, question and OPT, and the client retries over TCP.
+// now (unix ns), and the client's OPT (advertising ednsSize). An answer
+// larger than maxSize (raised to 512, RFC 6891 §6.2.5) is truncated as
+// miekg/dns's Msg.Truncate and CoreDNS do: it keeps every whole record that
+// fits in message order (answer, then authority, then additional; the first
+// record that does not fit ends it), keeps the client's OPT, and sets TC.
+// A resolver that cannot retry over TCP (musl before 1.2.4) uses what it
+// got; the others retry over TCP and get the whole answer from this entry.
 // It does not allocate when dst has room.
 func (e *Entry) Write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSize uint16) []byte {
 	return e.write(dst, q, now, maxSize, ednsSize, false)
@@ -296,14 +304,26 @@ func (e *Entry) WriteStale(dst []byte, q *wire.Query, maxSize int, ednsSize uint
 }
 
 func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSize uint16, stale bool) []byte {
+	size := max(maxSize, wire.MinUDPSize)
+	if q.EDNS {
+		size -= wire.OPTLen
+	}
+	end, n := len(e.msg), len(e.rrs)
+	truncated := end > size
+	if truncated {
+		end, n = e.cut(size)
+	}
 	start := len(dst)
-	dst = append(dst, e.msg...)
+	dst = append(dst, e.msg[:end]...)
 	out := dst[start:]
 	wire.SetID(out, q.ID)
 	flags := wire.Flags(out)&^(wire.FlagRD|wire.FlagAD) | q.Flags&wire.FlagRD | wire.FlagRA
 	if q.DO || q.Flags&wire.FlagAD != 0 {
 		// RFC 6840 §5.8: AD only for clients that asked about DNSSEC.
 		flags |= wire.Flags(e.msg) & wire.FlagAD
+	}
+	if truncated {
+		flags |= wire.FlagTC
 	}
 	wire.SetFlags(out, flags)
 	copy(out[wire.HeaderLen:], q.Name)
@@ -312,7 +332,9 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 		age = 0
 	}
 	ageSec := uint32(age / int64(time.Second))
-	for _, f := range e.ttls {
+	rrs := e.rrs[:n]
+	for i := range rrs {
+		f := &rrs[i]
 		t := uint32(0)
 		switch {
 		case stale:
@@ -325,24 +347,44 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 			copy(out[f.name:], q.Name)
 		}
 	}
+	if !truncated && !q.EDNS {
+		return dst
+	}
+	_, an, ns, ar := wire.Counts(out)
+	if truncated {
+		// The kept records are the first n in message order.
+		an = min(an, uint16(n))
+		ns = min(ns, uint16(n)-an)
+		ar = uint16(n) - an - ns
+	}
 	if q.EDNS {
-		_, an, ns, ar := wire.Counts(out)
-		wire.SetCounts(out, 1, an, ns, ar+1)
+		ar++
 		dst = wire.AppendOPT(dst, ednsSize, q.DO, 0)
 		out = dst[start:]
 	}
-	if len(out) <= maxSize {
-		return dst
-	}
-	qEnd := wire.HeaderLen + int(e.nameLen) + 4
-	dst = dst[:start+qEnd]
-	out = dst[start:]
-	wire.SetFlags(out, wire.Flags(out)|wire.FlagTC)
-	if q.EDNS {
-		wire.SetCounts(out, 1, 0, 0, 1)
-		dst = wire.AppendOPT(dst, ednsSize, q.DO, 0)
-	} else {
-		wire.SetCounts(out, 1, 0, 0, 0)
-	}
+	wire.SetCounts(out, 1, an, ns, ar)
 	return dst
+}
+
+// cut returns the end of the longest run of whole records, from the first
+// one, that fits in size bytes (the header and question when none does),
+// and how many records that is; size is less than the whole message. The
+// stored message is prefix-closed (compression pointers only point
+// backwards), so any such prefix is a valid message. No parsing: the record
+// ends were recorded at build time.
+func (e *Entry) cut(size int) (end, n int) {
+	// Binary search for the first record that does not fit; ends grow.
+	lo, hi := 0, len(e.rrs)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if int(e.rrs[mid].end) <= size {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo == 0 {
+		return wire.HeaderLen + int(e.nameLen) + 4, 0
+	}
+	return int(e.rrs[lo-1].end), lo
 }

@@ -78,6 +78,13 @@ func FuzzBuild(f *testing.F) {
 		if err != nil {
 			return
 		}
+		// A truncated answer never exceeds the client's size, and keeps
+		// the header and question whatever the records.
+		for _, size := range []int{512, 600, 1232} {
+			if out := e.Write(nil, q, t0, size, 1232); len(out) > size || len(out) < wire.HeaderLen {
+				t.Fatalf("%d bytes for a %d-byte client", len(out), size)
+			}
+		}
 		out := e.Write(nil, q, t0, 1232, 1232)
 		m := new(dns.Msg)
 		if err := m.Unpack(out); err != nil {

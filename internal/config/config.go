@@ -63,8 +63,15 @@ type Config struct {
 
 	Cache CacheConfig
 
-	UDPSockets     int
-	MaxUDPSize     int
+	UDPSockets int
+	// UDP sizes (docs/design.md, "UDP sizes"): MaxUDPSize is the EDNS
+	// size we advertise, to upstreams (their larger answers come over
+	// TCP) and in the OPT of our answers; MaxClientUDPSize caps the
+	// answers we send a client over UDP at min(its EDNS size, this),
+	// 512 without EDNS.
+	MaxUDPSize       int
+	MaxClientUDPSize int
+
 	MaxInflight    int
 	MaxTCPConns    int
 	TCPIdleTimeout time.Duration
@@ -143,7 +150,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", DefaultStaleRecheck, "after a failed refresh, serve stale without asking the upstream for this long")
 	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
 	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
-	fs.IntVar(&c.MaxUDPSize, "max-udp-size", DefaultMaxUDPSize, "largest UDP answer, and the EDNS size we advertise")
+	fs.IntVar(&c.MaxUDPSize, "max-udp-size", DefaultMaxUDPSize, "EDNS UDP size we advertise, to upstreams (larger answers come over TCP) and in our answers")
+	fs.IntVar(&c.MaxClientUDPSize, "max-client-udp-size", DefaultMaxClientUDPSize, "largest UDP answer to a client: its EDNS size up to this (512 without EDNS); larger answers are truncated")
 	fs.IntVar(&c.MaxInflight, "max-inflight", DefaultMaxInflight, "distinct questions resolved upstream at once; past it a new question gets its stale answer or SERVFAIL at once")
 	fs.IntVar(&c.MaxTCPConns, "max-tcp-conns", DefaultMaxTCPConns, "open client TCP connections")
 	fs.DurationVar(&c.TCPIdleTimeout, "tcp-idle-timeout", DefaultTCPIdleTimeout, "close client TCP connections idle this long")
@@ -246,6 +254,9 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	if c.MaxUDPSize < 512 || c.MaxUDPSize > 65535 {
 		return nil, usage("-max-udp-size: %d is not between 512 and 65535", c.MaxUDPSize)
+	}
+	if c.MaxClientUDPSize < 512 || c.MaxClientUDPSize > 65535 {
+		return nil, usage("-max-client-udp-size: %d is not between 512 and 65535", c.MaxClientUDPSize)
 	}
 	if c.MaxInflight <= 0 || c.MaxTCPConns <= 0 || c.TCPPoolSize <= 0 {
 		return nil, usage("-max-inflight, -max-tcp-conns and -tcp-pool-size must be positive")

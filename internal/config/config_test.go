@@ -45,6 +45,27 @@ func TestParseDefaultsAndUpstreamSvc(t *testing.T) {
 	if c.Cache.SuccessCapacity != 9984 || c.Cache.DenialCapacity != 9984 || c.Cache.ClusterDenialTTL != 5*time.Second || c.Cache.DenialTTL != 30*time.Second {
 		t.Fatalf("cache defaults %+v", c.Cache)
 	}
+	// We advertise 1232 (upstream answers above it come over TCP) and
+	// answer clients up to their EDNS size, at most 4096.
+	if c.MaxUDPSize != 1232 || c.MaxClientUDPSize != 4096 {
+		t.Fatalf("udp sizes: advertise %d, client cap %d", c.MaxUDPSize, c.MaxClientUDPSize)
+	}
+}
+
+func TestUDPSizeFlagsAreSeparate(t *testing.T) {
+	rc := writeFile(t, "nameserver 10.0.0.2\n")
+	c, err := Parse([]string{"-kube-dns", "10.96.0.10", "-resolv-conf", rc, "-max-udp-size", "1400", "-max-client-udp-size", "65535"}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxUDPSize != 1400 || c.MaxClientUDPSize != 65535 {
+		t.Fatalf("advertise %d, client cap %d", c.MaxUDPSize, c.MaxClientUDPSize)
+	}
+	var out strings.Builder
+	Describe(&out, c)
+	if !strings.Contains(out.String(), "at most 65535 (512 without EDNS); we advertise 1400") {
+		t.Fatalf("describe:\n%s", out.String())
+	}
 }
 
 func TestExplicitKubeDNSWins(t *testing.T) {
@@ -97,6 +118,9 @@ func TestBadInputIsOneClearError(t *testing.T) {
 		{append([]string{"-iptables-mode", "xtables"}, k...), "-iptables-mode"},
 		{append([]string{"-cache-max-bytes", "12Q"}, k...), "-cache-max-bytes"},
 		{append([]string{"-interfacename", "a-very-long-interface-name"}, k...), "-interfacename"},
+		{append([]string{"-max-udp-size", "511"}, k...), "-max-udp-size"},
+		{append([]string{"-max-client-udp-size", "511"}, k...), "-max-client-udp-size"},
+		{append([]string{"-max-client-udp-size", "65536"}, k...), "-max-client-udp-size"},
 		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", "/nonexistent/resolv.conf"}, "no such file"},
 		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", only}, "only our own addresses"},
 		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", empty}, "lists no nameserver"},

@@ -10,6 +10,11 @@ const (
 	// advertise: 1232, the DNS flag day 2020 value that fits an IPv6
 	// minimum MTU without fragmentation.
 	DefaultMaxUDPSize = 1232
+	// DefaultMaxClientUDPSize caps UDP answers to clients that advertise a
+	// larger EDNS size: between a pod and its node there is no path MTU to
+	// fear, and 4096 is at most 3 fragments on a 1500-byte veth
+	// (docs/design.md, "UDP sizes").
+	DefaultMaxClientUDPSize = 4096
 	// DefaultMaxInflight bounds the distinct questions being resolved
 	// upstream at once (flights, not waiting clients): past it a new
 	// question gets its stale answer or SERVFAIL at once.

@@ -10,6 +10,7 @@ func Describe(w io.Writer, c *Config) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
 	p("configuration is valid")
 	p("listen:           %v port %d (udp x%d sockets per address, tcp)", c.LocalIPs, c.Port, c.UDPSockets)
+	p("udp sizes:        answers to a client up to its EDNS size, at most %d (512 without EDNS); we advertise %d", c.MaxClientUDPSize, c.MaxUDPSize)
 	if c.LocalMode {
 		p("kube-dns:         none (local mode): every name goes to the node's resolvers")
 	} else {

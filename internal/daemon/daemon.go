@@ -131,16 +131,17 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	srv, err = server.New(server.Config{
-		Addrs:          cfg.LocalIPs,
-		Port:           cfg.Port,
-		UDPSockets:     cfg.UDPSockets,
-		Resolver:       res,
-		Clock:          opt.Clock,
-		MaxUDPSize:     uint16(cfg.MaxUDPSize),
-		MaxTCPConns:    cfg.MaxTCPConns,
-		TCPIdleTimeout: cfg.TCPIdleTimeout,
-		Logger:         log.With("component", "server"),
-		QueryLog:       queryLog(cfg, log),
+		Addrs:            cfg.LocalIPs,
+		Port:             cfg.Port,
+		UDPSockets:       cfg.UDPSockets,
+		Resolver:         res,
+		Clock:            opt.Clock,
+		MaxUDPSize:       uint16(cfg.MaxUDPSize),
+		MaxClientUDPSize: uint16(cfg.MaxClientUDPSize),
+		MaxTCPConns:      cfg.MaxTCPConns,
+		TCPIdleTimeout:   cfg.TCPIdleTimeout,
+		Logger:           log.With("component", "server"),
+		QueryLog:         queryLog(cfg, log),
 	})
 	if err != nil {
 		d.closeGroups()

@@ -45,8 +45,14 @@ type Config struct {
 	// clock.Real). Socket deadlines are the kernel's and use real time.
 	Clock clock.Clock
 	// MaxUDPSize caps the payload size answered over UDP and advertised in
-	// OPT records (default config.DefaultMaxUDPSize).
+	// OPT records, to upstreams and to clients (default
+	// config.DefaultMaxUDPSize).
 	MaxUDPSize uint16
+	// MaxClientUDPSize caps a UDP answer to a client that advertises a
+	// larger EDNS size (default config.DefaultMaxClientUDPSize: the
+	// pod-to-node link has no path MTU to fear; docs/design.md, "UDP
+	// sizes"). Clients without EDNS get 512.
+	MaxClientUDPSize uint16
 	// MaxWaiting bounds the clients waiting for a miss, all questions
 	// together, so memory stays bounded whatever the clients do (default
 	// config.DefaultMaxWaiting); past it a miss gets its stale answer or
@@ -73,6 +79,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxUDPSize < wire.MinUDPSize {
 		c.MaxUDPSize = config.DefaultMaxUDPSize
+	}
+	if c.MaxClientUDPSize < wire.MinUDPSize {
+		c.MaxClientUDPSize = config.DefaultMaxClientUDPSize
 	}
 	if c.MaxWaiting <= 0 {
 		c.MaxWaiting = config.DefaultMaxWaiting
@@ -186,11 +195,17 @@ func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, no
 	return out, answered
 }
 
+// maxSize is the largest answer the client gets over this transport: over
+// UDP its EDNS size (already at least 512) up to MaxClientUDPSize, and 512
+// without EDNS (RFC 1035 §4.2.1).
 func (s *Server) maxSize(q *wire.Query, tcp bool) int {
 	if tcp {
 		return 0xFFFF
 	}
-	return int(min(q.Size, s.cfg.MaxUDPSize))
+	if !q.EDNS {
+		return wire.MinUDPSize
+	}
+	return int(min(q.Size, s.cfg.MaxClientUDPSize))
 }
 
 // admit takes a waiting slot for a miss, or reports false when MaxWaiting

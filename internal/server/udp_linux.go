@@ -28,7 +28,7 @@ const batchSize = 64
 // (a longer one is flagged MSG_TRUNC and answered FORMERR).
 const udpBufSize = 4096
 
-// udpOutSize holds any UDP answer we send (MaxUDPSize is at most 65535,
+// udpOutSize holds any UDP answer we send (MaxClientUDPSize is at most 65535,
 // but answers above the client's size are truncated before they are sent).
 const udpOutSize = 65535
 
