@@ -97,6 +97,10 @@ type CacheConfig struct {
 // ErrUsage marks a configuration error: the daemon prints it and exits 2.
 var ErrUsage = errors.New("invalid configuration")
 
+// DefaultStateDir is -state-dir's default, which the exec probe also uses:
+// /run is a tmpfs on the host, so a reboot leaves no stale instance behind.
+const DefaultStateDir = "/run/nodelocaldns"
+
 // Env reads an environment variable; os.Getenv in production.
 type Env func(string) string
 
@@ -121,7 +125,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.IntVar(&c.HealthPort, "health-port", 8080, "health port, exempted from conntrack next to the DNS port; 0 serves no HTTP health")
 	fs.StringVar(&c.HealthAddr, "health-listen-address", "", "address for /health and /ready (default: first -localip, -health-port)")
 	fs.DurationVar(&c.LameDuck, "lameduck", 5*time.Second, "after SIGTERM, keep answering (not ready) this long before draining, unless a twin holds our sockets")
-	fs.StringVar(&c.StateDir, "state-dir", "/run/nodelocaldns", "host directory where instances on the same addresses find each other and hand sockets over; \"\" turns handover off")
+	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir, "host directory where instances on the same addresses find each other and hand sockets over; \"\" turns handover off")
 	fs.BoolVar(&c.QueryLog, "querylog", false, "log one line per query: client, name, type, rcode, duration, cache hit or miss")
 	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")

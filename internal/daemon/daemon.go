@@ -376,6 +376,10 @@ const (
 	teardownDeadline = 5 * time.Second
 	// ShutdownBudget is what shutdown may take after the lame duck.
 	ShutdownBudget = drainDeadline + exitLockWait + teardownDeadline + 2*time.Second
+	// WatchdogLeeway is how far past grace (-lameduck plus ShutdownBudget)
+	// the shutdown may run before main's watchdog exits the process; the
+	// pod's terminationGracePeriodSeconds must exceed all three.
+	WatchdogLeeway = time.Second
 	// startLockWait bounds waiting for a twin that is starting or tearing
 	// down before we start.
 	startLockWait = 20 * time.Second

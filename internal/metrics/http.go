@@ -26,8 +26,9 @@ type HTTPConfig struct {
 	HealthOnly bool  // serve /health and /ready only (no /metrics)
 }
 
-// probeTimeout bounds a probe handler: kubelet's default probe timeout is 1 s.
-const probeTimeout = 900 * time.Millisecond
+// httpProbeTimeout bounds one /health or /ready handler: kubelet's default
+// HTTP probe timeout is 1 s.
+const httpProbeTimeout = 900 * time.Millisecond
 
 // Serve listens on cfg.Addr and serves /metrics, /health, /ready (and
 // pprof when enabled) until ctx is done. It returns once listening, with
@@ -86,7 +87,7 @@ func probeHandler(p Probe, failCode int) http.HandlerFunc {
 			fmt.Fprintln(w, "ok")
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), httpProbeTimeout)
 		defer cancel()
 		if err := p(ctx); err != nil {
 			http.Error(w, err.Error(), failCode)
