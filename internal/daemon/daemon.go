@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
@@ -58,6 +59,7 @@ type Daemon struct {
 	pprof       bool
 	bg          sync.WaitGroup
 	opt         Options
+	clock       clock.Clock // opt.Clock, never nil
 
 	// Lifecycle with twins (twins.go, handover.go).
 	reg      *registry         // nil without -state-dir
@@ -68,7 +70,9 @@ type Daemon struct {
 
 // Options are what tests and main may change beyond the Config.
 type Options struct {
-	Now   func() time.Time // clock for TTLs; time.Now by default
+	// Clock is the daemon's time: cache TTLs, the lame duck, the retiring
+	// of replaced upstream groups. clock.Real when nil.
+	Clock clock.Clock
 	PProf bool
 	// InstanceID overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
@@ -77,10 +81,8 @@ type Options struct {
 
 // New builds every part from cfg without touching the node or the network.
 func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
-	if opt.Now == nil {
-		opt.Now = time.Now
-	}
-	d := &Daemon{cfg: cfg, log: log}
+	opt.Clock = clock.Or(opt.Clock)
+	d := &Daemon{cfg: cfg, log: log, clock: opt.Clock}
 	d.Cache = cache.New(cache.Config{
 		SuccessCapacity: cfg.Cache.SuccessCapacity,
 		DenialCapacity:  cfg.Cache.DenialCapacity,
@@ -118,7 +120,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		MaxInflight:        cfg.MaxInflight,
 		MaxTCPConns:        cfg.MaxTCPConns,
 		TCPIdleTimeout:     cfg.TCPIdleTimeout,
-		Now:                opt.Now,
+		Now:                opt.Clock.Now,
 		Logger:             log.With("component", "server"),
 		QueryLog:           queryLog(cfg, log),
 	})
@@ -290,7 +292,7 @@ func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err e
 	if unlock, err = reg.lockGroup(lctx); err != nil {
 		return nil, nil, err
 	}
-	if err := reg.register(map[string]any{"pid": os.Getpid(), "started": time.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
+	if err := reg.register(map[string]any{"pid": os.Getpid(), "started": d.clock.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
 		unlock()
 		return nil, nil, err
 	}
@@ -398,9 +400,11 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 			d.log.Info("no lame duck: the twin holding our sockets serves them", "twin", *t)
 		} else {
 			d.log.Info("lame duck: answering queries, not ready", "for", lameDuck)
+			tm := d.clock.NewTimer(lameDuck)
 			select {
-			case <-time.After(lameDuck):
+			case <-tm.C():
 			case <-ctx.Done():
+				tm.Stop()
 			}
 		}
 	}

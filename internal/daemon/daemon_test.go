@@ -16,6 +16,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 )
 
@@ -131,23 +132,10 @@ func wantA(name string) string {
 	return fmt.Sprintf("10.%d.%d.%d", byte(h>>16), byte(h>>8), byte(h))
 }
 
-// clock is a test clock moved by hand.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 type env struct {
 	d          *Daemon
 	kube, node *upstream
-	clock      *clock
+	clock      *clock.Fake // TTLs, lame duck, retiring groups
 	udp, tcp   string
 }
 
@@ -156,7 +144,7 @@ func start(t *testing.T, mutate func(*config.Config)) *env {
 	e := &env{
 		kube:  startUpstream(t, records),
 		node:  startUpstream(t, records),
-		clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
+		clock: clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 	}
 	cfg := testConfig(e.node.addr)
 	cfg.LocalMode = false
@@ -166,7 +154,7 @@ func start(t *testing.T, mutate func(*config.Config)) *env {
 		mutate(cfg)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := New(cfg, log, Options{Now: e.clock.now})
+	d, err := New(cfg, log, Options{Clock: e.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,12 +215,12 @@ func TestTTLDecreasesWithClock(t *testing.T) {
 	if ttl := r.Answer[0].Header().Ttl; ttl != 20 {
 		t.Fatalf("first ttl %d", ttl)
 	}
-	e.clock.advance(7 * time.Second)
+	e.clock.Advance(7 * time.Second)
 	r = e.ask(t, "ttl.example.com.", dns.TypeA, false, "udp")
 	if ttl := r.Answer[0].Header().Ttl; ttl != 13 {
 		t.Fatalf("ttl after 7s: %d, want 13", ttl)
 	}
-	e.clock.advance(13 * time.Second)
+	e.clock.Advance(13 * time.Second)
 	e.ask(t, "ttl.example.com.", dns.TypeA, false, "udp")
 	if n := e.node.count(); n != 2 {
 		t.Fatalf("expired entry: upstream saw %d queries, want 2", n)
@@ -246,7 +234,7 @@ func TestNXDOMAINCachedForSOAMinimumWithinCap(t *testing.T) {
 	if r := e.ask(t, name, dns.TypeA, false, "udp"); r.Rcode != dns.RcodeNameError {
 		t.Fatalf("rcode %d", r.Rcode)
 	}
-	e.clock.advance(2 * time.Second)
+	e.clock.Advance(2 * time.Second)
 	r := e.ask(t, name, dns.TypeA, false, "udp")
 	if e.kube.count() != 1 || r.Rcode != dns.RcodeNameError {
 		t.Fatalf("not served from cache at 2s: upstream %d", e.kube.count())
@@ -254,7 +242,7 @@ func TestNXDOMAINCachedForSOAMinimumWithinCap(t *testing.T) {
 	if ttl := r.Ns[0].Header().Ttl; ttl != 1 {
 		t.Fatalf("SOA ttl %d at 2s, want 1 (min(60,3)-2)", ttl)
 	}
-	e.clock.advance(1500 * time.Millisecond)
+	e.clock.Advance(1500 * time.Millisecond)
 	e.ask(t, name, dns.TypeA, false, "udp")
 	if e.kube.count() != 2 {
 		t.Fatalf("denial outlived min(SOA TTL, MINIMUM): upstream %d", e.kube.count())
@@ -262,12 +250,12 @@ func TestNXDOMAINCachedForSOAMinimumWithinCap(t *testing.T) {
 	// SOA TTL 60, MINIMUM 60: capped by the cluster denial cap (5 s).
 	name = "nxlong.default.svc.cluster.local."
 	e.ask(t, name, dns.TypeA, false, "udp")
-	e.clock.advance(4 * time.Second)
+	e.clock.Advance(4 * time.Second)
 	e.ask(t, name, dns.TypeA, false, "udp")
 	if e.kube.count() != 3 {
 		t.Fatalf("upstream %d at 4s", e.kube.count())
 	}
-	e.clock.advance(1 * time.Second)
+	e.clock.Advance(1 * time.Second)
 	e.ask(t, name, dns.TypeA, false, "udp")
 	if e.kube.count() != 4 {
 		t.Fatalf("denial outlived the 5s cap: upstream %d", e.kube.count())

@@ -17,6 +17,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 )
 
@@ -65,8 +66,14 @@ func testConfig(node netip.AddrPort) *config.Config {
 // down (stop), at most once.
 func startDaemon(t *testing.T, cfg *config.Config, id string) (*Daemon, *logBuffer, func() error) {
 	t.Helper()
+	return startDaemonOpt(t, cfg, Options{InstanceID: id})
+}
+
+// startDaemonOpt is startDaemon with all of Options.
+func startDaemonOpt(t *testing.T, cfg *config.Config, opt Options) (*Daemon, *logBuffer, func() error) {
+	t.Helper()
 	logs := &logBuffer{}
-	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{InstanceID: id})
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +92,19 @@ func startDaemon(t *testing.T, cfg *config.Config, id string) (*Daemon, *logBuff
 	}
 	t.Cleanup(func() { _ = stop() })
 	return d, logs, stop
+}
+
+// waitTimers waits until code under test waits on a timer of c, so that
+// moving c reaches it.
+func waitTimers(t *testing.T, c *clock.Fake) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Timers() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("nothing waits on the clock")
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func httpStatus(t *testing.T, url string) (int, string) {
@@ -130,21 +150,25 @@ func TestHealthFailsWhenAServingLoopIsWedged(t *testing.T) {
 }
 
 // TestReadyIsUnreadyFromShutdownOn: /ready is 200 once started and 503 as
-// soon as shutdown begins, while queries are still answered (lame duck).
+// soon as shutdown begins, while queries are still answered for the whole
+// lame duck, which ends when the clock has passed it.
 func TestReadyIsUnreadyFromShutdownOn(t *testing.T) {
 	node := startUpstream(t, records)
-	d, _, _ := startDaemon(t, testConfig(node.addr), "")
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	d, _, _ := startDaemonOpt(t, testConfig(node.addr), Options{Clock: fake})
 	url := "http://" + d.MetricsAddr().String() + "/ready"
 	if code, _ := httpStatus(t, url); code != 200 {
 		t.Fatalf("/ready %d after start", code)
 	}
+	const lameDuck = 5 * time.Second
 	done := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		done <- d.shutdown(ctx, time.Second)
+		done <- d.shutdown(ctx, lameDuck)
 	}()
-	deadline := time.Now().Add(500 * time.Millisecond)
+	// Readiness fails at once; the bound is only against a hang.
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		code, _ := httpStatus(t, url)
 		if code == 503 {
@@ -162,8 +186,25 @@ func TestReadyIsUnreadyFromShutdownOn(t *testing.T) {
 	if r, _, err := c.Exchange(m, d.Server.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("query during lame duck: %v %v", r, err)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	// Just short of the lame duck: still serving, shutdown not done.
+	waitTimers(t, fake)
+	fake.Advance(lameDuck - time.Millisecond)
+	if r, _, err := c.Exchange(m, d.Server.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("query at the end of the lame duck: %v %v", r, err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("shutdown returned before the lame duck ended: %v", err)
+	default:
+	}
+	fake.Advance(time.Millisecond)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("shutdown did not finish after the lame duck")
 	}
 }
 

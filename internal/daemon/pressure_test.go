@@ -145,7 +145,7 @@ func TestServeStaleWhileUpstreamDown(t *testing.T) {
 	e := startSwitchable(t, sw, nil)
 	name := "stale.example.com."
 	e.ask(t, name, dns.TypeA, false, "udp") // cached for 20 s
-	e.clock.advance(25 * time.Second)
+	e.clock.Advance(25 * time.Second)
 	sw.servfail.Store(true)
 	r := e.ask(t, name, dns.TypeA, false, "udp")
 	if r.Rcode != dns.RcodeSuccess || r.Answer[0].Header().Ttl != 30 || r.Answer[0].(*dns.A).A.String() != wantA(name) {
@@ -153,13 +153,13 @@ func TestServeStaleWhileUpstreamDown(t *testing.T) {
 	}
 	// Within the recheck interval the stale answer comes without asking.
 	before := e.node.count()
-	e.clock.advance(10 * time.Second)
+	e.clock.Advance(10 * time.Second)
 	if r := e.ask(t, name, dns.TypeA, false, "udp"); r.Answer[0].Header().Ttl != 30 || e.node.count() != before {
 		t.Fatalf("recheck interval: ttl %d, upstream %d→%d", r.Answer[0].Header().Ttl, before, e.node.count())
 	}
 	// Upstream back, recheck interval over: the fresh answer, stale gone.
 	sw.servfail.Store(false)
-	e.clock.advance(21 * time.Second)
+	e.clock.Advance(21 * time.Second)
 	if r := e.ask(t, name, dns.TypeA, false, "udp"); r.Answer[0].Header().Ttl != 20 {
 		t.Fatalf("after recovery: ttl %d, want a fresh 20", r.Answer[0].Header().Ttl)
 	}
@@ -176,7 +176,7 @@ func TestStaleAnsweredWithinClientTimeoutWhenUpstreamSlow(t *testing.T) {
 	e := startSwitchable(t, sw, func(c *config.Config) { c.Cache.StaleClientTimeout = 300 * time.Millisecond })
 	name := "slow.example.com."
 	e.ask(t, name, dns.TypeA, false, "udp")
-	e.clock.advance(25 * time.Second)
+	e.clock.Advance(25 * time.Second)
 	sw.hold.Store(int64(1500 * time.Millisecond))
 	began := time.Now()
 	r := e.ask(t, name, dns.TypeA, false, "udp")
@@ -202,7 +202,7 @@ func TestRefreshStormIsOneRefresh(t *testing.T) {
 	e := startSwitchable(t, sw, nil)
 	name := "storm.example.com."
 	e.ask(t, name, dns.TypeA, false, "udp")
-	e.clock.advance(25 * time.Second)
+	e.clock.Advance(25 * time.Second)
 	sw.hold.Store(int64(300 * time.Millisecond))
 	answers := burst(t, e.udp, name, 1000)
 	for i, r := range answers {
@@ -222,7 +222,7 @@ func TestPopularEntryIsPrefetched(t *testing.T) {
 	for i := 0; i < 3; i++ { // a miss, then two hits: popular
 		e.ask(t, name, dns.TypeA, false, "udp")
 	}
-	e.clock.advance(18500 * time.Millisecond) // last 10% of a 20 s TTL
+	e.clock.Advance(18500 * time.Millisecond) // last 10% of a 20 s TTL
 	if r := e.ask(t, name, dns.TypeA, false, "udp"); r.Answer[0].Header().Ttl != 2 {
 		t.Fatalf("ttl %d", r.Answer[0].Header().Ttl)
 	}
@@ -241,7 +241,7 @@ func TestPopularEntryIsPrefetched(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	e.clock.advance(5 * time.Second)
+	e.clock.Advance(5 * time.Second)
 	misses := e.d.Cache.Stats().Misses
 	r := e.ask(t, name, dns.TypeA, false, "udp")
 	if r.Answer[0].Header().Ttl != 15 || e.d.Cache.Stats().Misses != misses || e.node.count() != 2 {
@@ -253,8 +253,8 @@ func TestServfailNeverShadowsStale(t *testing.T) {
 	sw := &switchable{}
 	e := startSwitchable(t, sw, nil)
 	e.ask(t, "kept.example.com.", dns.TypeA, false, "udp")
-	e.clock.advance(25 * time.Second)
-	e.clock.advance(31 * time.Second)
+	e.clock.Advance(25 * time.Second)
+	e.clock.Advance(31 * time.Second)
 	sw.servfail.Store(true)
 	for i := 0; i < 3; i++ {
 		if r := e.ask(t, "kept.example.com.", dns.TypeA, false, "udp"); r.Rcode != dns.RcodeSuccess {
@@ -273,7 +273,7 @@ func TestServfailNeverShadowsStale(t *testing.T) {
 	if e.node.count() != n {
 		t.Fatal("SERVFAIL not cached for its short TTL")
 	}
-	e.clock.advance(2 * time.Second)
+	e.clock.Advance(2 * time.Second)
 	e.ask(t, "new.example.com.", dns.TypeA, false, "udp")
 	if e.node.count() != n+1 {
 		t.Fatal("SERVFAIL cached past -servfail-ttl")
