@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -92,6 +93,29 @@ func startDaemonOpt(t *testing.T, cfg *config.Config, opt Options) (*Daemon, *lo
 	}
 	t.Cleanup(func() { _ = stop() })
 	return d, logs, stop
+}
+
+// freeUDPAndTCP returns an address of 127.0.0.0/8 that no other test
+// uses and a port free there for both UDP and TCP (a UDP port alone may be
+// some test's TCP port: that failed under the load of the full run).
+func freeUDPAndTCP(t *testing.T) (netip.Addr, int) {
+	t.Helper()
+	ip := netip.AddrFrom4([4]byte{127, byte(100 + rand.IntN(100)), byte(1 + rand.IntN(250)), byte(1 + rand.IntN(250))})
+	for try := 0; try < 50; try++ {
+		pc, err := net.ListenPacket("udp", netip.AddrPortFrom(ip, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := pc.LocalAddr().(*net.UDPAddr).Port
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(ip, uint16(port)).String())
+		pc.Close()
+		if err == nil {
+			ln.Close()
+			return ip, port
+		}
+	}
+	t.Fatal("no port free for both UDP and TCP")
+	return ip, 0
 }
 
 // waitTimers waits until code under test waits on a timer of c, so that
@@ -224,14 +248,10 @@ func TestTwinAdoptsSocketsAndProbesReachEachInstance(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	pc.Close()
+	ip, port := freeUDPAndTCP(t)
 	mk := func() *config.Config {
 		c := testConfig(node.addr)
+		c.LocalIPs = []netip.Addr{ip}
 		c.Port = port
 		c.StateDir = stateDir
 		return c
