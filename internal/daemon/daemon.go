@@ -51,7 +51,6 @@ type Daemon struct {
 	net     *netsetup.Setup
 
 	metricsAddr net.Addr
-	healthAddr  net.Addr
 	ready       atomic.Bool
 	stopping    atomic.Bool
 	stopHTTP    context.CancelFunc
@@ -250,17 +249,17 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		Health: d.health,
 		Ready:  d.readyProbe,
 		PProf:  d.pprof,
+		Log:    d.log,
 	})
 	if err != nil {
 		return err
 	}
 	d.metricsAddr = addr
 	if d.cfg.HealthAddr != "" && d.cfg.HealthAddr != d.cfg.MetricsAddr {
-		haddr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true})
+		_, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true, Log: d.log})
 		if err != nil {
 			return err
 		}
-		d.healthAddr = haddr
 	}
 	d.startReload()
 	d.ready.Store(true)
@@ -333,10 +332,6 @@ func (d *Daemon) adoptSockets(ctx context.Context, twins []string) {
 
 // MetricsAddr is the bound address of the HTTP server (after Start).
 func (d *Daemon) MetricsAddr() net.Addr { return d.metricsAddr }
-
-// HealthAddr is the bound address of the separate health listener, nil
-// when there is none.
-func (d *Daemon) HealthAddr() net.Addr { return d.healthAddr }
 
 func (d *Daemon) readyProbe(context.Context) error {
 	if d.stopping.Load() {
