@@ -229,7 +229,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 		if d.net != nil {
 			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
-				d.log.Warn("cannot record what we added to the link", "err", err)
+				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 			}
 		}
 	}
@@ -463,7 +463,7 @@ func (d *Daemon) releaseNode(ctx context.Context) error {
 	if twins := d.reg.twins(); len(twins) > 0 {
 		if d.net != nil {
 			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
-				d.log.Warn("cannot record what we added to the link", "err", err)
+				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 			}
 		}
 		pids := make([]string, len(twins))
@@ -476,7 +476,7 @@ func (d *Daemon) releaseNode(ctx context.Context) error {
 	if d.net == nil || d.cfg.SkipTeardown {
 		return nil
 	}
-	d.net.Inherit(d.reg.readOwnership())
+	d.net.Inherit(d.reg.inheritedOwnership(d.log))
 	if err := d.teardown(ctx); err != nil {
 		return err
 	}
