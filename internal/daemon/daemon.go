@@ -73,9 +73,9 @@ type Options struct {
 	// of replaced upstream groups. clock.Real when nil.
 	Clock clock.Clock
 	PProf bool
-	// InstanceID overrides the id in the state directory (the PID
+	// InstanceIDForTest overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
-	InstanceID string
+	InstanceIDForTest string
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -276,7 +276,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 // join registers this instance in the state directory under the group
 // lock, and returns the live twins (youngest first) and the unlock.
 func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err error) {
-	id := d.opt.InstanceID
+	id := d.opt.InstanceIDForTest
 	if id == "" {
 		if id, err = instanceID(); err != nil {
 			return nil, nil, err

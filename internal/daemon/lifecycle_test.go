@@ -67,7 +67,7 @@ func testConfig(node netip.AddrPort) *config.Config {
 // down (stop), at most once.
 func startDaemon(t *testing.T, cfg *config.Config, id string) (*Daemon, *logBuffer, func() error) {
 	t.Helper()
-	return startDaemonOpt(t, cfg, Options{InstanceID: id})
+	return startDaemonOpt(t, cfg, Options{InstanceIDForTest: id})
 }
 
 // startDaemonOpt is startDaemon with all of Options.
