@@ -57,9 +57,12 @@ type Config struct {
 	SetupInterface bool
 	SetupIPTables  bool
 	SkipTeardown   bool
-	InterfaceName  string
-	SyncInterval   time.Duration
-	IPTablesMode   string
+	// SocketUID owns the DNS sockets, so only processes of that UID can
+	// join their SO_REUSEPORT group; -1 is the process's own (root).
+	SocketUID     int
+	InterfaceName string
+	SyncInterval  time.Duration
+	IPTablesMode  string
 
 	Cache CacheConfig
 
@@ -130,6 +133,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
+	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
 	fs.DurationVar(&c.SyncInterval, "syncinterval", 60*time.Second, "how often interface and rules are re-asserted")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
@@ -214,6 +218,9 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	if c.LameDuck < 0 || c.LameDuck > time.Minute {
 		return nil, usage("-lameduck: %v is not between 0 and 1m", c.LameDuck)
+	}
+	if c.SocketUID < -1 || c.SocketUID > 1<<32-2 {
+		return nil, usage("-socket-uid: %d is not a UID (0 to 4294967294, or -1 for the process's own)", c.SocketUID)
 	}
 	if c.StateDir != "" && !strings.HasPrefix(c.StateDir, "/") {
 		return nil, usage("-state-dir: %q is not an absolute path", c.StateDir)

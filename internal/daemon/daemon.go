@@ -209,7 +209,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if len(twins) > 0 {
 		d.adoptSockets(ctx, twins)
 	}
-	if err := d.Server.Listen(); err != nil {
+	if err := listenAs(d.cfg.SocketUID, d.Server.Listen); err != nil {
 		return err
 	}
 	d.Server.Serve()
