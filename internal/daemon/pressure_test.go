@@ -180,8 +180,10 @@ func TestStaleAnsweredWithinClientTimeoutWhenUpstreamSlow(t *testing.T) {
 	sw.hold.Store(int64(1500 * time.Millisecond))
 	began := time.Now()
 	r := e.ask(t, name, dns.TypeA, false, "udp")
-	if took := time.Since(began); took > time.Second || r.Answer[0].Header().Ttl != 30 {
-		t.Fatalf("slow upstream: ttl %d after %v, want the stale answer after ~300ms", r.Answer[0].Header().Ttl, took)
+	// The point: the stale answer comes before the upstream's (1.5 s),
+	// not that it takes 300 ms on a loaded machine.
+	if took := time.Since(began); took >= 1400*time.Millisecond || r.Answer[0].Header().Ttl != 30 {
+		t.Fatalf("slow upstream: ttl %d after %v, want the stale answer after ~300ms, before the upstream's", r.Answer[0].Header().Ttl, took)
 	}
 	// The refresh finished in the background: the next answer is fresh.
 	deadline := time.Now().Add(5 * time.Second)
