@@ -136,7 +136,9 @@ func TestThousandConcurrentMissesOneUpstreamQuery(t *testing.T) {
 		}
 	}
 	if n := e.node.count(); n != 1 {
-		t.Fatalf("%d upstream queries for 1000 concurrent misses, want 1", n)
+		e.node.mu.Lock()
+		defer e.node.mu.Unlock()
+		t.Fatalf("%d upstream queries (udp %d, tcp %d: %v) for 1000 concurrent misses, want 1", n, e.node.udpN.Load(), e.node.tcpN.Load(), e.node.names)
 	}
 }
 
