@@ -8,7 +8,7 @@
 #
 # Several architectures: docker buildx build --platform linux/amd64,linux/arm64 ...
 # The Go build cross-compiles on the build machine's platform.
-# cmd/nodelocaldns/dockerfile_test.go checks this file and runs its go build.
+# test/deploy/dockerfile_test.go checks this file and runs its go build.
 
 # Keep in step with the go directive of go.mod (the test checks it).
 ARG GO_VERSION=1.26.8

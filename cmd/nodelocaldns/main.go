@@ -46,16 +46,6 @@ const (
 	exitOverran   = 4
 )
 
-const (
-	// probeTimeout fits a probe's timeoutSeconds of 3 (the health check
-	// itself takes at most 900 ms).
-	probeTimeout = 2 * time.Second
-	// overrunLeeway is how far past its own deadline the shutdown may run
-	// before the watchdog exits.
-	overrunLeeway   = time.Second
-	defaultStateDir = "/run/nodelocaldns"
-)
-
 func main() {
 	if os.Getenv("GOGC") == "" {
 		// The live heap is small and bounded (-cache-max-bytes); with the
@@ -109,7 +99,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		s := <-sigs
 		log.Info("signal received; shutting down (a second signal exits at once)", "signal", s.String(), "deadline", grace)
 		stop()
-		time.AfterFunc(grace+overrunLeeway, func() {
+		time.AfterFunc(grace+daemon.WatchdogLeeway, func() {
 			log.Error("shutdown overran its deadline; exiting", "deadline", grace)
 			os.Exit(exitOverran)
 		})
@@ -140,12 +130,12 @@ func probe(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nodelocaldns -probe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	what := fs.String("probe", "", "ready or health: ask the instance running in this PID namespace (container) and exit 0 if it is")
-	dir := fs.String("state-dir", defaultStateDir, "the instance's -state-dir")
+	dir := fs.String("state-dir", config.DefaultStateDir, "the instance's -state-dir")
 	pid := fs.Int("probe-pid", 0, "the instance's PID, when several run in this PID namespace")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if err := daemon.Probe(*dir, *what, *pid, probeTimeout); err != nil {
+	if err := daemon.Probe(*dir, *what, *pid, daemon.ExecProbeTimeout); err != nil {
 		fmt.Fprintf(stderr, "nodelocaldns: %s: %v\n", *what, err)
 		return exitFailed
 	}

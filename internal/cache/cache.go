@@ -17,8 +17,8 @@ type Config struct {
 	// MaxBytes bounds the memory held by entries (see Entry.size); 0 means
 	// no byte bound.
 	MaxBytes int64
-	// Shards is the number of independently locked LRU lists, a power of
-	// two; 0 picks a default.
+	// Shards is the number of independently locked parts, a power of two;
+	// 0 picks a default.
 	Shards int
 	// PrefetchHits is how many hits during its life make an entry
 	// popular enough to be refreshed before it expires; 0 disables
@@ -28,7 +28,8 @@ type Config struct {
 
 // defaultShards: enough that two to eight serving goroutines rarely meet on
 // one lock, few enough that per-shard capacities stay large (9984 / 64 =
-// 156 entries per shard, so LRU order is still meaningful).
+// 156 entries per shard, so a shard's recency order and a sample of its
+// entries still say something about the whole).
 const defaultShards = 64
 
 // shardSkew bounds how far above its fair share one shard may grow.
@@ -38,12 +39,13 @@ const shardSkew = 2
 // approximated LRU uses 5 as well).
 const evictSample = 5
 
-// evictScan is how many entries from the LRU tail are looked at for an
-// expired one before the tail itself is evicted.
+// evictScan is how many entries from the least recently used end are
+// looked at for an expired one before eviction samples.
 const evictScan = 8
 
-// Cache is a sharded LRU of answers keyed by the question (lower-cased
-// name, type, class, DO and CD bits). It is safe for concurrent use.
+// Cache is a sharded, bounded store of answers keyed by the question
+// (lower-cased name, type, class, DO and CD bits); eviction samples (see
+// evict). It is safe for concurrent use.
 type Cache struct {
 	shards       []shard
 	mask         uint64
@@ -156,7 +158,7 @@ func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 }
 
 // Lookup finds the entry answering q at now without counting anything or
-// touching the LRU order. For a stale entry, refresh says whether the
+// touching the recency order. For a stale entry, refresh says whether the
 // upstream should be asked again now: false while a failed refresh's
 // recheck interval runs (see RefreshFailed).
 func (c *Cache) Lookup(q *wire.Query, now int64) (e *Entry, st Status, refresh bool) {
@@ -236,8 +238,8 @@ func (c *Cache) Put(e *Entry) bool {
 	return true
 }
 
-// evict removes one entry of kind k: an expired one near the LRU tail if
-// there is one; else the least hit of a few sampled at random (Go map
+// evict removes one entry of kind k: an expired one near the least
+// recently used end if there is one; else the least hit of a few sampled at random (Go map
 // iteration starts at a random slot), the least recently used of them on a
 // tie. Plain LRU evicts exactly the entry a cyclic workload (clients
 // walking a list of names slightly longer than the cache) asks for next,

@@ -61,7 +61,7 @@ func TestEvictsExpiredFirst(t *testing.T) {
 	add("x.example.", 30, later)
 	_, q := query(t, "old.example.", dns.TypeA, 0, false)
 	if get(c, q, later) == nil {
-		t.Fatal("the LRU entry was evicted although an expired one was there")
+		t.Fatal("the least recently used entry was evicted although an expired one was there")
 	}
 }
 

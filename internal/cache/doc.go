@@ -9,15 +9,17 @@
 // client's payload size keeps the whole records that fit (as miekg/dns's
 // Msg.Truncate) and sets TC.
 //
-// Lifetimes follow DESIGN.md: a positive answer lives for the smallest TTL
+// Lifetimes follow docs/design.md ("Cache decisions"): a positive answer lives for the smallest TTL
 // of its answer and authority records, a denial (NXDOMAIN or NODATA) for
 // min(SOA TTL, SOA MINIMUM) (RFC 2308 §5), each clamped by a Policy; a
 // SERVFAIL for a few seconds at most; REFUSED, FORMERR, NOTIMP, truncated
 // answers, denials without an SOA and answers to another question are never
 // stored.
 //
-// The Cache is a sharded LRU bounded by entry capacities per kind and by a
-// byte budget, with exact entry and byte gauges. Coalescing and the
-// serve-stale policy live in package resolve. The package parses no flags,
-// logs nothing and knows no upstreams.
+// The Cache is sharded and bounded by entry capacities per kind and by a
+// byte budget, with exact entry and byte gauges. To make room it evicts an
+// expired entry near the least recently used end, else the least hit of a
+// few entries sampled at random. Coalescing and the serve-stale policy live
+// in package resolve. The package parses no flags, logs nothing and knows
+// no upstreams.
 package cache

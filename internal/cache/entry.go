@@ -81,7 +81,7 @@ type Entry struct {
 	// staleUntil ends the serve-stale window (RFC 8767); equal to expires
 	// when the entry may not be served stale.
 	staleUntil int64
-	// Owned by the shard lock: LRU links, hits during the entry's life
+	// Owned by the shard lock: recency-list links, hits during the entry's life
 	// (for prefetch), whether a prefetch was started, and the time before
 	// which a stale entry is served without trying the upstream again
 	// (set when a refresh failed).

@@ -57,9 +57,12 @@ type Config struct {
 	SetupInterface bool
 	SetupIPTables  bool
 	SkipTeardown   bool
-	InterfaceName  string
-	SyncInterval   time.Duration
-	IPTablesMode   string
+	// SocketUID owns the DNS sockets, so only processes of that UID can
+	// join their SO_REUSEPORT group; -1 is the process's own (root).
+	SocketUID     int
+	InterfaceName string
+	SyncInterval  time.Duration
+	IPTablesMode  string
 
 	Cache CacheConfig
 
@@ -104,6 +107,10 @@ type CacheConfig struct {
 // ErrUsage marks a configuration error: the daemon prints it and exits 2.
 var ErrUsage = errors.New("invalid configuration")
 
+// DefaultStateDir is -state-dir's default, which the exec probe also uses:
+// /run is a tmpfs on the host, so a reboot leaves no stale instance behind.
+const DefaultStateDir = "/run/nodelocaldns"
+
 // Env reads an environment variable; os.Getenv in production.
 type Env func(string) string
 
@@ -128,11 +135,12 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.IntVar(&c.HealthPort, "health-port", 8080, "health port, exempted from conntrack next to the DNS port; 0 serves no HTTP health")
 	fs.StringVar(&c.HealthAddr, "health-listen-address", "", "address for /health and /ready (default: first -localip, -health-port)")
 	fs.DurationVar(&c.LameDuck, "lameduck", 5*time.Second, "after SIGTERM, keep answering (not ready) this long before draining, unless a twin holds our sockets")
-	fs.StringVar(&c.StateDir, "state-dir", "/run/nodelocaldns", "host directory where instances on the same addresses find each other and hand sockets over; \"\" turns handover off")
+	fs.StringVar(&c.StateDir, "state-dir", DefaultStateDir, "host directory where instances on the same addresses find each other and hand sockets over; \"\" turns handover off")
 	fs.BoolVar(&c.QueryLog, "querylog", false, "log one line per query: client, name, type, rcode, duration, cache hit or miss")
 	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
+	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
 	fs.DurationVar(&c.SyncInterval, "syncinterval", 60*time.Second, "how often interface and rules are re-asserted")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
@@ -218,6 +226,9 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	if c.LameDuck < 0 || c.LameDuck > time.Minute {
 		return nil, usage("-lameduck: %v is not between 0 and 1m", c.LameDuck)
+	}
+	if c.SocketUID < -1 || c.SocketUID > 1<<32-2 {
+		return nil, usage("-socket-uid: %d is not a UID (0 to 4294967294, or -1 for the process's own)", c.SocketUID)
 	}
 	if c.StateDir != "" && !strings.HasPrefix(c.StateDir, "/") {
 		return nil, usage("-state-dir: %q is not an absolute path", c.StateDir)

@@ -127,6 +127,8 @@ func TestBadInputIsOneClearError(t *testing.T) {
 		{[]string{"-kube-dns", "10.96.0.10", "-resolv-conf", bad}, "not-an-ip"},
 		{append([]string{"-local-mode"}, k...), "exclude"},
 		{append([]string{"-port", "0"}, k...), "-port"},
+		{append([]string{"-socket-uid", "-2"}, k...), "-socket-uid"},
+		{append([]string{"-socket-uid", "4294967295"}, k...), "-socket-uid"},
 		// Serving the kube-dns ClusterIP and forwarding to it loops.
 		{append([]string{"-localip", "169.254.20.10,10.96.0.10"}, k...), "our own listen addresses"},
 	}

@@ -34,6 +34,9 @@ func Describe(w io.Writer, c *Config) {
 		p("lifecycle:        lame duck %v; no state dir: no handover to a twin, no exec probes", c.LameDuck)
 	}
 	p("query log:        %v", c.QueryLog)
+	if c.SocketUID >= 0 {
+		p("socket owner:     uid %d (only its processes can join the DNS port group)", c.SocketUID)
+	}
 	p("interface:        %v (%s)", c.SetupInterface, c.InterfaceName)
 	p("iptables:         %v (backend %s, health port %d, sync every %v, teardown on exit %v)", c.SetupIPTables, c.IPTablesMode, c.HealthPort, c.SyncInterval, !c.SkipTeardown)
 	p("cache:            success %d, denial %d entries, %d bytes", c.Cache.SuccessCapacity, c.Cache.DenialCapacity, c.Cache.MaxBytes)

@@ -52,7 +52,6 @@ type Daemon struct {
 	net     *netsetup.Setup
 
 	metricsAddr net.Addr
-	healthAddr  net.Addr
 	ready       atomic.Bool
 	stopping    atomic.Bool
 	stopHTTP    context.CancelFunc
@@ -60,6 +59,7 @@ type Daemon struct {
 	pprof       bool
 	bg          sync.WaitGroup
 	opt         Options
+	clock       clock.Clock // opt.Clock, never nil
 
 	// Lifecycle with twins (twins.go, handover.go).
 	reg      *registry         // nil without -state-dir
@@ -70,19 +70,19 @@ type Daemon struct {
 
 // Options are what tests and main may change beyond the Config.
 type Options struct {
-	// Clock is the time source for TTLs and the serving path's timers
-	// (nil: clock.Real).
+	// Clock is the daemon's time: cache TTLs, the lame duck, the retiring
+	// of replaced upstream groups. clock.Real when nil.
 	Clock clock.Clock
 	PProf bool
-	// InstanceID overrides the id in the state directory (the PID
+	// InstanceIDForTest overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
-	InstanceID string
+	InstanceIDForTest string
 }
 
 // New builds every part from cfg without touching the node or the network.
 func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	opt.Clock = clock.Or(opt.Clock)
-	d := &Daemon{cfg: cfg, log: log}
+	d := &Daemon{cfg: cfg, log: log, clock: opt.Clock}
 	d.Cache = cache.New(cache.Config{
 		SuccessCapacity: cfg.Cache.SuccessCapacity,
 		DenialCapacity:  cfg.Cache.DenialCapacity,
@@ -229,7 +229,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if len(twins) > 0 {
 		d.adoptSockets(ctx, twins)
 	}
-	if err := d.Server.Listen(); err != nil {
+	if err := listenAs(d.cfg.SocketUID, d.Server.Listen); err != nil {
 		return err
 	}
 	d.Server.Serve()
@@ -249,7 +249,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 		if d.net != nil {
 			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
-				d.log.Warn("cannot record what we added to the link", "err", err)
+				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 			}
 		}
 	}
@@ -269,17 +269,17 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		Health: d.health,
 		Ready:  d.readyProbe,
 		PProf:  d.pprof,
+		Log:    d.log,
 	})
 	if err != nil {
 		return err
 	}
 	d.metricsAddr = addr
 	if d.cfg.HealthAddr != "" && d.cfg.HealthAddr != d.cfg.MetricsAddr {
-		haddr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true})
+		_, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true, Log: d.log})
 		if err != nil {
 			return err
 		}
-		d.healthAddr = haddr
 	}
 	d.startReload()
 	d.ready.Store(true)
@@ -296,7 +296,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 // join registers this instance in the state directory under the group
 // lock, and returns the live twins (youngest first) and the unlock.
 func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err error) {
-	id := d.opt.InstanceID
+	id := d.opt.InstanceIDForTest
 	if id == "" {
 		if id, err = instanceID(); err != nil {
 			return nil, nil, err
@@ -311,7 +311,7 @@ func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err e
 	if unlock, err = reg.lockGroup(lctx); err != nil {
 		return nil, nil, err
 	}
-	if err := reg.register(map[string]any{"pid": os.Getpid(), "started": time.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
+	if err := reg.register(map[string]any{"pid": os.Getpid(), "started": d.clock.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
 		unlock()
 		return nil, nil, err
 	}
@@ -353,10 +353,6 @@ func (d *Daemon) adoptSockets(ctx context.Context, twins []string) {
 // MetricsAddr is the bound address of the HTTP server (after Start).
 func (d *Daemon) MetricsAddr() net.Addr { return d.metricsAddr }
 
-// HealthAddr is the bound address of the separate health listener, nil
-// when there is none.
-func (d *Daemon) HealthAddr() net.Addr { return d.healthAddr }
-
 func (d *Daemon) readyProbe(context.Context) error {
 	if d.stopping.Load() {
 		return errors.New("shutting down")
@@ -397,6 +393,10 @@ const (
 	teardownDeadline = 5 * time.Second
 	// ShutdownBudget is what shutdown may take after the lame duck.
 	ShutdownBudget = drainDeadline + exitLockWait + teardownDeadline + 2*time.Second
+	// WatchdogLeeway is how far past grace (-lameduck plus ShutdownBudget)
+	// the shutdown may run before main's watchdog exits the process; the
+	// pod's terminationGracePeriodSeconds must exceed all three.
+	WatchdogLeeway = time.Second
 	// startLockWait bounds waiting for a twin that is starting or tearing
 	// down before we start.
 	startLockWait = 20 * time.Second
@@ -415,9 +415,11 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 			d.log.Info("no lame duck: the twin holding our sockets serves them", "twin", *t)
 		} else {
 			d.log.Info("lame duck: answering queries, not ready", "for", lameDuck)
+			tm := d.clock.NewTimer(lameDuck)
 			select {
-			case <-time.After(lameDuck):
+			case <-tm.C():
 			case <-ctx.Done():
+				tm.Stop()
 			}
 		}
 	}
@@ -481,7 +483,7 @@ func (d *Daemon) releaseNode(ctx context.Context) error {
 	if twins := d.reg.twins(); len(twins) > 0 {
 		if d.net != nil {
 			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
-				d.log.Warn("cannot record what we added to the link", "err", err)
+				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 			}
 		}
 		pids := make([]string, len(twins))
@@ -494,7 +496,7 @@ func (d *Daemon) releaseNode(ctx context.Context) error {
 	if d.net == nil || d.cfg.SkipTeardown {
 		return nil
 	}
-	d.net.Inherit(d.reg.readOwnership())
+	d.net.Inherit(d.reg.inheritedOwnership(d.log))
 	if err := d.teardown(ctx); err != nil {
 		return err
 	}

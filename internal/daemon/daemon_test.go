@@ -135,7 +135,7 @@ func wantA(name string) string {
 type env struct {
 	d          *Daemon
 	kube, node *upstream
-	clock      *clock.Fake
+	clock      *clock.Fake // TTLs, lame duck, retiring groups
 	udp, tcp   string
 }
 

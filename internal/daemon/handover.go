@@ -90,7 +90,7 @@ func (d *Daemon) handleControl(c *net.UnixConn) {
 	case "ready":
 		reply(d.readyProbe(context.Background()))
 	case "health":
-		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), healthCheckTimeout)
 		defer cancel()
 		reply(d.health(ctx))
 	case "handover":

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 )
 
@@ -65,8 +67,14 @@ func testConfig(node netip.AddrPort) *config.Config {
 // down (stop), at most once.
 func startDaemon(t *testing.T, cfg *config.Config, id string) (*Daemon, *logBuffer, func() error) {
 	t.Helper()
+	return startDaemonOpt(t, cfg, Options{InstanceIDForTest: id})
+}
+
+// startDaemonOpt is startDaemon with all of Options.
+func startDaemonOpt(t *testing.T, cfg *config.Config, opt Options) (*Daemon, *logBuffer, func() error) {
+	t.Helper()
 	logs := &logBuffer{}
-	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{InstanceID: id})
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +93,42 @@ func startDaemon(t *testing.T, cfg *config.Config, id string) (*Daemon, *logBuff
 	}
 	t.Cleanup(func() { _ = stop() })
 	return d, logs, stop
+}
+
+// freeUDPAndTCP returns an address of 127.0.0.0/8 that no other test
+// uses and a port free there for both UDP and TCP (a UDP port alone may be
+// some test's TCP port: that failed under the load of the full run).
+func freeUDPAndTCP(t *testing.T) (netip.Addr, int) {
+	t.Helper()
+	ip := netip.AddrFrom4([4]byte{127, byte(100 + rand.IntN(100)), byte(1 + rand.IntN(250)), byte(1 + rand.IntN(250))})
+	for try := 0; try < 50; try++ {
+		pc, err := net.ListenPacket("udp", netip.AddrPortFrom(ip, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := pc.LocalAddr().(*net.UDPAddr).Port
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(ip, uint16(port)).String())
+		pc.Close()
+		if err == nil {
+			ln.Close()
+			return ip, port
+		}
+	}
+	t.Fatal("no port free for both UDP and TCP")
+	return ip, 0
+}
+
+// waitTimers waits until code under test waits on a timer of c, so that
+// moving c reaches it.
+func waitTimers(t *testing.T, c *clock.Fake) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Timers() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("nothing waits on the clock")
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func httpStatus(t *testing.T, url string) (int, string) {
@@ -117,7 +161,7 @@ func TestHealthFailsWhenAServingLoopIsWedged(t *testing.T) {
 		t.Fatalf("wedged loop: /health %d %q, want 500 naming udp loop 1", code, body)
 	}
 	resume()
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second) // against a hang, not a speed claim
 	for {
 		if code, _ := httpStatus(t, url); code == 200 {
 			break
@@ -130,21 +174,25 @@ func TestHealthFailsWhenAServingLoopIsWedged(t *testing.T) {
 }
 
 // TestReadyIsUnreadyFromShutdownOn: /ready is 200 once started and 503 as
-// soon as shutdown begins, while queries are still answered (lame duck).
+// soon as shutdown begins, while queries are still answered for the whole
+// lame duck, which ends when the clock has passed it.
 func TestReadyIsUnreadyFromShutdownOn(t *testing.T) {
 	node := startUpstream(t, records)
-	d, _, _ := startDaemon(t, testConfig(node.addr), "")
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	d, _, _ := startDaemonOpt(t, testConfig(node.addr), Options{Clock: fake})
 	url := "http://" + d.MetricsAddr().String() + "/ready"
 	if code, _ := httpStatus(t, url); code != 200 {
 		t.Fatalf("/ready %d after start", code)
 	}
+	const lameDuck = 5 * time.Second
 	done := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		done <- d.shutdown(ctx, time.Second)
+		done <- d.shutdown(ctx, lameDuck)
 	}()
-	deadline := time.Now().Add(500 * time.Millisecond)
+	// Readiness fails at once; the bound is only against a hang.
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		code, _ := httpStatus(t, url)
 		if code == 503 {
@@ -162,8 +210,25 @@ func TestReadyIsUnreadyFromShutdownOn(t *testing.T) {
 	if r, _, err := c.Exchange(m, d.Server.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess {
 		t.Fatalf("query during lame duck: %v %v", r, err)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	// Just short of the lame duck: still serving, shutdown not done.
+	waitTimers(t, fake)
+	fake.Advance(lameDuck - time.Millisecond)
+	if r, _, err := c.Exchange(m, d.Server.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("query at the end of the lame duck: %v %v", r, err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("shutdown returned before the lame duck ended: %v", err)
+	default:
+	}
+	fake.Advance(time.Millisecond)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("shutdown did not finish after the lame duck")
 	}
 }
 
@@ -183,14 +248,10 @@ func TestTwinAdoptsSocketsAndProbesReachEachInstance(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	pc.Close()
+	ip, port := freeUDPAndTCP(t)
 	mk := func() *config.Config {
 		c := testConfig(node.addr)
+		c.LocalIPs = []netip.Addr{ip}
 		c.Port = port
 		c.StateDir = stateDir
 		return c

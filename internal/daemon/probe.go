@@ -14,9 +14,15 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-// probeTimeout bounds one health check: kubelet's default probe timeout is
-// 1 s.
-const probeTimeout = 900 * time.Millisecond
+// healthCheckTimeout bounds one health check asked over the control socket
+// (the exec probe's "health"): kubelet's default probe timeout is 1 s.
+const healthCheckTimeout = 900 * time.Millisecond
+
+// ExecProbeTimeout bounds the whole exec probe (`nodelocaldns -probe`):
+// connecting to the instance's control socket, its health check (at most
+// healthCheckTimeout) and the reply. 2 s fits the manifest's probe
+// timeoutSeconds of 3.
+const ExecProbeTimeout = 2 * time.Second
 
 // health is 200-worthy when every serving loop of this instance is alive
 // (server.CheckLoops: none exited, none stuck on one batch) and a query

@@ -344,10 +344,10 @@ func (d *Daemon) retire(groups []*forward.Group, zones []string) {
 
 // wait sleeps for t and reports false when stopReload cut it short.
 func (d *Daemon) wait(t time.Duration) bool {
-	tm := time.NewTimer(t)
+	tm := d.clock.NewTimer(t)
 	defer tm.Stop()
 	select {
-	case <-tm.C:
+	case <-tm.C():
 		return true
 	case <-d.reload.stop:
 		return false

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -216,17 +217,33 @@ func (r *registry) twins() []string {
 
 func (r *registry) ownershipPath() string { return filepath.Join(r.dir, "ownership.json") }
 
-func (r *registry) readOwnership() netsetup.Ownership {
+// readOwnership reads what exited twins recorded; none is the zero
+// Ownership. A file that cannot be read or decoded is an error: what it
+// recorded is unknown.
+func (r *registry) readOwnership() (netsetup.Ownership, error) {
 	var o netsetup.Ownership
-	if b, err := os.ReadFile(r.ownershipPath()); err == nil {
-		_ = json.Unmarshal(b, &o)
+	b, err := os.ReadFile(r.ownershipPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return o, nil
 	}
-	return o
+	if err == nil {
+		err = json.Unmarshal(b, &o)
+	}
+	if err != nil {
+		return netsetup.Ownership{}, fmt.Errorf("%s: %w", r.ownershipPath(), err)
+	}
+	return o, nil
 }
 
-// recordOwnership merges o into the group's ownership file.
+// recordOwnership merges o into the group's ownership file. When that file
+// is unreadable it is left as it is (the evidence, removed by the last
+// instance's teardown) and the error returned.
 func (r *registry) recordOwnership(o netsetup.Ownership) error {
-	m := r.readOwnership().Merge(o)
+	prev, err := r.readOwnership()
+	if err != nil {
+		return err
+	}
+	m := prev.Merge(o)
 	if !m.LinkCreated && len(m.Addrs) == 0 {
 		return nil
 	}
@@ -242,3 +259,17 @@ func (r *registry) recordOwnership(o netsetup.Ownership) error {
 }
 
 func (r *registry) forgetOwnership() { _ = os.Remove(r.ownershipPath()) }
+
+// inheritedOwnership is what the last instance removes besides its own
+// additions: what exited twins recorded. When the record is unreadable it
+// removes only its own: removing a link or address that another party
+// created (an adopted link) would break it, while one left behind is
+// harmless and removed by hand. That is logged as an error naming what to
+// check.
+func (r *registry) inheritedOwnership(log *slog.Logger) netsetup.Ownership {
+	o, err := r.readOwnership()
+	if err != nil {
+		log.Error("the twins' ownership record is unreadable: removing only what this instance added; a link or address an earlier instance created may be left (check `ip addr show` and remove it by hand)", "err", err)
+	}
+	return o
+}

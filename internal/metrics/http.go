@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sys/unix"
 )
@@ -24,14 +26,42 @@ type HTTPConfig struct {
 	Ready      Probe // /ready: 200 when nil is returned, else 503
 	PProf      bool  // serve /debug/pprof/
 	HealthOnly bool  // serve /health and /ready only (no /metrics)
+	// Log gets one line if the listener stops serving with an error;
+	// nil discards it (the error is counted either way).
+	Log *slog.Logger
 }
 
-// probeTimeout bounds a probe handler: kubelet's default probe timeout is 1 s.
-const probeTimeout = 900 * time.Millisecond
+// listener is the listener label of nodelocaldns_http_errors_total.
+func (c HTTPConfig) listener() string {
+	if c.HealthOnly {
+		return "health"
+	}
+	return "metrics"
+}
+
+// newHTTPErrors registers nodelocaldns_http_errors_total, with both
+// listeners at 0 from the start so an increase() alert works.
+func newHTTPErrors(r *prometheus.Registry) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "http_errors_total",
+		Help: "HTTP listeners (metrics, health) that stopped serving with an error; the endpoint is gone until the daemon restarts.",
+	}, []string{"listener"})
+	c.WithLabelValues("metrics")
+	c.WithLabelValues("health")
+	r.MustRegister(c)
+	return c
+}
+
+// httpProbeTimeout bounds one /health or /ready handler: kubelet's default
+// HTTP probe timeout is 1 s.
+const httpProbeTimeout = 900 * time.Millisecond
 
 // Serve listens on cfg.Addr and serves /metrics, /health, /ready (and
 // pprof when enabled) until ctx is done. It returns once listening, with
-// the bound address; serving errors after that are ignored.
+// the bound address; if serving fails after that (the listening socket
+// broke), the error is logged once and counted in
+// nodelocaldns_http_errors_total: DNS goes on, the exec probes do not use
+// this listener.
 //
 // The listener sets SO_REUSEPORT, so the instance that replaces this one
 // during a rolling update can listen on the same address while this one
@@ -65,7 +95,14 @@ func (m *Metrics) Serve(ctx context.Context, cfg HTTPConfig) (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("http listen %s: %w", cfg.Addr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	m.serveOn(ctx, ln, mux, cfg)
+	return ln.Addr(), nil
+}
+
+// serveOn serves handler on ln until ctx is done, logging and counting a
+// serving error.
+func (m *Metrics) serveOn(ctx context.Context, ln net.Listener, handler http.Handler, cfg HTTPConfig) {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -74,10 +111,12 @@ func (m *Metrics) Serve(ctx context.Context, cfg HTTPConfig) (net.Addr, error) {
 	}()
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			_ = err // the listener died with the process; nothing to do
+			m.httpErrors.WithLabelValues(cfg.listener()).Inc()
+			if cfg.Log != nil {
+				cfg.Log.Error("HTTP listener stopped serving; its endpoints are gone until restart", "listener", cfg.listener(), "addr", ln.Addr().String(), "err", err)
+			}
 		}
 	}()
-	return ln.Addr(), nil
 }
 
 func probeHandler(p Probe, failCode int) http.HandlerFunc {
@@ -86,7 +125,7 @@ func probeHandler(p Probe, failCode int) http.HandlerFunc {
 			fmt.Fprintln(w, "ok")
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), httpProbeTimeout)
 		defer cancel()
 		if err := p(ctx); err != nil {
 			http.Error(w, err.Error(), failCode)

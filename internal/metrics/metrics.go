@@ -15,14 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
 
 const ns = "nodelocaldns"
-
-// SetupErrorKinds are the stock node-cache's setup error types; the counter
-// starts at 0 for each so alerts can use rate() from the first scrape.
-var SetupErrorKinds = []string{"iptables", "iptables_lock", "interface_add", "interface_check", "configmap"}
 
 // Metrics is the daemon's registry and the collectors that are updated by
 // events rather than read from snapshots.
@@ -31,6 +28,7 @@ type Metrics struct {
 
 	setupErrors *prometheus.CounterVec
 	backend     *prometheus.GaugeVec
+	httpErrors  *prometheus.CounterVec // http.go
 
 	upstreamDuration *prometheus.HistogramVec
 	upstreamFailures *prometheus.CounterVec
@@ -56,13 +54,15 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	m.setupErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "setup_errors_total", Help: "Errors setting up or checking the node: interface, iptables, configmap.",
 	}, []string{"type"})
-	for _, k := range SetupErrorKinds {
+	// Every kind starts at 0 so alerts can use rate() from the first scrape.
+	for _, k := range netsetup.SetupErrorKinds {
 		m.setupErrors.WithLabelValues(k)
 	}
 	m.backend = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "iptables_backend", Help: "The iptables backend in use (1 for the chosen one).",
 	}, []string{"backend"})
 	r.MustRegister(m.setupErrors, m.backend)
+	m.httpErrors = newHTTPErrors(r)
 
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",

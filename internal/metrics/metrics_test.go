@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,4 +85,81 @@ func TestServeMetricsAndProbes(t *testing.T) {
 	if code, _ := get("/ready"); code != 503 {
 		t.Fatalf("/ready %d", code)
 	}
+}
+
+// TestHTTPListenerErrorIsLoggedAndCounted: when the listening socket breaks
+// under a serving listener, one line is logged and
+// nodelocaldns_http_errors_total counts it (it starts at 0).
+func TestHTTPListenerErrorIsLoggedAndCounted(t *testing.T) {
+	m := New(nil, nil)
+	if got := httpErrors(t, m, "health"); got != 0 {
+		t.Fatalf("http errors %v before any", got)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m.serveOn(ctx, ln, http.NotFoundHandler(), HTTPConfig{HealthOnly: true, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	ln.Close() // the socket breaks under the server
+	deadline := time.Now().Add(10 * time.Second)
+	for httpErrors(t, m, "health") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the serving error was not counted")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for logs.String() == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("the serving error was not logged")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if l := logs.String(); strings.Count(l, "\n") != 1 || !strings.Contains(l, "listener=health") || !strings.Contains(l, "level=ERROR") {
+		t.Errorf("log %q: want one error line naming the listener", l)
+	}
+	if got := httpErrors(t, m, "metrics"); got != 0 {
+		t.Errorf("metrics listener counted %v errors", got)
+	}
+}
+
+// httpErrors reads nodelocaldns_http_errors_total{listener} as a scrape would.
+func httpErrors(t *testing.T, m *Metrics, listener string) float64 {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "nodelocaldns_http_errors_total" {
+			continue
+		}
+		for _, c := range mf.GetMetric() {
+			if l := c.GetLabel(); len(l) == 1 && l[0].GetValue() == listener {
+				return c.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no nodelocaldns_http_errors_total{listener=%q}", listener)
+	return 0
+}
+
+// syncBuffer is a log written by the serving goroutine while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

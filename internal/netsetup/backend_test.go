@@ -106,10 +106,10 @@ func TestDetectBackend(t *testing.T) {
 				if got := rec.backendsSeen(); len(got) != 1 || got[0] != tt.want {
 					t.Errorf("Observer.Backend calls = %v, want [%s]", got, tt.want)
 				}
-				if got := s.BackendName(); got != tt.want {
-					t.Errorf("BackendName = %s, want %s", got, tt.want)
+				if got := s.backendName(); got != tt.want {
+					t.Errorf("backendName = %s, want %s", got, tt.want)
 				}
-				checkRulesOnce(t, tt.want, addrs, DefaultPort, 0)
+				checkRulesOnce(t, tt.want, addrs, defaultPort, 0)
 				other := map[string]string{BackendLegacy: BackendNFT, BackendNFT: BackendLegacy}[tt.want]
 				if save := saveOf(t, other, ipv4); strings.Contains(save, "nodelocaldns") {
 					t.Errorf("rules in the %s backend too:\n%s", other, save)

@@ -88,7 +88,7 @@ func TestDNSWithoutConntrack(t *testing.T) {
 				}
 				const port = 53
 				addrs := []netip.Addr{testV4, testV6}
-				adoptableLink(t, DefaultInterfaceName)
+				adoptableLink(t, defaultInterfaceName)
 				rec := &recorder{}
 				s, err := New(Config{
 					Addrs: addrs, Port: port, HealthPort: 8080, SetupInterface: true, SetupIPTables: true,

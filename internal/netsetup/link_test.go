@@ -97,11 +97,11 @@ func TestEnsureLinkDummy(t *testing.T) {
 		if err := s.EnsureLink(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if out := sh(t, "ip", "-d", "link", "show", "dev", DefaultInterfaceName); !strings.Contains(out, "dummy") {
+		if out := sh(t, "ip", "-d", "link", "show", "dev", defaultInterfaceName); !strings.Contains(out, "dummy") {
 			t.Errorf("link is not a dummy: %s", out)
 		}
 		for _, a := range addrs {
-			if !hasAddr(t, DefaultInterfaceName, a) {
+			if !hasAddr(t, defaultInterfaceName, a) {
 				t.Errorf("address %s missing", a)
 			}
 		}
@@ -109,10 +109,10 @@ func TestEnsureLinkDummy(t *testing.T) {
 		ctx, stop := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		go func() { defer close(done); s.Run(ctx) }()
-		sh(t, "ip", "link", "del", DefaultInterfaceName)
+		sh(t, "ip", "link", "del", defaultInterfaceName)
 		took := eventually(t, time.Second, "deleted link recreated with its addresses", func() bool {
 			for _, a := range addrs {
-				if !hasAddrQuiet(DefaultInterfaceName, a) {
+				if !hasAddrQuiet(defaultInterfaceName, a) {
 					return false
 				}
 			}
@@ -125,7 +125,7 @@ func TestEnsureLinkDummy(t *testing.T) {
 		if err := s.Teardown(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := net.InterfaceByName(DefaultInterfaceName); err == nil {
+		if _, err := net.InterfaceByName(defaultInterfaceName); err == nil {
 			t.Error("the link we created survived teardown")
 		}
 		rec.noErrors(t)
@@ -171,7 +171,7 @@ func TestLinkRepair(t *testing.T) {
 		t.Run(fam.name, func(t *testing.T) {
 			t.Parallel()
 			inNetns(t, nil, func(t *testing.T) {
-				adoptableLink(t, DefaultInterfaceName)
+				adoptableLink(t, defaultInterfaceName)
 				rec := &recorder{}
 				s, err := New(Config{Addrs: fam.addrs, SetupInterface: true, SyncInterval: time.Hour, Logger: testLogger(t), Observer: rec})
 				if err != nil {
@@ -188,18 +188,18 @@ func TestLinkRepair(t *testing.T) {
 				// Run checks the link once it has subscribed, so a removal
 				// racing with the subscription is repaired too.
 				for _, a := range fam.addrs {
-					sh(t, "ip", "addr", "del", netip.PrefixFrom(a, a.BitLen()).String(), "dev", DefaultInterfaceName)
-					took := eventually(t, time.Second, "address "+a.String()+" restored", func() bool { return hasAddrQuiet(DefaultInterfaceName, a) })
+					sh(t, "ip", "addr", "del", netip.PrefixFrom(a, a.BitLen()).String(), "dev", defaultInterfaceName)
+					took := eventually(t, time.Second, "address "+a.String()+" restored", func() bool { return hasAddrQuiet(defaultInterfaceName, a) })
 					t.Logf("address %s restored after %v", a, took)
 				}
-				sh(t, "ip", "link", "set", DefaultInterfaceName, "down")
+				sh(t, "ip", "link", "set", defaultInterfaceName, "down")
 				took := eventually(t, time.Second, "link set up again", func() bool {
-					ifc, err := net.InterfaceByName(DefaultInterfaceName)
+					ifc, err := net.InterfaceByName(defaultInterfaceName)
 					return err == nil && ifc.Flags&net.FlagUp != 0
 				})
 				t.Logf("link up again after %v", took)
 				for _, a := range fam.addrs {
-					eventually(t, time.Second, "address "+a.String()+" present after link down/up", func() bool { return hasAddrQuiet(DefaultInterfaceName, a) })
+					eventually(t, time.Second, "address "+a.String()+" present after link down/up", func() bool { return hasAddrQuiet(defaultInterfaceName, a) })
 				}
 				rec.noErrors(t)
 			})

@@ -34,18 +34,18 @@ const (
 
 // Defaults.
 const (
-	// DefaultInterfaceName is the link name the stock node-cache uses.
-	DefaultInterfaceName = "nodelocaldns"
-	// DefaultPort is the DNS port.
-	DefaultPort = 53
-	// DefaultSyncInterval is the stock node-cache's check interval: frequent
+	// defaultInterfaceName is the link name the stock node-cache uses.
+	defaultInterfaceName = "nodelocaldns"
+	// defaultPort is the DNS port.
+	defaultPort = 53
+	// defaultSyncInterval is the stock node-cache's check interval: frequent
 	// enough that a flushed rule set is back within a minute, rare enough
 	// that a node with many DaemonSets does not queue on the xtables lock.
-	DefaultSyncInterval = 60 * time.Second
-	// DefaultLockWait bounds each iptables call's wait for the xtables lock.
+	defaultSyncInterval = 60 * time.Second
+	// defaultLockWait bounds each iptables call's wait for the xtables lock.
 	// 5 s: kube-proxy's iptables-restore of a large ruleset holds the lock
 	// for a few seconds; longer would stall a reconcile pass behind it.
-	DefaultLockWait = 5 * time.Second
+	defaultLockWait = 5 * time.Second
 )
 
 // maxIfNameLen is IFNAMSIZ (16) minus the terminating NUL.
@@ -115,13 +115,13 @@ type Setup struct {
 // neither links nor rules.
 func New(cfg Config) (*Setup, error) {
 	if cfg.InterfaceName == "" {
-		cfg.InterfaceName = DefaultInterfaceName
+		cfg.InterfaceName = defaultInterfaceName
 	}
 	if len(cfg.InterfaceName) > maxIfNameLen {
 		return nil, fmt.Errorf("netsetup: interface name %q longer than %d bytes", cfg.InterfaceName, maxIfNameLen)
 	}
 	if cfg.Port == 0 {
-		cfg.Port = DefaultPort
+		cfg.Port = defaultPort
 	}
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("netsetup: port %d out of range", cfg.Port)
@@ -137,10 +137,10 @@ func New(cfg Config) (*Setup, error) {
 		return nil, fmt.Errorf("netsetup: unknown iptables backend %q (want auto, legacy or nft)", cfg.Backend)
 	}
 	if cfg.SyncInterval <= 0 {
-		cfg.SyncInterval = DefaultSyncInterval
+		cfg.SyncInterval = defaultSyncInterval
 	}
 	if cfg.LockWait <= 0 {
-		cfg.LockWait = DefaultLockWait
+		cfg.LockWait = defaultLockWait
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -200,15 +200,15 @@ func cleanAddrs(in []netip.Addr) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// Rules returns the rules EnsureRules installs, in the order of the package
-// documentation.
-func (s *Setup) Rules() []Rule {
+// installedRules returns the rules EnsureRules installs, in the order of
+// the package documentation.
+func (s *Setup) installedRules() []Rule {
 	return append([]Rule(nil), s.rules...)
 }
 
-// BackendName returns the chosen iptables backend, "" before the first
+// backendName returns the chosen iptables backend, "" before the first
 // EnsureRules.
-func (s *Setup) BackendName() string {
+func (s *Setup) backendName() string {
 	s.sem <- struct{}{}
 	defer s.unlock()
 	return s.backend

@@ -40,8 +40,8 @@ func TestNew(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := s.cfg
-	if c.InterfaceName != DefaultInterfaceName || c.Port != DefaultPort || c.Backend != BackendAuto ||
-		c.SyncInterval != DefaultSyncInterval || c.LockWait != DefaultLockWait || c.Logger == nil || c.Observer == nil {
+	if c.InterfaceName != defaultInterfaceName || c.Port != defaultPort || c.Backend != BackendAuto ||
+		c.SyncInterval != defaultSyncInterval || c.LockWait != defaultLockWait || c.Logger == nil || c.Observer == nil {
 		t.Errorf("defaults not applied: %+v", c)
 	}
 	if want := []netip.Addr{testV4, testV6}; !slices.Equal(c.Addrs, want) {
@@ -56,7 +56,7 @@ func TestRulesFor(t *testing.T) {
 		for _, healthPort := range []int{0, 8080} {
 			got := map[tableLine]int{}
 			for _, r := range rulesFor(fam.addrs, 53, healthPort) {
-				got[tableLine{r.Table, r.SaveLine()}]++
+				got[tableLine{r.Table, r.saveLine()}]++
 			}
 			var want []tableLine
 			for _, f := range []family{ipv4, ipv6} {

@@ -63,9 +63,9 @@ func (r Rule) family() family {
 	return ipv4
 }
 
-// SaveLine is the rule as iptables-save and `iptables -S` print it,
+// saveLine is the rule as iptables-save and `iptables -S` print it,
 // e.g. `-A PREROUTING -d 169.254.20.10/32 -p udp -m udp --dport 53 ...`.
-func (r Rule) SaveLine() string {
+func (r Rule) saveLine() string {
 	var b strings.Builder
 	b.WriteString("-A ")
 	b.WriteString(r.Chain)
@@ -86,7 +86,7 @@ func (r Rule) String() string {
 	if r.IPv6 {
 		cmd = "ip6tables"
 	}
-	return cmd + " -t " + r.Table + " " + r.SaveLine()
+	return cmd + " -t " + r.Table + " " + r.saveLine()
 }
 
 // rulesFor returns the stock node-cache rule set for every address, in the
@@ -242,7 +242,7 @@ func (s *Setup) countLocked(ipt *iptables.IPTables, r Rule, listings map[chainKe
 		}
 		listings[key] = lines
 	}
-	want := r.SaveLine()
+	want := r.saveLine()
 	n := 0
 	for _, l := range lines {
 		if l == want {

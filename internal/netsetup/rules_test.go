@@ -183,7 +183,7 @@ func TestRules(t *testing.T) {
 
 func testRulesLifecycle(t *testing.T, backend string, addrs []netip.Addr) {
 	const port, healthPort = 53, 8080
-	adoptableLink(t, DefaultInterfaceName)
+	adoptableLink(t, defaultInterfaceName)
 	addForeignRules(t, backend, addrs)
 	before := snapshot(t)
 
@@ -229,7 +229,7 @@ func testRulesLifecycle(t *testing.T, backend string, addrs []netip.Addr) {
 
 	// Copies left by someone else (the stock node-cache piles them up) are
 	// folded into one.
-	dup := s.Rules()[1]
+	dup := s.installedRules()[1]
 	ipt := binary(backend, dup.family())
 	for range 2 {
 		sh(t, ipt, append([]string{"-t", dup.Table, "-I", dup.Chain, "1"}, dup.Spec...)...)
@@ -245,15 +245,15 @@ func testRulesLifecycle(t *testing.T, backend string, addrs []netip.Addr) {
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(runCtx) }()
 
-	gone := s.Rules()[0]
+	gone := s.installedRules()[0]
 	ipt = binary(backend, gone.family())
 	sh(t, ipt, append([]string{"-t", gone.Table, "-D", gone.Chain}, gone.Spec...)...)
 	eventually(t, 5*time.Second, "deleted rule restored", func() bool {
-		return strings.Contains(saveOf(t, backend, gone.family()), gone.SaveLine())
+		return strings.Contains(saveOf(t, backend, gone.family()), gone.saveLine())
 	})
 	a := addrs[len(addrs)-1]
-	sh(t, "ip", "addr", "del", netip.PrefixFrom(a, a.BitLen()).String(), "dev", DefaultInterfaceName)
-	took := eventually(t, time.Second, "removed address restored", func() bool { return hasAddr(t, DefaultInterfaceName, a) })
+	sh(t, "ip", "addr", "del", netip.PrefixFrom(a, a.BitLen()).String(), "dev", defaultInterfaceName)
+	took := eventually(t, time.Second, "removed address restored", func() bool { return hasAddr(t, defaultInterfaceName, a) })
 	t.Logf("address restored after %v", took)
 	checkRulesOnce(t, backend, addrs, port, healthPort)
 
@@ -274,7 +274,7 @@ func testRulesLifecycle(t *testing.T, backend string, addrs []netip.Addr) {
 	}
 	// The adopted link stays; the addresses we added go.
 	for _, a := range addrs {
-		if hasAddr(t, DefaultInterfaceName, a) {
+		if hasAddr(t, defaultInterfaceName, a) {
 			t.Errorf("address %s left on the adopted link", a)
 		}
 	}
@@ -294,7 +294,7 @@ func TestLockWait(t *testing.T) {
 		lockFile = os.Getenv("XTABLES_LOCKFILE")
 	}
 	inNetns(t, []string{"XTABLES_LOCKFILE=" + lockFile}, func(t *testing.T) {
-		adoptableLink(t, DefaultInterfaceName)
+		adoptableLink(t, defaultInterfaceName)
 		f, err := os.OpenFile(lockFile, os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package deploy
 
 import (
 	"bufio"
@@ -565,7 +565,7 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 
 	// Termination grace: the daemon's whole shutdown, as main computes it,
 	// plus the watchdog's leeway.
-	deadline := cfg.LameDuck + daemon.ShutdownBudget + overrunLeeway
+	deadline := cfg.LameDuck + daemon.ShutdownBudget + daemon.WatchdogLeeway
 	if g := ps.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= deadline {
 		fail("terminationGracePeriodSeconds %v must exceed the shutdown deadline %v", ptrString(g), deadline)
 	}
@@ -622,8 +622,7 @@ func ptrString(p *int64) string {
 	return strconv.FormatInt(*p, 10) + "s"
 }
 
-// checkProbe runs the probe's command through this binary's own probe code
-// (run), with the state directory moved to an empty temporary one: a
+// checkProbe runs the probe's command with the daemon binary, with the state directory moved to an empty temporary one: a
 // well-formed probe then fails with "no running nodelocaldns ... under DIR",
 // naming what it asked; a bad flag exits 2.
 func checkProbe(p *corev1.Probe, want, stateDir string, entrypoint []string) error {
@@ -634,8 +633,8 @@ func checkProbe(p *corev1.Probe, want, stateDir string, entrypoint []string) err
 	if len(cmd) < 2 || len(entrypoint) == 0 || cmd[0] != entrypoint[0] {
 		return fmt.Errorf("command %q does not run the image's %v", cmd, entrypoint)
 	}
-	if time.Duration(p.TimeoutSeconds)*time.Second <= probeTimeout {
-		return fmt.Errorf("timeoutSeconds %d: the probe itself may take %v", p.TimeoutSeconds, probeTimeout)
+	if time.Duration(p.TimeoutSeconds)*time.Second <= daemon.ExecProbeTimeout {
+		return fmt.Errorf("timeoutSeconds %d: the probe itself may take %v", p.TimeoutSeconds, daemon.ExecProbeTimeout)
 	}
 	tmp, err := os.MkdirTemp("", "nld-probe")
 	if err != nil {
@@ -643,7 +642,7 @@ func checkProbe(p *corev1.Probe, want, stateDir string, entrypoint []string) err
 	}
 	defer os.RemoveAll(tmp)
 	args := slices.Clone(cmd[1:])
-	probeDir := defaultStateDir
+	probeDir := config.DefaultStateDir
 	found := false
 	for i, a := range args {
 		switch {
@@ -659,13 +658,16 @@ func checkProbe(p *corev1.Probe, want, stateDir string, entrypoint []string) err
 	if probeDir != stateDir {
 		return fmt.Errorf("asks -state-dir %s, the daemon's is %s", probeDir, stateDir)
 	}
-	if !isProbe(args) {
+	if !slices.Contains(args, "-probe") && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-probe=") }) {
 		return fmt.Errorf("command %q is not -probe", cmd)
 	}
 	var stdout, stderr bytes.Buffer
-	code := run(args, &stdout, &stderr)
+	code, err := runBinary(args, &stdout, &stderr)
+	if err != nil {
+		return err
+	}
 	wantMsg := fmt.Sprintf("nodelocaldns: %s: no running nodelocaldns in this PID namespace under %s", want, tmp)
-	if code != exitFailed || !strings.HasPrefix(stderr.String(), wantMsg) {
+	if code != 1 || !strings.HasPrefix(stderr.String(), wantMsg) {
 		return fmt.Errorf("command %q: exit %d %q, want exit 1 %q", cmd, code, stderr.String(), wantMsg)
 	}
 	return nil
@@ -739,7 +741,7 @@ func TestDeployManifest(t *testing.T) {
 			for _, err := range checkDeployment(objs, m, entry, rc) {
 				t.Error(err)
 			}
-			// -check-config with the same args and environment, in process.
+			// -check-config with the same args and environment.
 			c := &daemonSets(objs)[0].Spec.Template.Spec.Containers[0]
 			env := podEnv(objs, "kube-system", c)
 			for k, v := range env {
@@ -747,8 +749,8 @@ func TestDeployManifest(t *testing.T) {
 			}
 			var stdout, stderr bytes.Buffer
 			args := append(containerArgs(c, env), "-resolv-conf="+rc, "-check-config")
-			if code := run(args, &stdout, &stderr); code != exitOK || !strings.Contains(stdout.String(), "configuration is valid") {
-				t.Fatalf("-check-config: exit %d\n%s%s", code, stdout.String(), stderr.String())
+			if code, err := runBinary(args, &stdout, &stderr); err != nil || code != 0 || !strings.Contains(stdout.String(), "configuration is valid") {
+				t.Fatalf("-check-config: exit %d, %v\n%s%s", code, err, stdout.String(), stderr.String())
 			}
 			if !strings.Contains(stdout.String(), "kube-dns:         10.96.0.11:53 (from $KUBE_DNS_UPSTREAM_SERVICE_HOST)") {
 				t.Errorf("-check-config does not forward to kube-dns-upstream:\n%s", stdout.String())
