@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Each faulty TCP upstream is detected as its kind of failure, the query fails over to the next
@@ -166,7 +168,7 @@ func TestHealthDownThenProbedUp(t *testing.T) {
 	}
 }
 
-// When every upstream is down, Exchange fails at once with ErrAllDown.
+// When every upstream is down, a query is still tried on one; a refused one still fails fast.
 func TestAllDownFailsFast(t *testing.T) {
 	dead := deadAddr(t)
 	rec := newRecorder()
@@ -177,13 +179,17 @@ func TestAllDownFailsFast(t *testing.T) {
 	if !rec.hasHealth(dead.String() + " down") {
 		t.Fatalf("not down: %v", rec.healthEvents())
 	}
+	tried := rec.failuresOf(dead.String(), KindRefused)
 	start := time.Now()
 	_, err := g.Exchange(context.Background(), query(t, "b.example.", 2))
-	if !errors.Is(err, ErrAllDown) {
-		t.Fatalf("err %v, want ErrAllDown", err)
+	if !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("err %v, want ErrNoAnswer", err)
 	}
 	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("ErrAllDown took %v", d)
+		t.Errorf("failing on a refused upstream took %v", d)
+	}
+	if n := rec.failuresOf(dead.String(), KindRefused); n != tried+1 {
+		t.Errorf("%d more tries while all down, want 1", n-tried)
 	}
 }
 
@@ -246,8 +252,8 @@ func TestServfailTriesNext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rcode(ans) != dns.RcodeServerFailure || ans[0] != 0 || ans[1] != 10 {
-		t.Errorf("want the upstream's SERVFAIL with ID 10, got rcode %d ID %d", rcode(ans), int(ans[0])<<8|int(ans[1]))
+	if wire.Rcode(ans) != dns.RcodeServerFailure || ans[0] != 0 || ans[1] != 10 {
+		t.Errorf("want the upstream's SERVFAIL with ID 10, got rcode %d ID %d", wire.Rcode(ans), int(ans[0])<<8|int(ans[1]))
 	}
 }
 
