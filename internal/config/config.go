@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 )
 
 // Config is everything the daemon needs to start.
@@ -144,11 +146,11 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
 	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
 	fs.IntVar(&c.MaxUDPSize, "max-udp-size", 1232, "largest UDP answer, and the EDNS size we advertise")
-	fs.IntVar(&c.MaxInflight, "max-inflight", 1024, "concurrent cache misses; past it queries get SERVFAIL at once")
+	fs.IntVar(&c.MaxInflight, "max-inflight", forward.DefaultMaxInflight, "concurrent cache misses; past it queries get SERVFAIL at once")
 	fs.IntVar(&c.MaxTCPConns, "max-tcp-conns", 1000, "open client TCP connections")
 	fs.DurationVar(&c.TCPIdleTimeout, "tcp-idle-timeout", 10*time.Second, "close client TCP connections idle this long")
 	fs.DurationVar(&c.ForwardTimeout, "forward-timeout", 4*time.Second, "bound on resolving one miss (glibc retries after 5s)")
-	fs.IntVar(&c.TCPPoolSize, "tcp-pool-size", 2, "pipelined TCP connections per kube-dns server")
+	fs.IntVar(&c.TCPPoolSize, "tcp-pool-size", forward.DefaultPoolSize, "pipelined TCP connections per kube-dns server")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.BoolVar(&c.PProf, "pprof", false, "serve /debug/pprof/ on the metrics address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
