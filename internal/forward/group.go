@@ -294,8 +294,8 @@ var errTryTimeout = fmt.Errorf("try timed out: %w", context.DeadlineExceeded)
 // try is one attempt on one server, bounded by TryTimeout. The answer keeps the wire ID. A
 // probe of a TCP upstream uses a connection of its own, never a pooled one.
 func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
-	tctx, stop := g.tryContext(ctx)
-	defer stop()
+	tctx, cancel, timer := g.tryContext(ctx)
+	defer release(cancel, timer)
 	if g.cfg.Proto == TCP {
 		if probe {
 			return exchangeTCPOnce(tctx, u.name, query, q)
@@ -308,22 +308,28 @@ func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, 
 	}
 	// Truncated, or larger than the size we advertised: the full answer over TCP from the
 	// same server, with a try of its own.
-	stop()
-	tctx, stop = g.tryContext(ctx)
-	defer stop()
+	release(cancel, timer)
+	tctx, cancel, timer = g.tryContext(ctx)
+	defer release(cancel, timer)
 	return exchangeTCPOnce(tctx, u.name, query, q)
 }
 
 // tryContext returns ctx bounded by TryTimeout on the group's clock (its cause then
-// errTryTimeout), and the function that releases it. When the caller's deadline comes first,
-// ctx is used as is: a context of its own costs a timer and allocations on every miss.
-func (g *Group) tryContext(ctx context.Context) (context.Context, func()) {
+// errTryTimeout), with what release needs to free it. When the caller's deadline comes first,
+// ctx is used as is (cancel and timer nil): a context of its own costs a timer and
+// allocations on every miss.
+func (g *Group) tryContext(ctx context.Context) (context.Context, context.CancelCauseFunc, clock.Timer) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= g.cfg.TryTimeout {
-		return ctx, func() {}
+		return ctx, nil, nil
 	}
 	tctx, cancel := context.WithCancelCause(ctx)
 	t := g.clk.AfterFunc(g.cfg.TryTimeout, func() { cancel(errTryTimeout) })
-	return tctx, func() {
+	return tctx, cancel, t
+}
+
+// release frees what tryContext made.
+func release(cancel context.CancelCauseFunc, t clock.Timer) {
+	if t != nil {
 		t.Stop()
 		cancel(context.Canceled)
 	}

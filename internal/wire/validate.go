@@ -126,32 +126,47 @@ const (
 // rdataFields describes the rdata of the types CheckMessage interprets:
 // 'n' a name, '2' a 16-bit field, 'S' SOA's five 32-bit fields, 's' a
 // character string, 'T' character strings to the end, 'a'/'6' an IPv4/IPv6
-// address, 'o' EDNS options to the end.
-var rdataFields = map[uint16]string{
-	TypeA: "a", TypeAAAA: "6",
-	TypeNS: "n", typeMD: "n", typeMF: "n", TypeCNAME: "n", typeMB: "n", typeMG: "n", typeMR: "n",
-	TypePTR: "n", typeDNAME: "n",
-	TypeSOA:   "nnS",
-	typeMINFO: "nn", typeRP: "nn",
-	TypeMX: "2n", typeAFSDB: "2n", typeRT: "2n", typeKX: "2n",
-	typePX:    "2nn",
-	TypeSRV:   "222n",
-	typeNAPTR: "22sssn",
-	TypeTXT:   "T",
-	TypeOPT:   "o",
+// address, 'o' EDNS options to the end; "" for the types it does not.
+func rdataFields(typ uint16) string {
+	switch typ {
+	case TypeA:
+		return "a"
+	case TypeAAAA:
+		return "6"
+	case TypeNS, typeMD, typeMF, TypeCNAME, typeMB, typeMG, typeMR, TypePTR, typeDNAME:
+		return "n"
+	case TypeSOA:
+		return "nnS"
+	case typeMINFO, typeRP:
+		return "nn"
+	case TypeMX, typeAFSDB, typeRT, typeKX:
+		return "2n"
+	case typePX:
+		return "2nn"
+	case TypeSRV:
+		return "222n"
+	case typeNAPTR:
+		return "22sssn"
+	case TypeTXT:
+		return "T"
+	case TypeOPT:
+		return "o"
+	}
+	return ""
 }
 
-// CheckedTypes reports whether CheckMessage interprets the rdata of typ.
-func CheckedTypes(typ uint16) bool { _, ok := rdataFields[typ]; return ok }
+// CheckedType reports whether CheckMessage interprets the rdata of typ.
+func CheckedType(typ uint16) bool { return rdataFields(typ) != "" }
 
 // checkRdata checks the rdata from off to len(b) (b is cut at its end).
 func checkRdata(b []byte, off int, typ uint16) error {
-	fields, ok := rdataFields[typ]
-	if !ok {
+	fields := rdataFields(typ)
+	if fields == "" {
 		return nil
 	}
 	var err error
-	for _, f := range []byte(fields) {
+	for i := 0; i < len(fields); i++ {
+		f := fields[i]
 		switch f {
 		case 'n':
 			off, err = CheckName(b, off)

@@ -138,6 +138,16 @@ func TestCheckMessage(t *testing.T) {
 }
 
 // SkipName refuses pointers that point forwards or into the header.
+func BenchmarkCheckMessage(b *testing.B) {
+	msg := answerMsg(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := CheckMessage(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func TestSkipNamePointers(t *testing.T) {
 	b := make([]byte, 40)
 	b[20], b[21] = 0xC0, 12
@@ -193,7 +203,7 @@ func onlyCheckedTypes(b []byte) bool {
 		off, _ = CheckName(b, off)
 		typ := binary.BigEndian.Uint16(b[off:])
 		rdlen := int(binary.BigEndian.Uint16(b[off+8:]))
-		if !CheckedTypes(typ) || typ == TypeOPT && rdlen > 0 {
+		if !CheckedType(typ) || typ == TypeOPT && rdlen > 0 {
 			return false
 		}
 		off += 10 + rdlen
