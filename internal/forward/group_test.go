@@ -133,7 +133,8 @@ func TestHealthDownThenProbedUp(t *testing.T) {
 	dead := deadAddr(t)
 	good := startTCP(t, servePipelined)
 	rec := newRecorder()
-	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{dead, good.addr}, Proto: TCP}, rec)
+	clk := newFake()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{dead, good.addr}, Proto: TCP, Clock: clk}, rec)
 	ask := func(i int) {
 		t.Helper()
 		name := fmt.Sprintf("h%d.example.", i)
@@ -159,7 +160,8 @@ func TestHealthDownThenProbedUp(t *testing.T) {
 		t.Errorf("down upstream still tried: %d failures, was %d", n, fails)
 	}
 	revived := startTCPOn(t, dead.String(), servePipelined)
-	waitFor(t, 3*time.Second, "probe to mark the upstream up", func() bool {
+	advanceWhen(t, clk, 1, probeInterval) // the probe's timer
+	waitFor(t, 5*time.Second, "probe to mark the upstream up", func() bool {
 		return slices.Equal(rec.healthTransitions(dead.String()), []string{"down", "up"})
 	})
 	ask(20)

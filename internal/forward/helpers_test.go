@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 )
 
 // TestMain fails the run if any goroutine of the package outlives its Group (see
@@ -98,6 +100,17 @@ func waitNoLeaks(d time.Duration) []string {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// newFake returns a fake clock for a group's tries, probes and dial backoff.
+func newFake() *clock.Fake { return clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) }
+
+// advanceWhen moves clk by d once it has at least timers waiting (the code under test has
+// started waiting), so a timer set a moment later is not skipped.
+func advanceWhen(t testing.TB, clk *clock.Fake, timers int, d time.Duration) {
+	t.Helper()
+	waitFor(t, 5*time.Second, fmt.Sprintf("%d timers on the fake clock", timers), func() bool { return clk.Timers() >= timers })
+	clk.Advance(d)
 }
 
 // waitFor polls cond until it holds or d passes.

@@ -100,9 +100,7 @@ func TestLeakCheckKnowsEveryGoroutine(t *testing.T) {
 	defer g2.Close()
 	g2.ups[0].down.Store(true)
 	g2.startProbe(g2.ups[0])
-	if !found("(*Group).probe") {
-		t.Error("leak check does not see a probe")
-	}
+	waitFor(t, 5*time.Second, "leak check to see a probe", func() bool { return found("(*Group).probe") })
 	if !packageGoroutine(timerCallback) {
 		t.Error("leak check does not see a try timer's callback")
 	}
