@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/miekg/dns"
@@ -432,4 +434,42 @@ func BenchmarkTCPPoolExchange(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A large answer (16 KB) arrives whole through the pool's reader, whose buffer starts at 4 KiB
+// and grows with the bytes received; readGrowing does the same for one-shot reads, and a length
+// that lies ends in an error, not a 64 KiB buffer waiting.
+func TestTCPLargeAnswerGrowsBuffer(t *testing.T) {
+	big := func(q []byte) []byte {
+		m := new(dns.Msg)
+		if err := m.Unpack(q); err != nil {
+			return nil
+		}
+		r := new(dns.Msg)
+		r.SetReply(m)
+		for range 64 {
+			r.Answer = append(r.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 30}, Txt: []string{strings.Repeat("y", 250)}})
+		}
+		b, _ := r.Pack()
+		return b
+	}
+	srv := startTCP(t, serveWith(big))
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP}, nil)
+	ans, err := g.Exchange(context.Background(), query(t, "big.example.", 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(ans); err != nil || len(m.Answer) != 64 || len(ans) < 16000 {
+		t.Fatalf("answer of %d bytes, %d records: %v", len(ans), len(m.Answer), err)
+	}
+
+	msg := bytes.Repeat([]byte{7}, 10000)
+	got, err := readGrowing(iotest.HalfReader(bytes.NewReader(msg)), len(msg))
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("readGrowing: %d bytes, %v", len(got), err)
+	}
+	if got, err := readGrowing(bytes.NewReader([]byte{1, 2, 3}), 65535); err != io.ErrUnexpectedEOF || got != nil {
+		t.Fatalf("lying length: %d bytes, %v", len(got), err)
+	}
 }
