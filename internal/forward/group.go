@@ -273,7 +273,14 @@ var errAbandoned = errors.New("abandoned")
 func (g *Group) attempt(ctx context.Context, u *upstream, query []byte, q question) ([]byte, error) {
 	seen := u.answers.Load()
 	start := g.clk.Now()
-	ans, err := g.try(ctx, u, query, q, false)
+	var ans []byte
+	var err error
+	if u.down.Load() && u.tcp != nil {
+		err = u.tcp.heldBack() // a down upstream's pool that may not dial yet: fail at once
+	}
+	if err == nil {
+		ans, err = g.try(ctx, u, query, q, false)
+	}
 	if err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed) {
 			return nil, fmt.Errorf("%w: %w", errAbandoned, err)

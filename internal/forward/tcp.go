@@ -63,6 +63,7 @@ type tcpPool struct {
 	dialFails int       // consecutive failed dials
 	nextDial  time.Time // no dial before this (on clk)
 	dialErr   error
+	heldErr   error // what a query gets while dialling is held back (made once per failed dial)
 	wg        sync.WaitGroup // reader goroutines
 }
 
@@ -184,12 +185,12 @@ func (p *tcpPool) acquire(ctx context.Context) (*tcpConn, uint16, chan tcpResult
 		if open < p.size {
 			// No connection, and dialling is held back after failures: fail now so the
 			// group moves on to the next upstream.
-			err := p.dialErr
+			err := p.heldErr
 			p.mu.Unlock()
 			if err == nil {
-				err = fmt.Errorf("dial %s: no connection", p.upstream)
+				err = fmt.Errorf("reconnect held back after failures: dial %s: no connection", p.upstream)
 			}
-			return nil, 0, nil, 0, fmt.Errorf("reconnect held back after failures: %w", err)
+			return nil, 0, nil, 0, err
 		}
 		// Every connection is full or still being dialled: wait for a slot.
 		wait := p.changed
@@ -246,7 +247,7 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 	if p.dialFails > 0 {
 		p.log.Info("reconnected to upstream", "upstream", p.upstream, "failed_dials", p.dialFails)
 	}
-	p.dialFails, p.dialErr, p.nextDial = 0, nil, time.Time{}
+	p.dialFails, p.dialErr, p.heldErr, p.nextDial = 0, nil, nil, time.Time{}
 	c := &tcpConn{
 		pool:     p,
 		nc:       nc,
@@ -275,6 +276,19 @@ func (p *tcpPool) dialFailedLocked(err error) {
 	}
 	p.nextDial = p.clk.Now().Add(backoff)
 	p.dialErr = err
+	p.heldErr = fmt.Errorf("reconnect held back after failures: %w", err)
+}
+
+// heldBack returns the error a query gets at once when the pool has no connection and
+// dialling is held back after failures, else nil: the group checks it before building a try
+// for a down upstream, so an outage costs each query little more than the error.
+func (p *tcpPool) heldBack() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.conns) == 0 && p.dialing == 0 && p.heldErr != nil && p.clk.Now().Before(p.nextDial) {
+		return p.heldErr
+	}
+	return nil
 }
 
 // reserve takes a free wire ID on c. Called with pool.mu held on a live, non-draining conn.
