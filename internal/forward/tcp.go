@@ -63,7 +63,7 @@ type tcpPool struct {
 	dialFails int       // consecutive failed dials
 	nextDial  time.Time // no dial before this (on clk)
 	dialErr   error
-	heldErr   error // what a query gets while dialling is held back (made once per failed dial)
+	heldErr   error          // what a query gets while dialling is held back (made once per failed dial)
 	wg        sync.WaitGroup // reader goroutines
 }
 
