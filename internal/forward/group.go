@@ -187,8 +187,9 @@ func (g *Group) Name() string { return g.name }
 //
 // Healthy servers are tried in order, each for at most TryTimeout, within ctx; the list is gone
 // through at most twice. An answer with SERVFAIL or REFUSED is returned only if no later healthy
-// server gives another. When every server is down Exchange fails at once with ErrAllDown: the
-// background probes bring a server back, and the caller can serve stale or SERVFAIL.
+// server gives another. When every server is marked down, one of them (in turn) is still tried
+// once, so a down-marking never fails a query with nothing sent; a TCP upstream whose dial is
+// held back after failures fails at once.
 func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 	if g.ctx.Err() != nil {
 		return nil, fmt.Errorf("group %s: %w", g.name, ErrClosed)
