@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 )
 
 // Config is everything the daemon needs to start.
@@ -164,7 +166,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.IntVar(&c.MaxTCPConns, "max-tcp-conns", DefaultMaxTCPConns, "open client TCP connections")
 	fs.DurationVar(&c.TCPIdleTimeout, "tcp-idle-timeout", DefaultTCPIdleTimeout, "close client TCP connections idle this long")
 	fs.DurationVar(&c.ForwardTimeout, "forward-timeout", DefaultForwardTimeout, "bound on resolving one miss (glibc retries after 5s)")
-	fs.IntVar(&c.TCPPoolSize, "tcp-pool-size", 2, "pipelined TCP connections per kube-dns server")
+	fs.IntVar(&c.TCPPoolSize, "tcp-pool-size", forward.DefaultPoolSize, "pipelined TCP connections per kube-dns server")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.BoolVar(&c.PProf, "pprof", false, "serve /debug/pprof/ on the metrics address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")

@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+)
 
 // Defaults of the serving path. The flags below use them, and so do
 // server.New and resolve.New for a zero Config field, so a default lives in
@@ -18,7 +22,9 @@ const (
 	// DefaultMaxInflight bounds the distinct questions being resolved
 	// upstream at once (flights, not waiting clients): past it a new
 	// question gets its stale answer or SERVFAIL at once.
-	DefaultMaxInflight = 1024
+	// It is also each upstream group's bound (forward.DefaultMaxInflight):
+	// one value, defined there.
+	DefaultMaxInflight = forward.DefaultMaxInflight
 	// DefaultMaxWaitersPerQuestion caps the clients waiting on one
 	// question's flight. A thousand pods starting together all ask for the
 	// same Service name at once, and they must all be answered by one

@@ -72,6 +72,15 @@ func startUpstream(t *testing.T, h func(r *dns.Msg) *dns.Msg) *upstream {
 				m.Truncated = true
 				m.Answer = nil
 			}
+			if !tcp {
+				// As a real server: no bigger than the size the query advertises
+				// (forward takes a bigger one for truncated, and asks over TCP).
+				size := dns.MinMsgSize
+				if o := r.IsEdns0(); o != nil {
+					size = int(o.UDPSize())
+				}
+				m.Truncate(size)
+			}
 			_ = w.WriteMsg(m)
 		}
 	}

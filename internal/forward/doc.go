@@ -18,26 +18,36 @@
 //
 // The query is wire format with exactly one question; the answer comes back in wire format with
 // the caller's ID (transports use their own IDs on the wire). An answer is used only if QR is set,
-// the ID is the one sent, and it has exactly one question equal to the query's (name compared
-// case-insensitively). Otherwise it counts as a failure of that upstream (KindMalformed or
-// KindMismatch) and the next try is made. Over UDP such packets are counted and ignored while the
-// try keeps listening for the real answer (spoofing defence: random ID, random source port).
+// the ID is the one sent, it has exactly one question equal to the query's (name compared
+// case-insensitively), and wire.CheckMessage accepts it: every name within the message, every
+// compression pointer pointing backwards (so none loops or points past the end), the names inside
+// NS, CNAME, PTR, DNAME, MX, SOA, SRV, NAPTR… rdata included, A/AAAA of their size. Otherwise it
+// counts as a failure of that upstream (KindMalformed or KindMismatch) and the next try is made;
+// nothing malformed is returned, so nothing malformed is cached or relayed. Over UDP, packets that
+// are not the answer (another ID or question) are counted and ignored while the try keeps
+// listening for the real one (spoofing defence: random ID, random source port).
 //
 // Healthy servers are tried in configuration order (resolv.conf order for the node group), each
 // try bounded by TryTimeout and all by ctx; the list is gone through at most twice. SERVFAIL and
 // REFUSED answers are passed on only if no later server answers otherwise (as glibc moves on).
 //
-// Errors: ErrOverloaded (MaxInflight reached, at once), ErrAllDown (every server marked down, at
-// once, nothing sent), ErrBadQuery, ErrClosed, or ErrNoAnswer wrapping the last failure (a
-// context error when the deadline passed). The server answers SERVFAIL (or stale) for all of them.
+// Errors: ErrOverloaded (MaxInflight reached, at once), ErrBadQuery, ErrClosed, or ErrNoAnswer
+// wrapping the last failure (a context error when the deadline passed). The server answers
+// SERVFAIL (or stale) for all of them.
+//
+// Time: tries, health probes and the dial backoff run on GroupConfig.Clock (clock.Real when nil),
+// so tests move a clock.Fake. Socket deadlines (TCP idle close, write timeout) stay on the system
+// clock.
 //
 // # Health
 //
-// maxFails (3) consecutive failures mark a server down; it is skipped and probed in the
-// background with ". IN NS" (RD clear) every 500 ms, backing off to 2 s, until any valid answer
-// marks it up. When every server of a group is down Exchange fails fast with ErrAllDown instead of
-// making each client wait on a dead server: DESIGN.md asks for SERVFAIL or stale at once, and the
-// probes end the outage within the probe interval of the server's recovery.
+// maxFails (3) consecutive failures mark a server down. A timeout counts only if the server
+// answered nothing else while the try waited: a few names it never answers (a broken zone) are
+// slow names, not a dead server, and must not fail everyone else's queries. A down server is
+// skipped and probed in the background with ". IN NS" (RD clear) every 500 ms, backing off to 2 s,
+// until any valid answer marks it up (a query's answer marks it up too). When every server of a
+// group is down, a query is still tried on one of them, in turn, once: a down-marking never turns
+// into SERVFAIL with nothing sent.
 //
 // # TCP (RFC 7766)
 //
@@ -48,13 +58,22 @@
 // wire ID in any order; writes are serialised with a write deadline. A connection is closed after
 // IdleTimeout without traffic, and drained and replaced after MaxQueriesPerConn queries. When the
 // peer closes or resets a connection before answering, the query is sent once more on another
-// connection, dialled if need be (counted as KindClosed, not against health). Failed dials back off from 100 ms to 2 s; meanwhile queries
-// fail over at once. The number of open connections never exceeds PoolSize, draining ones included.
+// connection, dialled if need be (counted as KindClosed, not against health). A connection that
+// delivered no frame (no answer to any query) for a whole try is closed when that try ends: it may
+// be stuck inside a frame that never completes (a lying length prefix), and an idle wedged
+// connection would otherwise be preferred over dialling; its other queries are asked again on
+// another connection. Read buffers start at 4 KiB and grow with the bytes received, never with the
+// announced length. Failed dials back off from 100 ms to 2 s; meanwhile queries fail over at once.
+// Health probes use a one-shot connection of their own, never the pool. The number of open
+// connections never exceeds PoolSize, draining ones included.
 //
 // # UDP
 //
-// One connected socket per try (a fresh random source port) with a random ID. A truncated answer
-// is asked again over a one-shot TCP connection to the same server, with its own TryTimeout.
+// Connected sockets, reused for up to 64 answered queries (random kernel-chosen source ports), a
+// random ID per query. The receive buffer is the size the query advertises plus one (1233 bytes
+// for the server's 1232, pooled), not 64 KiB: an answer that fills it is larger than we asked for
+// and is treated as truncated. A truncated answer is asked again over a one-shot TCP connection to
+// the same server, with its own TryTimeout; that read, too, grows with the bytes received.
 //
 // # Router
 //

@@ -14,8 +14,6 @@ import (
 var (
 	// ErrOverloaded: the group already has MaxInflight queries in flight. Never cache it.
 	ErrOverloaded = errors.New("too many queries in flight")
-	// ErrAllDown: every upstream of the group is marked down; no query was sent.
-	ErrAllDown = errors.New("all upstreams are down")
 	// ErrNoAnswer: every try failed (timeouts, network errors, invalid answers) or the
 	// caller's deadline passed; the last failure is wrapped too.
 	ErrNoAnswer = errors.New("no valid answer from any upstream")

@@ -9,6 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Proto is how a group talks to its upstreams.
@@ -49,8 +52,10 @@ const (
 	// try or the next server within the client's first wait.
 	DefaultTryTimeout = 2 * time.Second
 	// DefaultMaxInflight: past a thousand concurrent misses the upstream is already in trouble;
-	// more waiting queries only add memory and latency, never answers.
-	DefaultMaxInflight = 1000
+	// more waiting queries only add memory and latency, never answers. 1024, the same number as
+	// the server's admission limit (the -max-inflight flag's default is this constant), so a
+	// group is never the tighter bound by accident.
+	DefaultMaxInflight = 1024
 	// maxPasses: like glibc's attempts:2, go over the healthy servers at most twice, which also
 	// rides out one lost UDP packet.
 	maxPasses = 2
@@ -68,17 +73,22 @@ type GroupConfig struct {
 	TryTimeout        time.Duration // one try on one server (a UDP try includes its TCP re-ask)
 	MaxInflight       int           // queries in flight in the group; past it Exchange fails with ErrOverloaded
 	Logger            *slog.Logger  // nil: discard
+	// Clock times tries, health probes and the dial backoff; nil: clock.Real. Socket I/O
+	// deadlines (TCP idle close, write timeout) stay on the system clock.
+	Clock clock.Clock
 }
 
 // Group forwards queries to a list of equivalent upstream servers with health tracking and
 // failover. It is safe for concurrent use.
 type Group struct {
 	cfg      GroupConfig
+	clk      clock.Clock
 	name     string
 	obs      Observer
 	log      *slog.Logger
 	ups      []*upstream
 	inflight atomic.Int64
+	next     atomic.Uint32 // turns among the servers when all are down
 
 	ctx    context.Context // cancelled by Close; parent of health probes
 	cancel context.CancelFunc
@@ -94,6 +104,10 @@ type upstream struct {
 	udp   udpSockets
 	fails atomic.Int32
 	down  atomic.Bool
+	// answers counts the valid answers the server gave (probes included): a timeout counts
+	// towards down only if the server answered nothing else while the try waited.
+	answers atomic.Uint64
+	probing atomic.Bool // a probe goroutine runs for it
 }
 
 // NewGroup validates cfg, fills in defaults and returns a group whose upstreams all start healthy.
@@ -111,12 +125,12 @@ func NewGroup(cfg GroupConfig, obs Observer) (*Group, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "forward", "group", cfg.Name)
-	g := &Group{cfg: cfg, name: cfg.Name, obs: obs, log: log}
+	g := &Group{cfg: cfg, clk: clock.Or(cfg.Clock), name: cfg.Name, obs: obs, log: log}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	for _, a := range cfg.Servers {
 		u := &upstream{addr: a, name: a.String()}
 		if cfg.Proto == TCP {
-			u.tcp = newTCPPool(a, &g.cfg, obs, log)
+			u.tcp = newTCPPool(a, &g.cfg, g.clk, obs, log)
 		}
 		g.ups = append(g.ups, u)
 		obs.Health(g.name, u.name, true)
@@ -173,8 +187,9 @@ func (g *Group) Name() string { return g.name }
 //
 // Healthy servers are tried in order, each for at most TryTimeout, within ctx; the list is gone
 // through at most twice. An answer with SERVFAIL or REFUSED is returned only if no later healthy
-// server gives another. When every server is down Exchange fails at once with ErrAllDown: the
-// background probes bring a server back, and the caller can serve stale or SERVFAIL.
+// server gives another. When every server is marked down, one of them (in turn) is still tried
+// once, so a down-marking never fails a query with nothing sent; a TCP upstream whose dial is
+// held back after failures fails at once.
 func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 	if g.ctx.Err() != nil {
 		return nil, fmt.Errorf("group %s: %w", g.name, ErrClosed)
@@ -206,37 +221,42 @@ func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 				break
 			}
 			tried++
-			start := time.Now()
-			ans, err := g.try(ctx, u, query, q, false)
+			ans, err := g.attempt(ctx, u, query, q)
 			if err != nil {
-				if errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed) {
-					return nil, fmt.Errorf("group %s: %w", g.name, err) // not the upstream's fault
+				if errors.Is(err, errAbandoned) {
+					return nil, fmt.Errorf("group %s: %w", g.name, err)
 				}
-				kind := failureKind(err)
-				g.obs.Failure(g.name, u.name, kind)
-				g.failed(u, kind)
 				lastErr = err
 				continue
 			}
-			rc := rcode(ans)
-			g.obs.Exchange(g.name, u.name, rc, time.Since(start))
-			u.fails.Store(0)
-			if (rc == rcodeServFail || rc == rcodeRefused) && g.healthyAfter(i) {
+			if rc := wire.Rcode(ans); (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(i) {
 				fallback = ans
 				continue
 			}
-			setID(ans, q.id)
+			wire.SetID(ans, q.id)
 			return ans, nil
 		}
 		if fallback != nil {
-			setID(fallback, q.id)
+			wire.SetID(fallback, q.id)
 			return fallback, nil
 		}
 		if tried == 0 {
-			if pass == 0 {
-				return nil, fmt.Errorf("group %s: %w", g.name, ErrAllDown)
+			if pass > 0 {
+				break
 			}
-			break
+			// Every server is marked down. Failing with nothing sent would make the
+			// down-marking an outage of its own; ask one, in turn, once.
+			u := g.ups[int(g.next.Add(1)-1)%len(g.ups)]
+			ans, err := g.attempt(ctx, u, query, q)
+			if err != nil {
+				if errors.Is(err, errAbandoned) {
+					return nil, fmt.Errorf("group %s: %w", g.name, err)
+				}
+				lastErr = err
+				break
+			}
+			wire.SetID(ans, q.id)
+			return ans, nil
 		}
 	}
 	if lastErr == nil {
@@ -245,27 +265,82 @@ func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 	return nil, fmt.Errorf("group %s: %w: %w", g.name, ErrNoAnswer, lastErr)
 }
 
-// try is one attempt on one server, bounded by TryTimeout. The answer keeps the wire ID.
-func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
-	tctx, cancel := ctx, context.CancelFunc(func() {})
-	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.cfg.TryTimeout {
-		// A context of its own only when the caller's ends later: each
-		// costs a timer and four allocations on every miss.
-		tctx, cancel = context.WithTimeout(ctx, g.cfg.TryTimeout)
+// errAbandoned marks a try that ended for a reason that is not the upstream's fault: the caller
+// cancelled, or the group closed.
+var errAbandoned = errors.New("abandoned")
+
+// attempt is one try on u with its accounting: the Observer hears of the answer or the
+// failure, and u's health follows.
+func (g *Group) attempt(ctx context.Context, u *upstream, query []byte, q question) ([]byte, error) {
+	seen := u.answers.Load()
+	start := g.clk.Now()
+	var ans []byte
+	var err error
+	if u.down.Load() && u.tcp != nil {
+		err = u.tcp.heldBack() // a down upstream's pool that may not dial yet: fail at once
 	}
-	defer cancel()
+	if err == nil {
+		ans, err = g.try(ctx, u, query, q, false)
+	}
+	if err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed) {
+			return nil, fmt.Errorf("%w: %w", errAbandoned, err)
+		}
+		kind := failureKind(err)
+		g.obs.Failure(g.name, u.name, kind)
+		g.failed(u, kind, seen)
+		return nil, err
+	}
+	g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(start))
+	g.answered(u)
+	return ans, nil
+}
+
+// errTryTimeout is the cause of a try's context ending after TryTimeout.
+var errTryTimeout = fmt.Errorf("try timed out: %w", context.DeadlineExceeded)
+
+// try is one attempt on one server, bounded by TryTimeout. The answer keeps the wire ID. A
+// probe of a TCP upstream uses a connection of its own, never a pooled one.
+func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
+	tctx, cancel, timer := g.tryContext(ctx)
+	defer release(cancel, timer)
 	if g.cfg.Proto == TCP {
-		return u.tcp.exchange(tctx, query, q, probe)
+		if probe {
+			return exchangeTCPOnce(tctx, u.name, query, q)
+		}
+		return u.tcp.exchange(tctx, query, q)
 	}
 	ans, err := g.exchangeUDP(tctx, u, query, q)
-	if err != nil || !truncated(ans) {
+	if err != nil && !errors.Is(err, errOversized) || err == nil && !truncated(ans) {
 		return ans, err
 	}
-	// Truncated: the full answer over TCP from the same server, with a try of its own.
-	cancel()
-	tctx, cancel = context.WithTimeout(ctx, g.cfg.TryTimeout)
-	defer cancel()
+	// Truncated, or larger than the size we advertised: the full answer over TCP from the
+	// same server, with a try of its own.
+	release(cancel, timer)
+	tctx, cancel, timer = g.tryContext(ctx)
+	defer release(cancel, timer)
 	return exchangeTCPOnce(tctx, u.name, query, q)
+}
+
+// tryContext returns ctx bounded by TryTimeout on the group's clock (its cause then
+// errTryTimeout), with what release needs to free it. When the caller's deadline comes first,
+// ctx is used as is (cancel and timer nil): a context of its own costs a timer and
+// allocations on every miss.
+func (g *Group) tryContext(ctx context.Context) (context.Context, context.CancelCauseFunc, clock.Timer) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= g.cfg.TryTimeout {
+		return ctx, nil, nil
+	}
+	tctx, cancel := context.WithCancelCause(ctx)
+	t := g.clk.AfterFunc(g.cfg.TryTimeout, func() { cancel(errTryTimeout) })
+	return tctx, cancel, t
+}
+
+// release frees what tryContext made.
+func release(cancel context.CancelCauseFunc, t clock.Timer) {
+	if t != nil {
+		t.Stop()
+		cancel(context.Canceled)
+	}
 }
 
 // healthyAfter reports whether a server after index i is up.

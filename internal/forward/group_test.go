@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Each faulty TCP upstream is detected as its kind of failure, the query fails over to the next
@@ -131,7 +133,8 @@ func TestHealthDownThenProbedUp(t *testing.T) {
 	dead := deadAddr(t)
 	good := startTCP(t, servePipelined)
 	rec := newRecorder()
-	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{dead, good.addr}, Proto: TCP}, rec)
+	clk := newFake()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{dead, good.addr}, Proto: TCP, Clock: clk}, rec)
 	ask := func(i int) {
 		t.Helper()
 		name := fmt.Sprintf("h%d.example.", i)
@@ -157,7 +160,8 @@ func TestHealthDownThenProbedUp(t *testing.T) {
 		t.Errorf("down upstream still tried: %d failures, was %d", n, fails)
 	}
 	revived := startTCPOn(t, dead.String(), servePipelined)
-	waitFor(t, 3*time.Second, "probe to mark the upstream up", func() bool {
+	advanceWhen(t, clk, 1, probeInterval) // the probe's timer
+	waitFor(t, 5*time.Second, "probe to mark the upstream up", func() bool {
 		return slices.Equal(rec.healthTransitions(dead.String()), []string{"down", "up"})
 	})
 	ask(20)
@@ -166,7 +170,7 @@ func TestHealthDownThenProbedUp(t *testing.T) {
 	}
 }
 
-// When every upstream is down, Exchange fails at once with ErrAllDown.
+// When every upstream is down, a query is still tried on one; a refused one still fails fast.
 func TestAllDownFailsFast(t *testing.T) {
 	dead := deadAddr(t)
 	rec := newRecorder()
@@ -177,13 +181,17 @@ func TestAllDownFailsFast(t *testing.T) {
 	if !rec.hasHealth(dead.String() + " down") {
 		t.Fatalf("not down: %v", rec.healthEvents())
 	}
+	tried := rec.failuresOf(dead.String(), KindRefused)
 	start := time.Now()
 	_, err := g.Exchange(context.Background(), query(t, "b.example.", 2))
-	if !errors.Is(err, ErrAllDown) {
-		t.Fatalf("err %v, want ErrAllDown", err)
+	if !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("err %v, want ErrNoAnswer", err)
 	}
 	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("ErrAllDown took %v", d)
+		t.Errorf("failing on a refused upstream took %v", d)
+	}
+	if n := rec.failuresOf(dead.String(), KindRefused); n != tried+1 {
+		t.Errorf("%d more tries while all down, want 1", n-tried)
 	}
 }
 
@@ -246,8 +254,8 @@ func TestServfailTriesNext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rcode(ans) != dns.RcodeServerFailure || ans[0] != 0 || ans[1] != 10 {
-		t.Errorf("want the upstream's SERVFAIL with ID 10, got rcode %d ID %d", rcode(ans), int(ans[0])<<8|int(ans[1]))
+	if wire.Rcode(ans) != dns.RcodeServerFailure || ans[0] != 0 || ans[1] != 10 {
+		t.Errorf("want the upstream's SERVFAIL with ID 10, got rcode %d ID %d", wire.Rcode(ans), int(ans[0])<<8|int(ans[1]))
 	}
 }
 

@@ -12,6 +12,9 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 const (
@@ -26,7 +29,15 @@ const (
 	dialBackoffMax = 2 * time.Second
 	// maxFrame is the largest DNS message over TCP plus its two-byte length (RFC 1035 §4.2.2).
 	maxFrame = 2 + 65535
+	// readBufStart is a connection's first read buffer: a few typical answers. It grows (up to
+	// maxFrame) only as a frame's bytes arrive, never on the length the upstream announces.
+	readBufStart = 4096
 )
+
+// errStalled is why a connection that delivered no frame for a whole try is closed: it may
+// wait on a frame that never completes (a lying length prefix), so it must not take more
+// queries. Its other queries are asked again on another connection.
+var errStalled = errors.New("connection delivered no answer for a whole try")
 
 // tcpPool is a small set of long-lived TCP connections to one upstream with many queries
 // outstanding on each, answers matched by ID in any order (RFC 7766 §6.2.1.1).
@@ -38,6 +49,8 @@ type tcpPool struct {
 	maxPerConn int
 	maxQueries int
 	idle       time.Duration
+	try        time.Duration
+	clk        clock.Clock
 	obs        Observer
 	log        *slog.Logger
 
@@ -48,8 +61,9 @@ type tcpPool struct {
 	changed   chan struct{} // closed and replaced when capacity may have freed up and waiters > 0
 	closed    bool
 	dialFails int       // consecutive failed dials
-	nextDial  time.Time // no dial before this, except for health probes
+	nextDial  time.Time // no dial before this (on clk)
 	dialErr   error
+	heldErr   error          // what a query gets while dialling is held back (made once per failed dial)
 	wg        sync.WaitGroup // reader goroutines
 }
 
@@ -72,7 +86,8 @@ type tcpConn struct {
 	outstanding int                       // non-nil entries of pending
 	nextID      uint16
 	sent        int
-	draining    bool // reached maxQueries: takes no new queries, closes when outstanding is 0
+	frames      uint64 // complete frames read: a query that saw none for a whole try closes c
+	draining    bool   // reached maxQueries: takes no new queries, closes when outstanding is 0
 	dead        bool
 	cause       error // why we closed it, if we did
 	lastUsed    time.Time
@@ -83,7 +98,7 @@ type tcpResult struct {
 	err error
 }
 
-func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, obs Observer, log *slog.Logger) *tcpPool {
+func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, clk clock.Clock, obs Observer, log *slog.Logger) *tcpPool {
 	return &tcpPool{
 		addr:       addr,
 		group:      cfg.Name,
@@ -92,6 +107,8 @@ func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, obs Observer, log *slog.L
 		maxPerConn: cfg.MaxPerConn,
 		maxQueries: cfg.MaxQueriesPerConn,
 		idle:       cfg.IdleTimeout,
+		try:        cfg.TryTimeout,
+		clk:        clk,
 		obs:        obs,
 		log:        log,
 		changed:    make(chan struct{}),
@@ -99,26 +116,27 @@ func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, obs Observer, log *slog.L
 }
 
 // exchange sends query (whose parsed question is q) and returns the validated answer with the
-// wire ID still in it. When the peer closed the connection before answering, the query is sent
-// once more on another connection. probe lets a health probe dial during the dial backoff.
-func (p *tcpPool) exchange(ctx context.Context, query []byte, q question, probe bool) ([]byte, error) {
-	ans, err := p.exchangeOnce(ctx, query, q, probe)
-	if err != nil && errors.Is(err, errPeerClosed) && ctx.Err() == nil {
+// wire ID still in it. When the connection closed before answering (by the peer, or by us
+// because it stalled), the query is sent once more on another connection.
+func (p *tcpPool) exchange(ctx context.Context, query []byte, q question) ([]byte, error) {
+	ans, err := p.exchangeOnce(ctx, query, q)
+	if err != nil && (errors.Is(err, errPeerClosed) || errors.Is(err, errStalled)) && ctx.Err() == nil {
 		p.obs.Failure(p.group, p.upstream, KindClosed)
-		ans, err = p.exchangeOnce(ctx, query, q, probe)
+		ans, err = p.exchangeOnce(ctx, query, q)
 	}
 	return ans, err
 }
 
-func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question, probe bool) ([]byte, error) {
-	c, id, ch, err := p.acquire(ctx, probe)
+func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question) ([]byte, error) {
+	c, id, ch, frames, err := p.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
+	sent := p.clk.Now()
 	frame := make([]byte, 2+len(query))
 	binary.BigEndian.PutUint16(frame, uint16(len(query)))
 	copy(frame[2:], query)
-	setID(frame[2:], id)
+	wire.SetID(frame[2:], id)
 	c.write(frame)
 	select {
 	case r := <-ch:
@@ -130,46 +148,49 @@ func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question, pr
 		}
 		return r.msg, nil
 	case <-ctx.Done():
-		p.cancel(c, id)
-		return nil, fmt.Errorf("wait for answer from %s: %w", p.upstream, ctx.Err())
+		wholeTry := errors.Is(context.Cause(ctx), errTryTimeout) || p.clk.Now().Sub(sent) >= p.try
+		p.cancel(c, id, wholeTry, frames)
+		return nil, fmt.Errorf("wait for answer from %s: %w", p.upstream, context.Cause(ctx))
 	}
 }
 
 // acquire reserves a wire ID on a connection. It dials a new connection while the pool is not
 // full and every open one already has queries outstanding, to spread queries: an upstream built
 // on miekg/dns (CoreDNS) answers one connection's queries one at a time, in order.
-func (p *tcpPool) acquire(ctx context.Context, probe bool) (*tcpConn, uint16, chan tcpResult, error) {
+// It also returns the connection's count of frames read so far.
+func (p *tcpPool) acquire(ctx context.Context) (*tcpConn, uint16, chan tcpResult, uint64, error) {
 	p.mu.Lock()
 	for {
 		if p.closed {
 			p.mu.Unlock()
-			return nil, 0, nil, ErrClosed
+			return nil, 0, nil, 0, ErrClosed
 		}
 		best := p.leastLoaded()
 		open := len(p.conns) + p.dialing
-		mayDial := open < p.size && (probe || !time.Now().Before(p.nextDial))
+		mayDial := open < p.size && !p.clk.Now().Before(p.nextDial)
 		if mayDial && (best == nil || best.outstanding > 0) {
 			c, err := p.dialLocked(ctx)
 			if err != nil {
 				p.mu.Unlock()
-				return nil, 0, nil, err
+				return nil, 0, nil, 0, err
 			}
 			best = c
 		}
 		if best != nil {
 			id, ch := best.reserve()
+			frames := best.frames
 			p.mu.Unlock()
-			return best, id, ch, nil
+			return best, id, ch, frames, nil
 		}
 		if open < p.size {
 			// No connection, and dialling is held back after failures: fail now so the
 			// group moves on to the next upstream.
-			err := p.dialErr
+			err := p.heldErr
 			p.mu.Unlock()
 			if err == nil {
-				err = fmt.Errorf("dial %s: no connection", p.upstream)
+				err = fmt.Errorf("reconnect held back after failures: dial %s: no connection", p.upstream)
 			}
-			return nil, 0, nil, fmt.Errorf("reconnect held back after failures: %w", err)
+			return nil, 0, nil, 0, err
 		}
 		// Every connection is full or still being dialled: wait for a slot.
 		wait := p.changed
@@ -181,7 +202,7 @@ func (p *tcpPool) acquire(ctx context.Context, probe bool) (*tcpConn, uint16, ch
 			p.mu.Lock()
 			p.waiters--
 			p.mu.Unlock()
-			return nil, 0, nil, fmt.Errorf("wait for a connection to %s: %w", p.upstream, ctx.Err())
+			return nil, 0, nil, 0, fmt.Errorf("wait for a connection to %s: %w", p.upstream, context.Cause(ctx))
 		}
 		p.mu.Lock()
 		p.waiters--
@@ -226,7 +247,7 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 	if p.dialFails > 0 {
 		p.log.Info("reconnected to upstream", "upstream", p.upstream, "failed_dials", p.dialFails)
 	}
-	p.dialFails, p.dialErr, p.nextDial = 0, nil, time.Time{}
+	p.dialFails, p.dialErr, p.heldErr, p.nextDial = 0, nil, nil, time.Time{}
 	c := &tcpConn{
 		pool:     p,
 		nc:       nc,
@@ -253,8 +274,21 @@ func (p *tcpPool) dialFailedLocked(err error) {
 	if p.dialFails < 8 {
 		backoff = min(dialBackoffMin<<(p.dialFails-1), dialBackoffMax)
 	}
-	p.nextDial = time.Now().Add(backoff)
+	p.nextDial = p.clk.Now().Add(backoff)
 	p.dialErr = err
+	p.heldErr = fmt.Errorf("reconnect held back after failures: %w", err)
+}
+
+// heldBack returns the error a query gets at once when the pool has no connection and
+// dialling is held back after failures, else nil: the group checks it before building a try
+// for a down upstream, so an outage costs each query little more than the error.
+func (p *tcpPool) heldBack() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.conns) == 0 && p.dialing == 0 && p.heldErr != nil && p.clk.Now().Before(p.nextDial) {
+		return p.heldErr
+	}
+	return nil
 }
 
 // reserve takes a free wire ID on c. Called with pool.mu held on a live, non-draining conn.
@@ -280,8 +314,10 @@ func (c *tcpConn) reserve() (uint16, chan tcpResult) {
 
 // cancel gives up on a query whose caller stopped waiting. Its ID stays reserved (a tombstone)
 // until the late answer arrives or the connection closes, so a late answer is told apart from
-// an unsolicited one.
-func (p *tcpPool) cancel(c *tcpConn, id uint16) {
+// an unsolicited one. When the query waited a whole try and c read no frame since it was sent
+// (frames), c is closed: it may be stuck in a frame that never completes, and an idle
+// connection would otherwise be preferred over dialling a new one.
+func (p *tcpPool) cancel(c *tcpConn, id uint16, wholeTry bool, frames uint64) {
 	p.mu.Lock()
 	retired := false
 	if ch, ok := c.pending[id]; ok && ch != nil {
@@ -289,9 +325,14 @@ func (p *tcpPool) cancel(c *tcpConn, id uint16) {
 		c.outstanding--
 		retired = p.settleLocked(c)
 	}
+	stalled := wholeTry && c.frames == frames && !c.dead
 	p.mu.Unlock()
 	if retired {
 		c.shut()
+	}
+	if stalled {
+		p.log.Warn("closing upstream connection that delivered no answer for a whole try", "upstream", p.upstream, "try", p.try)
+		c.closeWith(fmt.Errorf("%w (%s, %v)", errStalled, p.upstream, p.try))
 	}
 }
 
@@ -396,7 +437,7 @@ func (c *tcpConn) readLoop() {
 	p := c.pool
 	defer p.wg.Done()
 	defer close(c.wdone)
-	buf := make([]byte, maxFrame)
+	buf := make([]byte, readBufStart)
 	n := 0
 	for {
 		deadline, ok := c.idleCheck()
@@ -417,6 +458,10 @@ func (c *tcpConn) readLoop() {
 			}
 			c.dispatch(buf[2:size])
 			n = copy(buf, buf[size:n])
+		}
+		if n == len(buf) && len(buf) < maxFrame {
+			// Full with a frame still incomplete: grow with the data received.
+			buf = append(buf, make([]byte, min(len(buf), maxFrame-len(buf)))...)
 		}
 		if err != nil {
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
@@ -464,6 +509,7 @@ func (c *tcpConn) dispatch(frame []byte) {
 	id := binary.BigEndian.Uint16(frame)
 	p.mu.Lock()
 	ch, ok := c.pending[id]
+	c.frames++
 	retired := false
 	if ok {
 		delete(c.pending, id)

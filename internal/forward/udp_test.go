@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,5 +118,53 @@ func TestUDPRefused(t *testing.T) {
 	}
 	if d := time.Since(start); d > 500*time.Millisecond {
 		t.Errorf("refusal took %v: not detected", d)
+	}
+}
+
+// An answer larger than the size the query advertised (an upstream ignoring EDNS's payload
+// size) fills the receive buffer: it is asked again over TCP, as if truncated.
+func TestUDPOversizedRetriedOverTCP(t *testing.T) {
+	var tcp *tcpServer
+	var udp *udpServer
+	for range 10 { // find a port free for both TCP and UDP
+		tcp = startTCP(t, serveInOrder(0))
+		pc, err := net.ListenPacket("udp", tcp.addr.String())
+		if err != nil {
+			continue
+		}
+		pc.Close()
+		udp = startUDPOn(t, tcp.addr.String(), func(q []byte, reply func([]byte)) {
+			m := new(dns.Msg)
+			m.Unpack(q)
+			r := new(dns.Msg)
+			r.SetReply(m)
+			big := make([]string, 8)
+			for i := range big {
+				big[i] = strings.Repeat("x", 250)
+			}
+			r.Answer = append(r.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 30}, Txt: big})
+			b, _ := r.Pack()
+			reply(b) // about 2 KB, no TC bit
+		})
+		break
+	}
+	if udp == nil {
+		t.Fatal("no port free for both TCP and UDP")
+	}
+	m := new(dns.Msg)
+	m.SetQuestion("big.example.com.", dns.TypeTXT)
+	m.Id = 32
+	m.SetEdns0(1232, false)
+	q, _ := m.Pack()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{udp.addr}, Proto: UDP}, newRecorder())
+	ans, err := g.Exchange(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkTXT(ans, "big.example.com.", 32); err != nil {
+		t.Fatalf("not the TCP answer: %v", err)
+	}
+	if u, c := udp.queries.Load(), tcp.queries.Load(); u != 1 || c != 1 {
+		t.Errorf("UDP saw %d queries, TCP %d; want 1 and 1", u, c)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // startUnbound runs unbound on 127.0.0.1 and a free port, authoritative for cluster.local with
@@ -177,7 +179,7 @@ func TestUnboundKubeDNSOverTCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rcode(ans) != dns.RcodeNameError {
-		t.Errorf("rcode %d, want NXDOMAIN", rcode(ans))
+	if wire.Rcode(ans) != dns.RcodeNameError {
+		t.Errorf("rcode %d, want NXDOMAIN", wire.Rcode(ans))
 	}
 }

@@ -7,15 +7,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-const (
-	headerLen = 12
-	// maxNameLen is the longest name on the wire, root label included (RFC 1035 §2.3.4).
-	maxNameLen = 255
-
-	rcodeServFail = 2
-	rcodeRefused  = 5
-)
-
 // question is the header ID and the question of a query, as on the wire.
 type question struct {
 	id     uint16
@@ -23,90 +14,82 @@ type question struct {
 	qtype  uint16
 	qclass uint16
 	opcode byte
+	// size is the UDP payload size the query advertises (its OPT's, at
+	// least 512; 512 without EDNS): the largest answer it can get over UDP.
+	size int
 }
 
-// parseQuery reads the ID and the single question of a query without unpacking it.
+// parseQuery reads the ID, the single question and the advertised size of a query without
+// unpacking it (wire.ParseQuery).
 func parseQuery(msg []byte) (question, error) {
-	if len(msg) < headerLen {
-		return question{}, fmt.Errorf("%w: %d bytes, shorter than a header", ErrBadQuery, len(msg))
-	}
-	if n := binary.BigEndian.Uint16(msg[4:]); n != 1 {
-		return question{}, fmt.Errorf("%w: %d questions, want 1", ErrBadQuery, n)
-	}
-	end, err := nameEnd(msg, headerLen)
-	if err != nil {
+	var q wire.Query
+	if err := wire.ParseQuery(msg, &q); err != nil {
 		return question{}, fmt.Errorf("%w: %w", ErrBadQuery, err)
 	}
-	if end+4 > len(msg) {
-		return question{}, fmt.Errorf("%w: question truncated", ErrBadQuery)
-	}
-	return question{
-		id:     binary.BigEndian.Uint16(msg),
-		name:   msg[headerLen:end],
-		qtype:  binary.BigEndian.Uint16(msg[end:]),
-		qclass: binary.BigEndian.Uint16(msg[end+2:]),
-		opcode: msg[2] >> 3 & 0x0F,
-	}, nil
-}
-
-// nameEnd returns the offset just past the uncompressed name at off. The question is the first
-// name of a message, so a compression pointer there is invalid.
-func nameEnd(msg []byte, off int) (int, error) {
-	start := off
-	for {
-		if off >= len(msg) {
-			return 0, fmt.Errorf("name truncated")
-		}
-		l := int(msg[off])
-		if l == 0 {
-			return off + 1, nil
-		}
-		if l&0xC0 != 0 {
-			return 0, fmt.Errorf("compressed or extended label in question")
-		}
-		off += 1 + l
-		if off-start >= maxNameLen {
-			return 0, fmt.Errorf("name longer than %d bytes", maxNameLen)
-		}
-	}
+	return question{id: q.ID, name: q.Name, qtype: q.Type, qclass: q.Class, opcode: q.Opcode, size: int(q.Size)}, nil
 }
 
 // checkAnswer validates an upstream answer for a query sent with wireID: a response, that ID,
-// the same opcode, and exactly one question equal to q (name compared case-insensitively: the
-// upstream may echo 0x20 case, RFC 4343).
+// the same opcode, exactly one question equal to q (name compared case-insensitively: the
+// upstream may echo 0x20 case, RFC 4343), and a message that wire.CheckMessage accepts (every
+// name, compression pointer and record within bounds), so nothing malformed is cached or relayed.
 func checkAnswer(ans []byte, wireID uint16, q question) error {
-	if len(ans) < headerLen {
-		return fmt.Errorf("%w: %d bytes, shorter than a header", errMalformed, len(ans))
+	if err := matchAnswer(ans, wireID, q); err != nil {
+		return err
 	}
-	if ans[2]&0x80 == 0 {
-		return fmt.Errorf("%w: QR bit not set", errMalformed)
-	}
-	if id := binary.BigEndian.Uint16(ans); id != wireID {
-		return fmt.Errorf("%w: ID %d, want %d", errMismatch, id, wireID)
-	}
-	if op := ans[2] >> 3 & 0x0F; op != q.opcode {
-		return fmt.Errorf("%w: opcode %d, want %d", errMismatch, op, q.opcode)
-	}
-	if n := binary.BigEndian.Uint16(ans[4:]); n != 1 {
-		return fmt.Errorf("%w: %d questions, want 1", errMismatch, n)
-	}
-	end, err := nameEnd(ans, headerLen)
-	if err != nil {
+	if err := wire.CheckMessage(ans); err != nil {
 		return fmt.Errorf("%w: %w", errMalformed, err)
 	}
-	if end+4 > len(ans) {
-		return fmt.Errorf("%w: question truncated", errMalformed)
+	return nil
+}
+
+// matchAnswer checks that ans is the response to the query: header and question.
+func matchAnswer(ans []byte, wireID uint16, q question) error {
+	if len(ans) < wire.HeaderLen {
+		return fmt.Errorf("%w: %d bytes, shorter than a header", errMalformed, len(ans))
 	}
-	if !wire.EqualNameFold(ans[headerLen:end], q.name) ||
-		binary.BigEndian.Uint16(ans[end:]) != q.qtype ||
-		binary.BigEndian.Uint16(ans[end+2:]) != q.qclass {
+	if wire.Flags(ans)&wire.FlagQR == 0 {
+		return fmt.Errorf("%w: QR bit not set", errMalformed)
+	}
+	if id := wire.ID(ans); id != wireID {
+		return fmt.Errorf("%w: ID %d, want %d", errMismatch, id, wireID)
+	}
+	if op := wire.Opcode(ans); op != q.opcode {
+		return fmt.Errorf("%w: opcode %d, want %d", errMismatch, op, q.opcode)
+	}
+	if qd, _, _, _ := wire.Counts(ans); qd != 1 {
+		return fmt.Errorf("%w: %d questions, want 1", errMismatch, qd)
+	}
+	name, qtype, qclass, _, err := wire.ReadQuestion(ans)
+	if err != nil {
+		return fmt.Errorf("%w: question: %w", errMalformed, err)
+	}
+	if !wire.EqualNameFold(name, q.name) || qtype != q.qtype || qclass != q.qclass {
 		return fmt.Errorf("%w: question differs", errMismatch)
 	}
 	return nil
 }
 
-func setID(msg []byte, id uint16) { binary.BigEndian.PutUint16(msg, id) }
+// truncatedWithoutQuestion accepts a truncated response for our ID that omits the question, as
+// some servers send; it only leads to a TCP re-ask.
+func truncatedWithoutQuestion(msg []byte, id uint16) bool {
+	if !truncated(msg) || wire.Flags(msg)&wire.FlagQR == 0 || wire.ID(msg) != id {
+		return false
+	}
+	qd, _, _, _ := wire.Counts(msg)
+	return qd == 0
+}
 
-func truncated(msg []byte) bool { return len(msg) >= headerLen && msg[2]&0x02 != 0 }
+func truncated(msg []byte) bool {
+	return len(msg) >= wire.HeaderLen && wire.Flags(msg)&wire.FlagTC != 0
+}
 
-func rcode(msg []byte) int { return int(msg[3] & 0x0F) }
+// probeQuery returns ". IN NS" with a random ID and RD clear.
+func probeQuery(id uint16) []byte {
+	m := make([]byte, wire.HeaderLen, wire.HeaderLen+5)
+	wire.SetID(m, id)
+	wire.SetCounts(m, 1, 0, 0, 0)
+	m = append(m, 0) // root name
+	m = binary.BigEndian.AppendUint16(m, wire.TypeNS)
+	return binary.BigEndian.AppendUint16(m, wire.ClassINET)
+}

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 func TestCheckAnswer(t *testing.T) {
@@ -45,6 +47,7 @@ func TestCheckAnswer(t *testing.T) {
 		{"other class", reply(func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassCHAOS }), errMismatch},
 		{"compressed question", append([]byte{4, 210, 0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0}, 0xC0, 12, 0, 16, 0, 1), errMalformed},
 		{"question cut short", reply(func(*dns.Msg) {})[:20], errMalformed},
+		{"pointer loop in a record", loopAnswer(q), errMalformed},
 	}
 	for _, tt := range tests {
 		err := checkAnswer(tt.ans, 1234, pq)
@@ -90,8 +93,12 @@ func FuzzCheckAnswer(f *testing.F) {
 	pq, _ := parseQuery(q)
 	f.Fuzz(func(t *testing.T, ans []byte) {
 		if checkAnswer(ans, 99, pq) == nil {
-			if _, err := parseQuery(ans); err != nil {
-				t.Fatalf("accepted an answer whose question does not parse: %v", err)
+			name, _, _, _, err := wire.ReadQuestion(ans)
+			if err != nil || wire.ID(ans) != 99 || !wire.EqualNameFold(name, pq.name) {
+				t.Fatalf("accepted an answer for another question (%v)", err)
+			}
+			if wire.CheckMessage(ans) != nil {
+				t.Fatal("accepted an answer wire.CheckMessage rejects")
 			}
 		}
 	})
@@ -102,7 +109,7 @@ func FuzzParseQuery(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 63})
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		q, err := parseQuery(msg)
-		if err == nil && len(q.name) > maxNameLen {
+		if err == nil && len(q.name) > wire.MaxNameLen {
 			t.Fatalf("name of %d bytes accepted", len(q.name))
 		}
 	})

@@ -107,9 +107,6 @@ type Query struct {
 	Opcode uint8
 }
 
-// RD reports whether the client asked for recursion.
-func (q *Query) RD() bool { return q.Flags&FlagRD != 0 }
-
 // CD reports whether the client disabled DNSSEC checking.
 func (q *Query) CD() bool { return q.Flags&FlagCD != 0 }
 
@@ -237,7 +234,9 @@ func readName(b []byte, off int) (int, error) {
 }
 
 // SkipName returns the offset just past the (possibly compressed) name at
-// off. It does not follow pointers: a pointer ends the name in place.
+// off. It does not follow pointers: a pointer ends the name in place, and
+// must point backwards, past the header and before the name (CheckName
+// follows the chain).
 func SkipName(b []byte, off int) (int, error) {
 	start := off
 	for {
@@ -250,6 +249,9 @@ func SkipName(b []byte, off int) (int, error) {
 			return off + 1, nil
 		case l&0xC0 == 0xC0:
 			if off+2 > len(b) {
+				return 0, ErrFormat
+			}
+			if ptr := int(binary.BigEndian.Uint16(b[off:]) & 0x3FFF); ptr < HeaderLen || ptr >= start {
 				return 0, ErrFormat
 			}
 			return off + 2, nil

@@ -87,3 +87,20 @@ func SetCounts(b []byte, qd, an, ns, ar uint16) {
 	binary.BigEndian.PutUint16(b[offNSCount:], ns)
 	binary.BigEndian.PutUint16(b[offARCount:], ar)
 }
+
+// Opcode reads the header opcode of b.
+func Opcode(b []byte) uint8 { return uint8(Flags(b)>>opcodeShift) & opcodeMask }
+
+// ReadQuestion reads the first question of b, which must be uncompressed
+// (nothing precedes it to point at): its name in wire format, sliced from
+// b, its type and class, and the offset past it.
+func ReadQuestion(b []byte) (name []byte, qtype, qclass uint16, end int, err error) {
+	if len(b) < HeaderLen {
+		return nil, 0, 0, 0, ErrFormat
+	}
+	var q Query
+	if end, err = readQuestion(b, HeaderLen, &q); err != nil {
+		return nil, 0, 0, 0, err
+	}
+	return q.Name, q.Type, q.Class, end, nil
+}
