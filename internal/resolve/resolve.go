@@ -193,7 +193,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 		// goroutine, the others wait for it.
 		r.stats.Misses.Add(1)
 		if !joined {
-			r.run(c, own)
+			r.runMiss(c, own)
 		} else {
 			select {
 			case <-c.done:
@@ -207,7 +207,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 		return c.entry, false, nil
 	}
 	if !joined {
-		go r.run(c, own)
+		go r.runMiss(c, own)
 	}
 	timeout := r.policy(q.Name).StaleClientTimeout
 	if timeout <= 0 {
@@ -265,6 +265,20 @@ func (r *Resolver) prefetch(q *wire.Query) {
 func (r *Resolver) policy(name []byte) *Policy { return r.cfg.Policy(name) }
 
 // run fetches the question of own and finishes c.
+// runMiss is run for a client's miss. A flight for the same question that
+// finished between the client's cache lookup and its join has put its
+// answer in the cache already (fetch puts before finish removes the
+// flight), so it is taken from there instead of asked again: one upstream
+// query per question, however the askers interleave. A prefetch does not
+// come here: its entry is still fresh by design.
+func (r *Resolver) runMiss(c *call, own flightRun) {
+	if e, status, _ := r.cfg.Cache.Lookup(&own.q, r.clk.Now().UnixNano()); status == cache.Fresh {
+		r.flights.finish(c, own, e, nil)
+		return
+	}
+	r.run(c, own)
+}
+
 func (r *Resolver) run(c *call, own flightRun) {
 	e, err := r.fetch(&own.q)
 	r.flights.finish(c, own, e, err)

@@ -219,6 +219,34 @@ func TestCoalescing(t *testing.T) {
 	}
 }
 
+// A flight that finishes between a client's cache lookup and its join must
+// not make that client ask again (seen in CI: two upstream queries for one
+// popular name under load). The interleaving is forced: the flight's answer
+// is in the cache when the late client becomes the owner of a new flight.
+func TestLateAskerTakesTheFinishedFlightsAnswer(t *testing.T) {
+	e := newEnv(t, nil)
+	q := question(t, "late.example.com.")
+	if res := <-e.resolveAsync(q); res.err != nil {
+		t.Fatal(res.err)
+	}
+	if c := e.up.calls.Load(); c != 1 {
+		t.Fatalf("%d upstream queries for the first asker", c)
+	}
+	// The late client looked before the answer was put, then joined.
+	c, own, joined, ok := e.r.flights.join(q, true)
+	if joined || !ok {
+		t.Fatalf("join: joined %v ok %v", joined, ok)
+	}
+	e.r.runMiss(c, own)
+	e.r.flights.leave(c)
+	if c.err != nil || c.entry == nil {
+		t.Fatalf("late client got %v, %v", c.entry, c.err)
+	}
+	if n := e.up.calls.Load(); n != 1 {
+		t.Fatalf("%d upstream queries, want 1: the late client asked again", n)
+	}
+}
+
 func TestStaleServedAfterClientTimeout(t *testing.T) {
 	e := newEnv(t, nil)
 	q := question(t, "slow.example.")
