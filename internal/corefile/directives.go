@@ -52,12 +52,12 @@ func init() {
 		"bind":       {setup: setupBind, repeatable: true, forms: "bind ADDRESS..."},
 		"bufsize":    {setup: setupBufsize, forms: "bufsize [SIZE]"},
 		"cache":      {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION [verify|immediate]]; servfail DURATION; disable success|denial; keepttl }"},
-		"debug":      {setup: flag(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
+		"debug":      {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
 		"errors":     {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
 		"forward":    {setup: setupForward, forms: "forward FROM TO... { force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N }"},
 		"health":     {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
 		"log":        {setup: setupLog, forms: "log [ZONE...] (the block's zones)"},
-		"loop":       {setup: flag(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
+		"loop":       {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
 		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
 		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
 		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
@@ -96,7 +96,7 @@ func noBlock(d *Directive) error {
 	return nil
 }
 
-func flag(set func(*Server)) func(*Server, *Directive) error {
+func boolDirective(set func(*Server)) func(*Server, *Directive) error {
 	return func(s *Server, d *Directive) error {
 		if len(d.Args) > 0 {
 			return bad(d, "takes no arguments, got %q", d.Args[0].Text)

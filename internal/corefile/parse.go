@@ -226,6 +226,9 @@ func replaceRefs(s, open, close string, env Env) string {
 // block reads one server block (or snippet definition, which returns nil).
 func (p *parser) block() (*Block, error) {
 	b := &Block{Pos: p.toks[p.i].Pos}
+	if t := p.toks[p.i].Text; t == "}" || t == "{" {
+		return nil, errAt(b.Pos, "unexpected '%s' where a server block's key belongs", t)
+	}
 	// Keys: the tokens of the first line, plus following lines while a key
 	// ends with ','.
 	more := false
