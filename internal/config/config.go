@@ -74,6 +74,10 @@ type Config struct {
 	LogFormat   string
 	CheckConfig bool
 	PProf       bool
+
+	// DropIn: the stock image's flags and the Corefile (stockflags.go,
+	// corefile.go).
+	DropIn DropIn
 }
 
 // CacheConfig sizes the cache and caps lifetimes.
@@ -127,7 +131,6 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
-	fs.DurationVar(&c.SyncInterval, "syncinterval", 60*time.Second, "how often interface and rules are re-asserted")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
 	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", 9984, "cache entries for positive answers")
 	fs.IntVar(&c.Cache.DenialCapacity, "denial-capacity", 9984, "cache entries for NXDOMAIN/NODATA answers")
@@ -152,6 +155,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.BoolVar(&c.PProf, "pprof", false, "serve /debug/pprof/ on the metrics address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
+	var stock stockFlags
+	registerStock(fs, c, &stock) // drop-in: the stock image's flags
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -163,6 +168,9 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.DropIn.Exit = exitText(&stock); c.DropIn.Exit != "" {
+		return c, nil
+	}
 
 	var err error
 	if c.LocalIPs, err = parseIPs(localIP); err != nil {
@@ -263,8 +271,13 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.KubeDNSConfigMap = DefaultKubeDNSConfigMap
 		}
 	}
-	if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
-		return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
+	if err := c.applyCorefile(&stock, set, localIP, env); err != nil { // drop-in: -conf
+		return nil, err
+	}
+	if c.ResolvConf != "" {
+		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
+			return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
+		}
 	}
 	return c, nil
 }
