@@ -100,4 +100,3 @@ func (c *Config) rawConfigMap() (map[string][]string, []string, bool) {
 func (c *Config) note(format string, a ...any) {
 	c.DropIn.Notes = append(c.DropIn.Notes, fmt.Sprintf(format, a...))
 }
-

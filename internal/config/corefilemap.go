@@ -129,7 +129,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		case slices.Contains(s.Zones, "."):
 			if len(f.To) == 1 && f.To[0].ResolvConf != "" {
 				if set["resolv-conf"] && c.ResolvConf != f.To[0].ResolvConf {
-					flagWins("resolv-conf", "forward . "+f.To[0].ResolvConf, f.To[0].ResolvConf, c.ResolvConf)
+					flagWins("resolv-conf", "forward .", f.To[0].ResolvConf, c.ResolvConf)
 				} else {
 					c.ResolvConf = f.To[0].ResolvConf
 				}
@@ -156,7 +156,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			mapped(s, "forward . %v: zones %v routed to their own group %v (like a stub domain)%s", upstreams(f), s.Zones, ns, map[bool]string{true: " over TCP", false: ""}[f.ForceTCP])
 		}
 		if f != nil {
-			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: our groups try servers in order, mark a failing server down and probe it, and bound concurrency with -max-inflight",
+			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: read and shown, not mapped one to one: our forward groups' own failover and health checks apply (internal/forward), concurrency is bounded by -max-inflight",
 				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent)
 			if len(f.Except) > 0 {
 				mapped(s, "forward except %v: those names are routed by the longest other zone", f.Except)

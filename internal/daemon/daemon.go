@@ -73,6 +73,9 @@ type Options struct {
 	// InstanceID overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
 	InstanceID string
+	// OnReady runs once Start has made the daemon ready (main writes
+	// -pidfile there, as CoreDNS writes it once serving).
+	OnReady func()
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -269,6 +272,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		"metrics", addr.String(),
 		"health", d.cfg.HealthAddr,
 		"twins", len(twins))
+	if d.opt.OnReady != nil {
+		d.opt.OnReady()
+	}
 	return nil
 }
 

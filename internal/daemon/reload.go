@@ -58,6 +58,7 @@ type reloader struct {
 	node        *forward.Group
 	nodeServers []netip.AddrPort
 	stubs       map[string]stubGroup // by zone
+	static      []staticRoute        // the Corefile's zone routes, for the daemon's life
 
 	resolv    []netip.AddrPort // last good resolv.conf list
 	resolvErr string           // last resolv.conf error logged
@@ -69,6 +70,11 @@ type reloader struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup // the watch goroutine and retirements
+}
+
+type staticRoute struct {
+	zone string
+	g    *forward.Group
 }
 
 type stubGroup struct {
@@ -97,6 +103,19 @@ func (d *Daemon) buildRoutes() error {
 		}
 		r.kube = kube
 		d.groups = []*forward.Group{kube}
+	}
+	for _, zr := range d.cfg.DropIn.Routes { // drop-in: the Corefile's forward blocks
+		cfg := forward.GroupConfig{Name: "corefile:" + zr.Zone, Servers: zr.Servers, Proto: forward.UDP, Logger: d.log.With("group", "corefile:"+zr.Zone)}
+		if zr.ForceTCP {
+			cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
+		}
+		g, err := forward.NewGroup(cfg, d.Metrics)
+		if err != nil {
+			d.closeGroups()
+			return fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
+		}
+		r.static = append(r.static, staticRoute{zone: zr.Zone, g: g})
+		d.groups = append(d.groups, g)
 	}
 	if d.cfg.KubeDNSConfigMap != "" {
 		d.readConfigMap(true)
@@ -288,9 +307,17 @@ func (d *Daemon) apply() error {
 	live := []*forward.Group{node}
 	if r.kube != nil {
 		live = append(live, r.kube)
-		for _, z := range append([]string{d.cfg.ClusterDomain}, reverseZones...) {
+		zones := append([]string{d.cfg.ClusterDomain}, reverseZones...)
+		if d.cfg.DropIn.KubeDNSZones != nil { // drop-in: the Corefile's blocks that forward to kube-dns
+			zones = d.cfg.DropIn.KubeDNSZones
+		}
+		for _, z := range zones {
 			routes = append(routes, forward.Route{Zone: z, Group: r.kube})
 		}
+	}
+	for _, sr := range r.static { // drop-in: the Corefile's other forward blocks
+		routes = append(routes, forward.Route{Zone: sr.zone, Group: sr.g})
+		live = append(live, sr.g)
 	}
 	for _, zone := range r.cm.Zones() {
 		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})
