@@ -24,6 +24,40 @@ type CorefileConfig struct {
 	Mapping []string
 	// Policies are the per-block cache policies, by zone.
 	Policies corefile.Policies
+
+	// What Reload needs to do it again: the Config before the Corefile was
+	// applied, the flags, the environment.
+	before  Config
+	stock   stockFlags
+	set     map[string]bool
+	localIP string
+	env     Env
+}
+
+// Source is the file a change of the Corefile shows in: the template when
+// the Corefile is rendered, else the Corefile.
+func (cc *CorefileConfig) Source() string {
+	if cc.Base != "" {
+		return cc.Base
+	}
+	return cc.Path
+}
+
+// Reload renders (when from a template), parses and maps the Corefile
+// again over the same flags and environment, for the daemon's watch. The
+// kube-dns ConfigMap is read as it is now.
+func (cc *CorefileConfig) Reload() (*Config, error) {
+	n := cc.before
+	if err := n.applyCorefile(&cc.stock, cc.set, cc.localIP, cc.env); err != nil {
+		return nil, err
+	}
+	if n.ResolvConf != "" {
+		var err error
+		if n.Nameservers, err = LoadResolvConf(n.ResolvConf, n.LocalIPs, n.Port); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	return &n, nil
 }
 
 // applyCorefile switches to Corefile mode when -conf (or an explicit
@@ -38,7 +72,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 		}
 		path = s.corefile
 	}
-	cc := &CorefileConfig{Path: path}
+	cc := &CorefileConfig{Path: path, before: *c, stock: *s, set: set, localIP: localIP, env: env}
 	if st, err := os.Stat(s.basecorefile); err == nil && !st.IsDir() {
 		base, err := os.ReadFile(s.basecorefile)
 		if err != nil {

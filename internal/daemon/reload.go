@@ -58,7 +58,12 @@ type reloader struct {
 	node        *forward.Group
 	nodeServers []netip.AddrPort
 	stubs       map[string]stubGroup // by zone
-	static      []staticRoute        // the Corefile's zone routes, for the daemon's life
+	static      []staticRoute        // the Corefile's zone routes (corefile.go)
+	cf          corefileState        // the Corefile as last applied (corefile.go)
+	kubeAt      netip.AddrPort       // kube-dns address after a Corefile change; zero: cfg.KubeDNS
+	// Groups and zones a Corefile change replaced: apply retires them.
+	retireLater  []*forward.Group
+	changedZones []string
 
 	resolv    []netip.AddrPort // last good resolv.conf list
 	resolvErr string           // last resolv.conf error logged
@@ -105,11 +110,7 @@ func (d *Daemon) buildRoutes() error {
 		d.groups = []*forward.Group{kube}
 	}
 	for _, zr := range d.cfg.DropIn.Routes { // drop-in: the Corefile's forward blocks
-		cfg := forward.GroupConfig{Name: "corefile:" + zr.Zone, Servers: zr.Servers, Proto: forward.UDP, Logger: d.log.With("group", "corefile:"+zr.Zone)}
-		if zr.ForceTCP {
-			cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
-		}
-		g, err := forward.NewGroup(cfg, d.Metrics)
+		g, err := d.routeGroup(zr)
 		if err != nil {
 			d.closeGroups()
 			return fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
@@ -117,6 +118,7 @@ func (d *Daemon) buildRoutes() error {
 		r.static = append(r.static, staticRoute{zone: zr.Zone, g: g})
 		d.groups = append(d.groups, g)
 	}
+	d.initCorefile()
 	if d.cfg.KubeDNSConfigMap != "" {
 		d.readConfigMap(true)
 	}
@@ -135,6 +137,9 @@ func (d *Daemon) startReload() {
 	}
 	if d.cfg.KubeDNSConfigMap != "" {
 		paths = append(paths, d.cfg.KubeDNSConfigMap)
+	}
+	if cc := d.corefile(); cc != nil {
+		paths = append(paths, cc.Source())
 	}
 	if len(paths) == 0 {
 		return
@@ -174,6 +179,9 @@ func (d *Daemon) reread() {
 		changed = true
 	}
 	if d.cfg.KubeDNSConfigMap != "" && d.readConfigMap(false) {
+		changed = true
+	}
+	if d.corefile() != nil && d.readCorefile() {
 		changed = true
 	}
 	if changed {
@@ -259,8 +267,10 @@ func (d *Daemon) apply() error {
 	if len(r.cm.UpstreamNameservers) > 0 {
 		servers, source = r.cm.UpstreamNameservers, "upstreamNameservers"
 	}
-	var created, retired []*forward.Group
-	var changedZones []string
+	retired := r.retireLater
+	changedZones := r.changedZones
+	r.retireLater, r.changedZones = nil, nil
+	var created []*forward.Group
 	fail := func(err error) error {
 		for _, g := range created {
 			_ = g.Close()
@@ -308,8 +318,8 @@ func (d *Daemon) apply() error {
 	if r.kube != nil {
 		live = append(live, r.kube)
 		zones := append([]string{d.cfg.ClusterDomain}, reverseZones...)
-		if d.cfg.DropIn.KubeDNSZones != nil { // drop-in: the Corefile's blocks that forward to kube-dns
-			zones = d.cfg.DropIn.KubeDNSZones
+		if d.corefile() != nil { // drop-in: the Corefile's blocks that forward to kube-dns
+			zones = r.cf.kubeZones
 		}
 		for _, z := range zones {
 			routes = append(routes, forward.Route{Zone: z, Group: r.kube})
