@@ -172,7 +172,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 		return c, nil
 	}
 
-	var err error
+	var err, kubeErr error
 	if c.LocalIPs, err = parseIPs(localIP); err != nil {
 		return nil, usage("-localip: %v", err)
 	}
@@ -200,8 +200,10 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.StateDir = "" // no node to share: no twins
 		}
 	} else {
-		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil {
+		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil && !stock.corefileMode(set) {
 			return nil, err
+		} else if err != nil {
+			kubeErr = err // drop-in: the Corefile may name the cluster DNS
 		}
 		// The classic mistake in iptables mode: serving the kube-dns
 		// ClusterIP and forwarding to it. Our NOTRACK rules deliver those
@@ -273,6 +275,9 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	if err := c.applyCorefile(&stock, set, localIP, env); err != nil { // drop-in: -conf
 		return nil, err
+	}
+	if kubeErr != nil && !c.KubeDNS.IsValid() {
+		return nil, kubeErr
 	}
 	if c.ResolvConf != "" {
 		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {

@@ -229,7 +229,12 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		} else {
 			c.HealthAddr = health
 		}
-		if p, err := strconv.Atoi(health[strings.LastIndexByte(health, ':')+1:]); err == nil {
+		if p, err := strconv.Atoi(health[strings.LastIndexByte(health, ':')+1:]); err == nil && p != c.HealthPort {
+			if set["health-port"] {
+				// node-cache uses -health-port only for its conntrack rule;
+				// the Corefile's health listens where it says.
+				c.note("-health-port %d: the NOTRACK rule names it, but the Corefile's health listens on port %d; the rule follows the Corefile (%d)", c.HealthPort, p, p)
+			}
 			c.HealthPort = p
 		}
 	}
@@ -240,6 +245,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		c.MetricsAddr = metrics
 	}
 	_ = pprof
+	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
+		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
+	}
 	if haveCache {
 		c.mapCacheTTLs(set, succCap, denCap)
 	}

@@ -121,3 +121,6 @@ func exitText(s *stockFlags) string {
 	}
 	return b.String()
 }
+
+// corefileMode reports whether a Corefile is the configuration.
+func (s *stockFlags) corefileMode(set map[string]bool) bool { return s.conf != "" || set["corefile"] }
