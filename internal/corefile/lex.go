@@ -91,7 +91,7 @@ func lex(file string, data []byte) ([]Token, error) {
 		val = utf8.AppendRune(val, r)
 	}
 	if quoted {
-		return nil, fmt.Errorf("%s:%d: unterminated quoted string", file, start)
+		return nil, errAt(Pos{File: file, Line: start}, "unterminated quoted string")
 	}
 	if len(val) > 0 {
 		emit()

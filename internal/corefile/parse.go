@@ -3,6 +3,7 @@ package corefile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,13 +59,38 @@ const (
 // Env looks up an environment variable for {$NAME} and {%NAME%}.
 type Env func(string) string
 
+// maxFileSize bounds a Corefile or an imported file: a ConfigMap holds at
+// most 1 MiB; four leaves room for a hand-written file.
+const maxFileSize = 4 << 20
+
 // ParseFile reads and parses the Corefile at path.
 func ParseFile(path string, env Env) ([]*Block, error) {
-	data, err := os.ReadFile(path)
+	data, err := readFile(path)
 	if err != nil {
 		return nil, err
 	}
 	return Parse(path, data, env)
+}
+
+// readFile reads a regular file of at most maxFileSize bytes (an import of
+// /dev/zero or a FIFO must not hang the start).
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if st.Size() > maxFileSize {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxFileSize)
+	}
+	return io.ReadAll(io.LimitReader(f, maxFileSize+1))
 }
 
 // Parse parses Corefile text; file names it in errors and is the directory
@@ -181,14 +207,7 @@ func (p *parser) importFiles(at Pos, pattern string) ([]Token, error) {
 	}
 	var out []Token
 	for _, m := range matches {
-		st, err := os.Stat(m)
-		if err != nil {
-			return nil, errAt(at, "import %s: %v", m, err)
-		}
-		if st.IsDir() {
-			return nil, errAt(at, "import %s: is a directory", m)
-		}
-		data, err := os.ReadFile(m)
+		data, err := readFile(m)
 		if err != nil {
 			return nil, errAt(at, "import %s: %v", m, err)
 		}
