@@ -352,7 +352,9 @@ func (p *parser) lines(inBlock bool) (ds []*Directive, closed bool, err error) {
 		for !p.eof() && !p.newLine(p.i) {
 			a := p.toks[p.i]
 			if a.Text == "}" {
-				break // closes the enclosing block: `opt }`
+				// CoreDNS refuses a '}' after a directive on its line
+				// (`.:53 { forward . 1.1.1.1 }`, `{ force_tcp }`).
+				return nil, false, errAt(a.Pos, "%s: unexpected '}' on the directive's line (a '}' starts its own line)", d.Name)
 			}
 			p.i++
 			if a.Text == "{" {
