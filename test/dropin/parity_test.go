@@ -5,7 +5,6 @@
 package dropin
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -165,7 +164,7 @@ func waitDNS(t *testing.T, addr string) {
 	t.Fatalf("%s does not answer", addr)
 }
 
-func start(t *testing.T, argv []string, logs *bytes.Buffer) {
+func start(t *testing.T, argv []string, logs *syncBuffer) {
 	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -244,7 +243,7 @@ func TestParityWithCoreDNS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var lo, lc bytes.Buffer
+	var lo, lc syncBuffer
 	start(t, []string{ours, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown"}, &lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)

@@ -1,7 +1,6 @@
 package dropin
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,7 +18,7 @@ import (
 // serves (true) or exits refusing it (false), with its output.
 func coreDNSAccepts(t *testing.T, bin, conf string, port int) (bool, string) {
 	t.Helper()
-	var out bytes.Buffer
+	var out syncBuffer
 	cmd := exec.Command(bin, "-conf", conf, "-quiet")
 	cmd.Dir = filepath.Dir(conf)
 	cmd.Stdout, cmd.Stderr = &out, &out
