@@ -238,11 +238,18 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			c.HealthPort = p
 		}
 	}
+	// node-cache serves its own metrics on -metrics-listen-address
+	// (default 0.0.0.0:9353) besides CoreDNS's prometheus: so do we.
+	nodeCache := nodeCacheMetricsDefault
+	if set["metrics-listen-address"] {
+		nodeCache = c.MetricsAddr
+	}
 	if metrics != "" {
-		if set["metrics-listen-address"] {
-			c.note("-metrics-listen-address %s: node-cache's own metrics endpoint; the Corefile's prometheus %s serves /metrics (ours serve both series on one endpoint: %s)", c.MetricsAddr, metrics, metrics)
-		}
 		c.MetricsAddr = metrics
+	}
+	if nodeCache != c.MetricsAddr {
+		c.DropIn.NodeCacheMetricsAddr = nodeCache
+		mapped(srv[0], "-metrics-listen-address %s: node-cache's own endpoint, served too (/metrics, /health, /ready)", nodeCache)
 	}
 	_ = pprof
 	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
@@ -253,6 +260,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	}
 	return nil
 }
+
+// nodeCacheMetricsDefault is node-cache's -metrics-listen-address default.
+const nodeCacheMetricsDefault = "0.0.0.0:9353"
 
 var noopWhy = map[string]string{
 	"errors": "errors are logged once per state change and counted",

@@ -33,6 +33,11 @@ type DropIn struct {
 	// Routes are the Corefile's other forward blocks, routed like stub
 	// domains (static for the daemon's life).
 	Routes []ZoneRoute
+	// NodeCacheMetricsAddr is node-cache's own metrics endpoint in Corefile
+	// mode (-metrics-listen-address, default 0.0.0.0:9353 as node-cache's),
+	// served besides the Corefile's prometheus address; "" when it is the
+	// same address or not in Corefile mode.
+	NodeCacheMetricsAddr string
 	// Notes say where a flag and the Corefile disagree and which won, and
 	// what the Corefile says that we do another way. Logged at start and
 	// printed by -check-config.

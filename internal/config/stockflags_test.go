@@ -144,6 +144,9 @@ func TestReferenceManifestCorefileMode(t *testing.T) {
 		c.Cache.SuccessCapacity != 9984+3*10000 || c.Cache.MinTTL != 5*time.Second || c.Cache.StaleWindow != 0 || c.Cache.PrefetchHits != 0 {
 		t.Fatalf("cache %+v", c.Cache)
 	}
+	if c.DropIn.NodeCacheMetricsAddr != "0.0.0.0:9353" {
+		t.Fatalf("node-cache's metrics endpoint %q", c.DropIn.NodeCacheMetricsAddr)
+	}
 	if len(c.DropIn.Routes) != 0 || c.ResolvConf != "/etc/resolv.conf" && !strings.HasSuffix(c.ResolvConf, "resolv.conf") {
 		t.Fatalf("routes %v resolv %s", c.DropIn.Routes, c.ResolvConf)
 	}

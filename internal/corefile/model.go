@@ -183,7 +183,7 @@ func buildServer(b *Block, o Options) (*Server, error) {
 			return nil, errAt(k.Pos, "server block key %q: %v", k.Text, err)
 		}
 		if s.Port >= 0 && port != s.Port {
-			return nil, errAt(k.Pos, "server block key %q: port %d differs from the block's port %d (one port per block, as CoreDNS)", k.Text, port, s.Port)
+			return nil, errAt(k.Pos, "server block key %q: port %d differs from the block's port %d (CoreDNS serves both; nodelocaldns serves one DNS port)", k.Text, port, s.Port)
 		}
 		s.Port = port
 		s.Keys = append(s.Keys, k.Text)

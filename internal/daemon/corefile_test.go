@@ -44,6 +44,7 @@ func TestCorefileRoutes(t *testing.T) {
 	e := start(t, func(c *config.Config) {
 		c.KubeDNS = parsed.KubeDNS
 		c.DropIn = parsed.DropIn
+		c.DropIn.NodeCacheMetricsAddr = "127.0.0.1:0"
 	})
 	e.kube = kube
 	for _, tc := range []struct {
@@ -91,6 +92,7 @@ func startCorefile(t *testing.T, conf, text string) *env {
 	return start(t, func(c *config.Config) {
 		c.KubeDNS = parsed.KubeDNS
 		c.DropIn = parsed.DropIn
+		c.DropIn.NodeCacheMetricsAddr = "127.0.0.1:0"
 	})
 }
 

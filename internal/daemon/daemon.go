@@ -263,6 +263,12 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 		d.healthAddr = haddr
 	}
+	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint
+		// Not fatal: DNS and the Corefile's endpoint matter more.
+		if _, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: a, Health: d.health, Ready: d.readyProbe}); err != nil {
+			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
+		}
+	}
 	d.startReload()
 	d.ready.Store(true)
 	d.log.Info("serving",

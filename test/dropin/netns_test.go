@@ -186,6 +186,9 @@ func referenceManifest(t *testing.T, ipvs bool) {
 	if out := mustRun(t, in("curl", "-sf", "http://169.254.20.10:9253/metrics")); !strings.Contains(out, "nodelocaldns_") {
 		t.Errorf("metrics on :9253 lack our series")
 	}
+	if out := mustRun(t, in("curl", "-sf", "http://127.0.0.1:9353/metrics")); !strings.Contains(out, "nodelocaldns_setup_errors_total") {
+		t.Errorf("node-cache's own endpoint :9353 lacks the setup error series")
+	}
 	digA := func(server, name string) string {
 		return strings.TrimSpace(mustRun(t, in(dig, "@"+server, "+short", "+time=2", "+tries=1", name)))
 	}

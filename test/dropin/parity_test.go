@@ -245,7 +245,8 @@ func TestParityWithCoreDNS(t *testing.T) {
 	}
 	var lo, lc syncBuffer
 	start(t, []string{ours, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
-		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown"}, &lo)
+		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, &lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
 	aOurs, aCore := fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
 	waitDNS(t, aOurs)

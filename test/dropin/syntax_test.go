@@ -50,7 +50,10 @@ func coreDNSAccepts(t *testing.T, bin, conf string, port int) (bool, string) {
 
 // Corefile syntax as CoreDNS 1.15 reads it: each text is accepted or
 // refused by both. PORT and UP are filled in; every directive used is one
-// we support, so a difference is the syntax's.
+// we support, so a difference is the syntax's. No key may fall back to
+// port 53: whether CoreDNS can bind it here depends on the machine. (Left
+// out on purpose: a stray '}' after the last block, which CoreDNS takes as
+// a server block for the zone "}." on port 53 and we refuse.)
 func TestSyntaxParityWithCoreDNS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs CoreDNS")
@@ -59,8 +62,8 @@ func TestSyntaxParityWithCoreDNS(t *testing.T) {
 	up := upstream(t, "192.0.2.1")
 	for _, tc := range []struct{ name, text string }{
 		{"plain", ".:PORT {\n  forward . UP\n}\n"},
-		{"keys with commas over lines", "a.example.,\n  .:PORT {\n  forward . UP\n}\n"},
-		{"several keys", "a.example:PORT example.org. .:PORT {\n  forward . UP\n}\n"},
+		{"keys with commas over lines", "a.example.:PORT,\n  .:PORT {\n  forward . UP\n}\n"},
+		{"several keys", "a.example:PORT example.org.:PORT .:PORT {\n  forward . UP\n}\n"},
 		{"dns scheme", "dns://.:PORT {\n  forward . dns://UP\n}\n"},
 		{"comments and tabs", "# head\n.:PORT {\t# open\n\tforward . UP # trailing\n\tcache 30\t \n}\n"},
 		{"crlf", ".:PORT {\r\n  forward . UP\r\n}\r\n"},
@@ -72,7 +75,6 @@ func TestSyntaxParityWithCoreDNS(t *testing.T) {
 		{"option block on one line", ".:PORT {\n  forward . UP { force_tcp }\n}\n"},
 		{"unknown directive", ".:PORT {\n  forward . UP\n  frobnicate\n}\n"},
 		{"missing close", ".:PORT {\n  forward . UP\n"},
-		{"extra close", ".:PORT {\n  forward . UP\n}\n}\n"},
 		{"brace on next line", ".:PORT\n{\n  forward . UP\n}\n"},
 		{"no braces", ".:PORT\nforward . UP\n"},
 		{"cache twice", ".:PORT {\n  cache 30\n  cache 10\n  forward . UP\n}\n"},
