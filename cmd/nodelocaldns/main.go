@@ -74,6 +74,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nodelocaldns: %v\n", err)
 		return exitUsage
 	}
+	if cfg.DropIn.Exit != "" { // -version, -plugins
+		fmt.Fprint(stdout, cfg.DropIn.Exit)
+		return exitOK
+	}
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if cfg.LogFormat == "json" {
 		h = slog.NewJSONHandler(stderr, nil)
@@ -83,7 +87,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		config.Describe(stdout, cfg)
 		return exitOK
 	}
-	d, err := daemon.New(cfg, log, daemon.Options{PProf: cfg.PProf})
+	for _, n := range cfg.DropIn.Notes {
+		log.Warn("configuration: " + n)
+	}
+	d, err := daemon.New(cfg, log, daemon.Options{PProf: cfg.PProf, OnReady: pidFileWriter(cfg.DropIn.PidFile, log)})
 	if err != nil {
 		log.Error("cannot start", "err", err)
 		return exitFailed
@@ -141,4 +148,17 @@ func probe(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, "ok")
 	return exitOK
+}
+
+// pidFileWriter writes -pidfile once serving, as CoreDNS does (node-cache's
+// wrapper waits for it before installing its rules); nil without -pidfile.
+func pidFileWriter(path string, log *slog.Logger) func() {
+	if path == "" {
+		return nil
+	}
+	return func() {
+		if err := os.WriteFile(path, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o644); err != nil {
+			log.Error("cannot write -pidfile", "file", path, "err", err)
+		}
+	}
 }

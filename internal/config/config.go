@@ -86,6 +86,10 @@ type Config struct {
 	LogFormat   string
 	CheckConfig bool
 	PProf       bool
+
+	// DropIn: the stock image's flags and the Corefile (stockflags.go,
+	// corefile.go).
+	DropIn DropIn
 }
 
 // CacheConfig sizes the cache and caps lifetimes.
@@ -144,7 +148,6 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
 	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
-	fs.DurationVar(&c.SyncInterval, "syncinterval", 60*time.Second, "how often interface and rules are re-asserted")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
 	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", 9984, "cache entries for positive answers")
 	fs.IntVar(&c.Cache.DenialCapacity, "denial-capacity", 9984, "cache entries for NXDOMAIN/NODATA answers")
@@ -170,6 +173,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.BoolVar(&c.PProf, "pprof", false, "serve /debug/pprof/ on the metrics address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
+	var stock stockFlags
+	registerStock(fs, c, &stock) // drop-in: the stock image's flags
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -181,8 +186,11 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.DropIn.Exit = exitText(&stock); c.DropIn.Exit != "" {
+		return c, nil
+	}
 
-	var err error
+	var err, kubeErr error
 	if c.LocalIPs, err = parseIPs(localIP); err != nil {
 		return nil, usage("-localip: %v", err)
 	}
@@ -210,8 +218,10 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.StateDir = "" // no node to share: no twins
 		}
 	} else {
-		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil {
+		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil && !stock.corefileMode(set) {
 			return nil, err
+		} else if err != nil {
+			kubeErr = err // drop-in: the Corefile may name the cluster DNS
 		}
 		// The classic mistake in iptables mode: serving the kube-dns
 		// ClusterIP and forwarding to it. Our NOTRACK rules deliver those
@@ -287,8 +297,16 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.KubeDNSConfigMap = DefaultKubeDNSConfigMap
 		}
 	}
-	if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
-		return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
+	if err := c.applyCorefile(&stock, set, localIP, env); err != nil { // drop-in: -conf
+		return nil, err
+	}
+	if kubeErr != nil && !c.KubeDNS.IsValid() {
+		return nil, kubeErr
+	}
+	if c.ResolvConf != "" {
+		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
+			return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
+		}
 	}
 	return c, nil
 }

@@ -77,6 +77,9 @@ type Options struct {
 	// InstanceIDForTest overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
 	InstanceIDForTest string
+	// OnReady runs once Start has made the daemon ready (main writes
+	// -pidfile there, as CoreDNS writes it once serving).
+	OnReady func()
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -281,6 +284,12 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
+	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint
+		// Not fatal: DNS and the Corefile's endpoint matter more.
+		if _, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: a, Health: d.health, Ready: d.readyProbe, Log: d.log}); err != nil {
+			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
+		}
+	}
 	d.startReload()
 	d.ready.Store(true)
 	d.log.Info("serving",
@@ -290,6 +299,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		"metrics", addr.String(),
 		"health", d.cfg.HealthAddr,
 		"twins", len(twins))
+	if d.opt.OnReady != nil {
+		d.opt.OnReady()
+	}
 	return nil
 }
 

@@ -58,6 +58,12 @@ type reloader struct {
 	node        *forward.Group
 	nodeServers []netip.AddrPort
 	stubs       map[string]stubGroup // by zone
+	static      []staticRoute        // the Corefile's zone routes (corefile.go)
+	cf          corefileState        // the Corefile as last applied (corefile.go)
+	kubeAt      netip.AddrPort       // kube-dns address after a Corefile change; zero: cfg.KubeDNS
+	// Groups and zones a Corefile change replaced: apply retires them.
+	retireLater  []*forward.Group
+	changedZones []string
 
 	resolv    []netip.AddrPort // last good resolv.conf list
 	resolvErr string           // last resolv.conf error logged
@@ -69,6 +75,11 @@ type reloader struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup // the watch goroutine and retirements
+}
+
+type staticRoute struct {
+	zone string
+	g    *forward.Group
 }
 
 type stubGroup struct {
@@ -101,6 +112,16 @@ func (d *Daemon) buildRoutes() error {
 		r.kube = kube
 		d.groups = []*forward.Group{kube}
 	}
+	for _, zr := range d.cfg.DropIn.Routes { // drop-in: the Corefile's forward blocks
+		g, err := d.routeGroup(zr)
+		if err != nil {
+			d.closeGroups()
+			return fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
+		}
+		r.static = append(r.static, staticRoute{zone: zr.Zone, g: g})
+		d.groups = append(d.groups, g)
+	}
+	d.initCorefile()
 	if d.cfg.KubeDNSConfigMap != "" {
 		d.readConfigMap(true)
 	}
@@ -119,6 +140,9 @@ func (d *Daemon) startReload() {
 	}
 	if d.cfg.KubeDNSConfigMap != "" {
 		paths = append(paths, d.cfg.KubeDNSConfigMap)
+	}
+	if cc := d.corefile(); cc != nil {
+		paths = append(paths, cc.Source())
 	}
 	if len(paths) == 0 {
 		return
@@ -158,6 +182,9 @@ func (d *Daemon) reread() {
 		changed = true
 	}
 	if d.cfg.KubeDNSConfigMap != "" && d.readConfigMap(false) {
+		changed = true
+	}
+	if d.corefile() != nil && d.readCorefile() {
 		changed = true
 	}
 	if changed {
@@ -243,8 +270,10 @@ func (d *Daemon) apply() error {
 	if len(r.cm.UpstreamNameservers) > 0 {
 		servers, source = r.cm.UpstreamNameservers, "upstreamNameservers"
 	}
-	var created, retired []*forward.Group
-	var changedZones []string
+	retired := r.retireLater
+	changedZones := r.changedZones
+	r.retireLater, r.changedZones = nil, nil
+	var created []*forward.Group
 	fail := func(err error) error {
 		for _, g := range created {
 			_ = g.Close()
@@ -291,9 +320,17 @@ func (d *Daemon) apply() error {
 	live := []*forward.Group{node}
 	if r.kube != nil {
 		live = append(live, r.kube)
-		for _, z := range append([]string{d.cfg.ClusterDomain}, reverseZones...) {
+		zones := append([]string{d.cfg.ClusterDomain}, reverseZones...)
+		if d.corefile() != nil { // drop-in: the Corefile's blocks that forward to kube-dns
+			zones = r.cf.kubeZones
+		}
+		for _, z := range zones {
 			routes = append(routes, forward.Route{Zone: z, Group: r.kube})
 		}
+	}
+	for _, sr := range r.static { // drop-in: the Corefile's other forward blocks
+		routes = append(routes, forward.Route{Zone: sr.zone, Group: sr.g})
+		live = append(live, sr.g)
 	}
 	for _, zone := range r.cm.Zones() {
 		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})

@@ -812,7 +812,7 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 	}{
 		{"misspelt flag", func(o []any) { container(o).Args[1] = "-upstreamscv=kube-dns-upstream" }, "flag provided but not defined: -upstreamscv"},
 		{"invalid flag value", func(o []any) { setArg(o, "lameduck", "5") }, "-lameduck"},
-		{"unknown flag", func(o []any) { container(o).Args = append(container(o).Args, "-conf=/etc/Corefile") }, "not defined: -conf"},
+		{"unknown flag", func(o []any) { container(o).Args = append(container(o).Args, "-frobnicate=1") }, "not defined: -frobnicate"},
 		{"forwarding to kube-dns itself", func(o []any) { setArg(o, "upstreamsvc", "kube-dns") }, "forwarding there loops"},
 		{"a containerPort", func(o []any) {
 			container(o).Ports = []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9253, Protocol: corev1.ProtocolTCP}}

@@ -1,0 +1,136 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+)
+
+// CorefileConfig is the Corefile the daemon runs (Corefile mode).
+type CorefileConfig struct {
+	Path string // -conf
+	Base string // -basecorefile when it was rendered from; "" when -conf is used as it is
+	// Text is what was parsed: the rendering without the kube-dns
+	// ConfigMap (whose stub domains and upstreams the daemon applies and
+	// watches itself), or -conf's content.
+	Text []byte
+	// Written is the full rendering (with the ConfigMap) written to Path,
+	// as node-cache writes it; nil when Base is "".
+	Written []byte
+	Servers []*corefile.Server
+	// Mapping says, block by block, how each directive was mapped.
+	Mapping []string
+	// Policies are the per-block cache policies, by zone.
+	Policies corefile.Policies
+
+	// What Reload needs to do it again: the Config before the Corefile was
+	// applied, the flags, the environment.
+	before  Config
+	stock   stockFlags
+	set     map[string]bool
+	localIP string
+	env     Env
+}
+
+// Source is the file a change of the Corefile shows in: the template when
+// the Corefile is rendered, else the Corefile.
+func (cc *CorefileConfig) Source() string {
+	if cc.Base != "" {
+		return cc.Base
+	}
+	return cc.Path
+}
+
+// Reload renders (when from a template), parses and maps the Corefile
+// again over the same flags and environment, for the daemon's watch. The
+// kube-dns ConfigMap is read as it is now.
+func (cc *CorefileConfig) Reload() (*Config, error) {
+	n := cc.before
+	if err := n.applyCorefile(&cc.stock, cc.set, cc.localIP, cc.env); err != nil {
+		return nil, err
+	}
+	if n.ResolvConf != "" {
+		var err error
+		if n.Nameservers, err = LoadResolvConf(n.ResolvConf, n.LocalIPs, n.Port); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
+	return &n, nil
+}
+
+// applyCorefile switches to Corefile mode when -conf (or an explicit
+// -corefile) is given: renders the template as node-cache does, parses the
+// Corefile, and maps it onto c. Flags given explicitly win where they say
+// something else; each such case becomes a note.
+func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP string, env Env) error {
+	path := s.conf
+	if path == "" {
+		if !set["corefile"] {
+			return nil
+		}
+		path = s.corefile
+	}
+	cc := &CorefileConfig{Path: path, before: *c, stock: *s, set: set, localIP: localIP, env: env}
+	if st, err := os.Stat(s.basecorefile); err == nil && !st.IsDir() {
+		base, err := os.ReadFile(s.basecorefile)
+		if err != nil {
+			return usage("-basecorefile: %v", err)
+		}
+		p := corefile.RenderParams{LocalIP: localIP, Port: c.Port, PrometheusListen: s.promListen}
+		if c.KubeDNS.IsValid() {
+			p.ClusterDNS = c.KubeDNS.Addr().String()
+		}
+		cc.Base, cc.Text = s.basecorefile, corefile.Render(base, p)
+		if stubs, ups, ok := c.rawConfigMap(); ok {
+			p.StubDomains, p.UpstreamNameservers = stubs, ups
+		}
+		cc.Written = corefile.Render(base, p)
+		if err := os.WriteFile(path, cc.Written, 0o644); err != nil {
+			c.note("the rendered Corefile was not written to %s (%v); it runs from memory (node-cache logs the same and goes on)", path, err)
+		}
+	} else {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return usage("-conf: %v (and no -basecorefile %s to render it from)", err, s.basecorefile)
+		}
+		cc.Text = data
+	}
+	bs, err := corefile.Parse(path, cc.Text, corefile.Env(env))
+	if err != nil {
+		return usage("%v", err)
+	}
+	if cc.Servers, err = corefile.Build(path, bs, corefile.Options{DefaultPort: c.Port}); err != nil {
+		return usage("%v", err)
+	}
+	c.DropIn.Corefile = cc
+	return c.mapCorefile(cc, set)
+}
+
+// rawConfigMap reads the kube-dns ConfigMap's keys as written, when valid.
+func (c *Config) rawConfigMap() (map[string][]string, []string, bool) {
+	if c.KubeDNSConfigMap == "" {
+		return nil, nil, false
+	}
+	data, err := ReadConfigMapDir(c.KubeDNSConfigMap)
+	if err != nil {
+		return nil, nil, false
+	}
+	if _, err := c.ParseKubeDNSConfigMap(data); err != nil {
+		return nil, nil, false
+	}
+	var stubs map[string][]string
+	var ups []string
+	if data.StubDomains != nil && json.Unmarshal(data.StubDomains, &stubs) != nil {
+		return nil, nil, false
+	}
+	if data.UpstreamNameservers != nil && json.Unmarshal(data.UpstreamNameservers, &ups) != nil {
+		return nil, nil, false
+	}
+	return stubs, ups, true
+}
+
+func (c *Config) note(format string, a ...any) {
+	c.DropIn.Notes = append(c.DropIn.Notes, fmt.Sprintf(format, a...))
+}

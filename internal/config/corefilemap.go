@@ -1,0 +1,355 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+)
+
+// mapCorefile translates the typed Corefile into the daemon's settings:
+// listen addresses = the union of the binds; kube-dns = the forward target
+// of the cluster domain's block, and every block forwarding there goes to
+// kube-dns whatever its zones; the "." block's forward = the node's
+// resolvers; other forward blocks = zone routes; cache capacities add up,
+// TTL caps come from the cluster block and the "." block (every block's
+// policy is in cc.Policies); health, metrics, log, pprof, bufsize as said.
+// A flag given explicitly wins over the Corefile, with a note.
+func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
+	srv := cc.Servers
+	cc.Policies = corefile.NewPolicies(srv)
+	mapped := func(s *corefile.Server, format string, a ...any) {
+		cc.Mapping = append(cc.Mapping, fmt.Sprintf("%s  %s", s.Pos, fmt.Sprintf(format, a...)))
+	}
+	flagWins := func(flag, what string, corefileVal, flagVal any) {
+		c.note("-%s %v wins over the Corefile's %s %v: a flag given explicitly is the operator's latest word", flag, flagVal, what, corefileVal)
+	}
+
+	// One DNS port: CoreDNS's -dns.port only fills keys without a port.
+	port := srv[0].Port
+	for _, s := range srv[1:] {
+		if s.Port != port {
+			return usage("%s: block %s listens on port %d, the first block on %d: nodelocaldns serves one DNS port", s.Pos, s.Keys[0], s.Port, port)
+		}
+	}
+	if port != c.Port {
+		c.note("the Corefile's port %d wins over -port/-dns.port %d: as in CoreDNS, the flag only fills keys written without a port", port, c.Port)
+		c.Port = port
+	}
+
+	// kube-dns: the cluster domain block's forward target.
+	var kube []netip.AddrPort
+	for _, s := range srv {
+		if slices.Contains(s.Zones, c.ClusterDomain) && s.Forward != nil && s.Forward.From == "." {
+			for _, u := range s.Forward.To {
+				if u.ResolvConf == "" {
+					kube = append(kube, u.Addr)
+				}
+			}
+			if len(kube) > 0 {
+				if set["kube-dns"] && c.KubeDNS != kube[0] {
+					flagWins("kube-dns", "cluster DNS", kube[0], c.KubeDNS)
+				} else if !c.LocalMode {
+					c.KubeDNS, c.KubeDNSSource = kube[0], "Corefile "+s.Pos.String()
+				}
+				if len(kube) > 1 {
+					c.note("%s: the cluster domain forwards to %v; kube-dns is asked at %s only (one Service address; kube-proxy spreads it over the pods)", s.Pos, kube, c.KubeDNS)
+				}
+			}
+			break
+		}
+	}
+	if !c.LocalMode && c.KubeDNS.IsValid() && !slices.Contains(kube, c.KubeDNS) {
+		kube = append(kube, c.KubeDNS)
+	}
+	isKube := func(f *corefile.Forward) bool {
+		if f == nil {
+			return false
+		}
+		for _, u := range f.To {
+			if u.ResolvConf != "" || !slices.Contains(kube, u.Addr) {
+				return false
+			}
+		}
+		return true
+	}
+
+	var listen []netip.Addr
+	addListen := func(a netip.Addr) {
+		if !slices.Contains(listen, a) {
+			listen = append(listen, a)
+		}
+	}
+	var succCap, denCap int
+	haveCache := false
+	var metrics, health, pprof string
+	for _, s := range srv {
+		// bind
+		if len(s.Bind) == 0 {
+			for _, a := range c.LocalIPs {
+				addListen(a)
+			}
+			mapped(s, "bind: none: serving on -localip %v", c.LocalIPs)
+		}
+		for _, a := range s.Bind {
+			if a.IsUnspecified() {
+				for _, l := range c.LocalIPs {
+					addListen(l)
+				}
+				mapped(s, "bind %s: serving on -localip %v (the wildcard would also take the node's own port 53)", a, c.LocalIPs)
+				continue
+			}
+			addListen(a)
+		}
+		if len(s.Bind) > 0 {
+			mapped(s, "bind %v: listen addresses", s.Bind)
+		}
+		// forward
+		f := s.Forward
+		switch {
+		case f == nil:
+			mapped(s, "no forward: names of %v are not forwarded by this block; the longest other zone's route answers them", s.Zones)
+		case f.From != "." && !slices.Contains(s.Zones, f.From):
+			return usage("%s: forward %s: FROM must be \".\" or one of the block's zones %v", s.Pos, f.From, s.Zones)
+		case isKube(f):
+			for _, z := range s.Zones {
+				if z != "." && !slices.Contains(c.DropIn.KubeDNSZones, z) {
+					c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
+				}
+			}
+			how := "pipelined TCP (force_tcp)"
+			if !f.ForceTCP {
+				how = "pipelined TCP (our kube-dns group always uses TCP: one connection carries many queries, no conntrack entry per query)"
+			}
+			mapped(s, "forward . %v: zones %v go to kube-dns %s over %s", upstreams(f), s.Zones, c.KubeDNS, how)
+		case slices.Contains(s.Zones, "."):
+			if len(f.To) == 1 && f.To[0].ResolvConf != "" {
+				if set["resolv-conf"] && c.ResolvConf != f.To[0].ResolvConf {
+					flagWins("resolv-conf", "forward .", f.To[0].ResolvConf, c.ResolvConf)
+				} else {
+					c.ResolvConf = f.To[0].ResolvConf
+				}
+				mapped(s, "forward . %s: every other name goes to the node's resolvers read from %s (watched)", f.To[0].ResolvConf, c.ResolvConf)
+			} else {
+				ns, err := c.resolve(s, f)
+				if err != nil {
+					return err
+				}
+				c.Nameservers, c.ResolvConf = ns, ""
+				mapped(s, "forward . %v: every other name goes to %v", upstreams(f), ns)
+			}
+			if f.ForceTCP {
+				c.note("%s: force_tcp on the \".\" forward: the node's resolvers are asked over UDP and re-asked over TCP when an answer is truncated", s.Pos)
+			}
+		default:
+			ns, err := c.resolve(s, f)
+			if err != nil {
+				return err
+			}
+			for _, z := range s.Zones {
+				c.DropIn.Routes = append(c.DropIn.Routes, ZoneRoute{Zone: z, Servers: ns, ForceTCP: f.ForceTCP, From: s.Pos.String()})
+			}
+			mapped(s, "forward . %v: zones %v routed to their own group %v (like a stub domain)%s", upstreams(f), s.Zones, ns, map[bool]string{true: " over TCP", false: ""}[f.ForceTCP])
+		}
+		if f != nil {
+			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: read and shown, not mapped one to one: our forward groups' own failover and health checks apply (internal/forward), concurrency is bounded by -max-inflight",
+				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent)
+			if len(f.Except) > 0 {
+				mapped(s, "forward except %v: those names are routed by the longest other zone", f.Except)
+			}
+		}
+		// cache
+		if ca := s.Cache; ca != nil {
+			haveCache = true
+			succCap += ca.SuccessCap
+			denCap += ca.DenialCap
+			mapped(s, "cache: success %d cap %v min %v, denial %d cap %v min %v, servfail %v, prefetch %d, serve_stale %v: the policy of names in %v; capacities add to the shared cache",
+				ca.SuccessCap, ca.SuccessTTL, ca.SuccessMinTTL, ca.DenialCap, ca.DenialTTL, ca.DenialMinTTL, ca.ServFail, ca.Prefetch, ca.ServeStale, s.Zones)
+		} else {
+			mapped(s, "no cache: names of %v are not cached", s.Zones)
+		}
+		if s.Health != nil {
+			if health != "" && health != s.Health.Addr {
+				return usage("%s: health %s: another block serves health on %s; one health address is supported", s.Pos, s.Health.Addr, health)
+			}
+			health = s.Health.Addr
+			if s.Health.LameDuck > 0 {
+				if set["lameduck"] && c.LameDuck != s.Health.LameDuck {
+					flagWins("lameduck", "health lameduck", s.Health.LameDuck, c.LameDuck)
+				} else {
+					c.LameDuck = s.Health.LameDuck
+				}
+			}
+			mapped(s, "health %s: /health (and /ready) there", s.Health.Addr)
+		}
+		if s.Prometheus != "" {
+			if metrics == "" {
+				metrics = s.Prometheus
+			} else if metrics != s.Prometheus {
+				c.note("%s: prometheus %s: metrics are served once, on %s (the first block's address)", s.Pos, s.Prometheus, metrics)
+			}
+			mapped(s, "prometheus %s: /metrics there", s.Prometheus)
+		}
+		if s.PProf != "" {
+			pprof = s.PProf
+			c.PProf = true
+			mapped(s, "pprof %s: /debug/pprof/ on the metrics address", s.PProf)
+		}
+		if s.Log {
+			c.QueryLog = true
+			mapped(s, "log: one line per query (-querylog)")
+		}
+		if s.Bufsize > 0 {
+			if set["max-udp-size"] && c.MaxUDPSize != s.Bufsize {
+				flagWins("max-udp-size", "bufsize", s.Bufsize, c.MaxUDPSize)
+			} else {
+				c.MaxUDPSize = s.Bufsize
+			}
+			mapped(s, "bufsize %d: the EDNS size we advertise and the largest UDP answer", s.Bufsize)
+		}
+		for _, p := range s.Plugins {
+			if p.NoOp {
+				mapped(s, "%s: accepted, no-op (%s)", p.Name, noopWhy[p.Name])
+			}
+		}
+	}
+	if len(listen) > 0 {
+		if set["localip"] && !slices.Equal(listen, c.LocalIPs) {
+			c.note("the Corefile's binds %v are the listen addresses; -localip %v only fills blocks without bind and names the interface's addresses in node-cache", listen, c.LocalIPs)
+		}
+		c.LocalIPs = listen
+	}
+	if health != "" {
+		if set["health-listen-address"] {
+			flagWins("health-listen-address", "health", health, c.HealthAddr)
+		} else {
+			c.HealthAddr = health
+		}
+		if p, err := strconv.Atoi(health[strings.LastIndexByte(health, ':')+1:]); err == nil && p != c.HealthPort {
+			if set["health-port"] {
+				// node-cache uses -health-port only for its conntrack rule;
+				// the Corefile's health listens where it says.
+				c.note("-health-port %d: the NOTRACK rule names it, but the Corefile's health listens on port %d; the rule follows the Corefile (%d)", c.HealthPort, p, p)
+			}
+			c.HealthPort = p
+		}
+	}
+	// node-cache serves its own metrics on -metrics-listen-address
+	// (default 0.0.0.0:9353) besides CoreDNS's prometheus: so do we.
+	nodeCache := nodeCacheMetricsDefault
+	if set["metrics-listen-address"] {
+		nodeCache = c.MetricsAddr
+	}
+	if metrics != "" {
+		c.MetricsAddr = metrics
+	}
+	if nodeCache != c.MetricsAddr {
+		c.DropIn.NodeCacheMetricsAddr = nodeCache
+		mapped(srv[0], "-metrics-listen-address %s: node-cache's own endpoint, served too (/metrics, /health, /ready)", nodeCache)
+	}
+	_ = pprof
+	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
+		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
+	}
+	if haveCache {
+		c.mapCacheTTLs(set, succCap, denCap)
+	}
+	return nil
+}
+
+// nodeCacheMetricsDefault is node-cache's -metrics-listen-address default.
+const nodeCacheMetricsDefault = "0.0.0.0:9353"
+
+var noopWhy = map[string]string{
+	"errors": "errors are logged once per state change and counted",
+	"reload": "the Corefile and ConfigMaps are watched",
+	"loop":   "a forward to one of our own addresses is refused at start",
+	"debug":  "panics are not recovered per query; logs are structured",
+}
+
+// mapCacheTTLs sets the shared cache from the blocks: capacities add up
+// (the byte budget stays the memory bound); the cluster domain's block gives
+// the cluster TTL caps, the "." block the others.
+func (c *Config) mapCacheTTLs(set map[string]bool, succCap, denCap int) {
+	cc := c.DropIn.Corefile
+	setDur := func(flag string, dst *time.Duration, v time.Duration) {
+		if set[flag] {
+			if *dst != v {
+				c.note("-%s %v wins over the Corefile's %v", flag, *dst, v)
+			}
+			return
+		}
+		*dst = v
+	}
+	setInt := func(flag string, dst *int, v int) {
+		if set[flag] {
+			if *dst != v {
+				c.note("-%s %d wins over the Corefile's %d", flag, *dst, v)
+			}
+			return
+		}
+		*dst = v
+	}
+	setInt("success-capacity", &c.Cache.SuccessCapacity, max(succCap, 1))
+	setInt("denial-capacity", &c.Cache.DenialCapacity, max(denCap, 1))
+	minTTL := time.Duration(-1)
+	for _, p := range cc.Policies {
+		if p.Cached && (minTTL < 0 || min(p.SuccessMin, p.DenialMin) < minTTL) {
+			minTTL = min(p.SuccessMin, p.DenialMin)
+		}
+	}
+	if cl, ok := cc.Policies.Lookup(c.ClusterDomain); ok && cl.Cached {
+		setDur("cluster-success-ttl", &c.Cache.ClusterSuccessTTL, cl.SuccessMax)
+		setDur("cluster-denial-ttl", &c.Cache.ClusterDenialTTL, cl.DenialMax)
+	}
+	if root, ok := cc.Policies.Lookup("."); ok && root.Cached && root.Zone == "." {
+		setDur("success-ttl", &c.Cache.SuccessTTL, root.SuccessMax)
+		setDur("denial-ttl", &c.Cache.DenialTTL, root.DenialMax)
+		// SERVFAIL: CoreDNS caches it 5 s by default and allows 5 m; we
+		// never cache it past 5 s (an upstream blip must not outlive itself).
+		sf := min(root.ServFail, 5*time.Second)
+		if root.ServFail > sf {
+			c.note("cache servfail %v: capped at %v", root.ServFail, sf)
+		}
+		setDur("servfail-ttl", &c.Cache.ServFailTTL, sf)
+		setDur("serve-stale", &c.Cache.StaleWindow, root.ServeStale)
+		setInt("prefetch", &c.Cache.PrefetchHits, root.Prefetch)
+	}
+	if minTTL >= 0 {
+		// The floor may not exceed any cap.
+		for _, d := range []time.Duration{c.Cache.ClusterSuccessTTL, c.Cache.ClusterDenialTTL, c.Cache.SuccessTTL, c.Cache.DenialTTL} {
+			minTTL = min(minTTL, d)
+		}
+		setDur("min-ttl", &c.Cache.MinTTL, minTTL)
+	}
+}
+
+// resolve turns a forward's targets into addresses, reading resolv.conf
+// paths (our own addresses dropped, as for -resolv-conf).
+func (c *Config) resolve(s *corefile.Server, f *corefile.Forward) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, u := range f.To {
+		if u.ResolvConf == "" {
+			out = append(out, u.Addr)
+			continue
+		}
+		ns, err := LoadResolvConf(u.ResolvConf, c.LocalIPs, c.Port)
+		if err != nil {
+			return nil, usage("%s: forward %s: %v", s.Pos, u.ResolvConf, err)
+		}
+		out = append(out, ns...)
+	}
+	return out, nil
+}
+
+func upstreams(f *corefile.Forward) []string {
+	out := make([]string, len(f.To))
+	for i, u := range f.To {
+		out[i] = u.String()
+	}
+	return out
+}

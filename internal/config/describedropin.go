@@ -1,0 +1,43 @@
+package config
+
+import (
+	"strings"
+)
+
+// describeDropIn prints, for -check-config, the Corefile block by block:
+// each block's keys, its directives in CoreDNS's execution order, and how
+// each was mapped; then every place a flag and the Corefile disagree.
+func describeDropIn(p func(string, ...any), c *Config) {
+	if c.DropIn.PidFile != "" {
+		p("pidfile:          %s (written once serving)", c.DropIn.PidFile)
+	}
+	cc := c.DropIn.Corefile
+	if cc == nil {
+		p("corefile:         none (no -conf): the flags are the configuration")
+	} else {
+		if cc.Base != "" {
+			p("corefile:         %s rendered from %s as node-cache does (kube-dns ConfigMap stub domains and upstreams applied live by the watch)", cc.Path, cc.Base)
+		} else {
+			p("corefile:         %s (used as it is)", cc.Path)
+		}
+		p("kube-dns zones:   %s", strings.Join(c.DropIn.KubeDNSZones, " "))
+		for _, r := range c.DropIn.Routes {
+			p("zone route:       %s -> %v (tcp %v) from %s", r.Zone, r.Servers, r.ForceTCP, r.From)
+		}
+		for _, s := range cc.Servers {
+			var names []string
+			for _, pl := range s.Plugins {
+				names = append(names, pl.Name)
+			}
+			p("block %s  keys %s  zones %s  port %d  plugins (CoreDNS order) %s", s.Pos, strings.Join(s.Keys, " "), strings.Join(s.Zones, " "), s.Port, strings.Join(names, " "))
+			for _, m := range cc.Mapping {
+				if strings.HasPrefix(m, s.Pos.String()+"  ") {
+					p("    %s", strings.TrimPrefix(m, s.Pos.String()+"  "))
+				}
+			}
+		}
+	}
+	for _, n := range c.DropIn.Notes {
+		p("note:             %s", n)
+	}
+}

@@ -1,0 +1,303 @@
+package corefile
+
+import (
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// setupCache reads `cache` as CoreDNS 1.15's cache plugin does.
+func setupCache(s *Server, d *Directive) error {
+	c := &Cache{
+		SuccessCap: DefaultCacheCap, DenialCap: DefaultCacheCap,
+		SuccessTTL: DefaultSuccessTTL, DenialTTL: DefaultDenialTTL,
+		SuccessMinTTL: DefaultMinTTL, DenialMinTTL: DefaultMinTTL,
+		ServFail: DefaultServFailTTL, PrefetchDuration: defaultPrefetchDur, PrefetchPercent: defaultPrefetchPct,
+	}
+	args := d.Args
+	if len(args) > 0 {
+		if ttl, err := strconv.Atoi(args[0].Text); err == nil {
+			if ttl <= 0 {
+				return bad(d, "TTL %d: must be positive", ttl)
+			}
+			c.SuccessTTL, c.DenialTTL = time.Duration(ttl)*time.Second, time.Duration(ttl)*time.Second
+			args = args[1:]
+		}
+	}
+	for _, a := range args {
+		z, err := normalizeZone(a.Text)
+		if err != nil || !coversAny(z, s.Zones) {
+			return bad(d, "%q: caching only some of the block's zones is not supported", a.Text)
+		}
+	}
+	for _, o := range d.Block {
+		a := o.ArgStrings()
+		if o.HasBlock {
+			return badOpt(d, o, "%s takes no block", o.Name)
+		}
+		switch o.Name {
+		case "success", "denial":
+			capacity, ttl, minTTL, err := capTTL(a)
+			if err != nil {
+				return badOpt(d, o, "%s: %v", o.Name, err)
+			}
+			if o.Name == "success" {
+				c.SuccessCap = capacity
+				if ttl > 0 {
+					c.SuccessTTL = ttl
+				}
+				if minTTL >= 0 {
+					c.SuccessMinTTL = minTTL
+				}
+			} else {
+				c.DenialCap = capacity
+				if ttl > 0 {
+					c.DenialTTL = ttl
+				}
+				if minTTL >= 0 {
+					c.DenialMinTTL = minTTL
+				}
+			}
+		case "prefetch":
+			if len(a) == 0 || len(a) > 3 {
+				return badOpt(d, o, "prefetch takes AMOUNT [DURATION [PERCENT%%]]")
+			}
+			n, err := strconv.Atoi(a[0])
+			if err != nil || n < 0 {
+				return badOpt(d, o, "prefetch: %q is not an amount", a[0])
+			}
+			c.Prefetch = n
+			if len(a) > 1 {
+				if c.PrefetchDuration, err = time.ParseDuration(a[1]); err != nil || c.PrefetchDuration < 0 {
+					return badOpt(d, o, "prefetch: %q is not a duration", a[1])
+				}
+			}
+			if len(a) > 2 {
+				p, ok := strings.CutSuffix(a[2], "%")
+				n, err := strconv.Atoi(p)
+				if !ok || err != nil || n < 10 || n > 90 { // CoreDNS's range
+					return badOpt(d, o, "prefetch: %q is not a percentage between 10%% and 90%%", a[2])
+				}
+				c.PrefetchPercent = n
+			}
+		case "serve_stale":
+			if len(a) > 2 {
+				return badOpt(d, o, "serve_stale takes [DURATION [verify|immediate]] (stale TTL and recheck arguments are not supported)")
+			}
+			c.ServeStale = defaultServeStale
+			if len(a) > 0 {
+				t, err := time.ParseDuration(a[0])
+				if err != nil || t < 0 {
+					return badOpt(d, o, "serve_stale: %q is not a duration", a[0])
+				}
+				c.ServeStale = t
+			}
+			if len(a) > 1 {
+				switch strings.ToLower(a[1]) {
+				case "verify":
+					c.ServeStaleVerify = true
+				case "immediate":
+				default:
+					return badOpt(d, o, "serve_stale: %q is not verify or immediate", a[1])
+				}
+			}
+		case "servfail":
+			if len(a) != 1 {
+				return badOpt(d, o, "servfail takes one duration")
+			}
+			t, err := time.ParseDuration(a[0])
+			if err != nil || t < 0 || t > maxServFailTTL {
+				return badOpt(d, o, "servfail: %q is not a duration between 0 and 5m", a[0])
+			}
+			c.ServFail = t
+		case "disable":
+			if len(a) != 1 {
+				return badOpt(d, o, "disable takes success or denial (disabling for some zones only is not supported)")
+			}
+			switch a[0] {
+			case "success":
+				c.DisableSuccess = true
+			case "denial":
+				c.DisableDenial = true
+			default:
+				return badOpt(d, o, "disable: %q is not success or denial", a[0])
+			}
+		case "keepttl":
+			if len(a) != 0 {
+				return badOpt(d, o, "keepttl takes no arguments")
+			}
+			c.KeepTTL = true
+		default:
+			return badOpt(d, o, "option %s is not supported", o.Name)
+		}
+	}
+	s.Cache = c
+	return nil
+}
+
+// capTTL reads `CAP [TTL [MINTTL]]`; ttl 0 and minTTL -1 mean not given.
+func capTTL(a []string) (capacity int, ttl, minTTL time.Duration, err error) {
+	minTTL = -1
+	if len(a) == 0 || len(a) > 3 {
+		return 0, 0, 0, errf("takes CAPACITY [TTL [MINTTL]]")
+	}
+	if capacity, err = strconv.Atoi(a[0]); err != nil || capacity < 0 {
+		return 0, 0, 0, errf("%q is not a capacity", a[0])
+	}
+	if len(a) > 1 {
+		n, err := strconv.Atoi(a[1])
+		if err != nil || n <= 0 {
+			return 0, 0, 0, errf("TTL %q: must be a positive number of seconds", a[1])
+		}
+		ttl = time.Duration(n) * time.Second
+	}
+	if len(a) > 2 {
+		n, err := strconv.Atoi(a[2])
+		if err != nil || n < 0 {
+			return 0, 0, 0, errf("min TTL %q: must be a number of seconds", a[2])
+		}
+		minTTL = time.Duration(n) * time.Second
+	}
+	return capacity, ttl, minTTL, nil
+}
+
+// setupForward reads `forward` as CoreDNS 1.15's forward plugin does.
+func setupForward(s *Server, d *Directive) error {
+	if len(d.Args) < 2 {
+		return bad(d, "FROM and at least one TO are required")
+	}
+	from, err := normalizeZone(strings.TrimPrefix(d.Args[0].Text, "dns://"))
+	if err != nil {
+		return bad(d, "FROM %q: %v", d.Args[0].Text, err)
+	}
+	f := &Forward{From: from, Policy: "random", MaxFails: defaultForwardFails, Expire: defaultForwardExpire, HealthCheck: defaultHealthCheck}
+	for _, t := range d.Args[1:] {
+		u, err := parseUpstream(t.Text)
+		if err != nil {
+			return bad(d, "TO %q: %v", t.Text, err)
+		}
+		f.To = append(f.To, u)
+	}
+	if len(f.To) > maxForwardUpstreams {
+		return bad(d, "more than %d upstreams", maxForwardUpstreams)
+	}
+	for _, o := range d.Block {
+		a := o.ArgStrings()
+		if o.HasBlock {
+			return badOpt(d, o, "%s takes no block", o.Name)
+		}
+		one := func() (string, error) {
+			if len(a) != 1 {
+				return "", badOpt(d, o, "%s takes one argument", o.Name)
+			}
+			return a[0], nil
+		}
+		switch o.Name {
+		case "force_tcp", "prefer_udp":
+			if len(a) != 0 {
+				return badOpt(d, o, "%s takes no arguments", o.Name)
+			}
+			if o.Name == "force_tcp" {
+				f.ForceTCP = true
+			} else {
+				f.PreferUDP = true
+			}
+		case "policy":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			if v != "random" && v != "round_robin" && v != "sequential" {
+				return badOpt(d, o, "policy %q is not random, round_robin or sequential", v)
+			}
+			f.Policy = v
+		case "max_fails", "max_concurrent":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return badOpt(d, o, "%s: %q is not a count", o.Name, v)
+			}
+			if o.Name == "max_fails" {
+				f.MaxFails = n
+			} else {
+				f.MaxConcurrent = n
+			}
+		case "expire":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			if f.Expire, err = time.ParseDuration(v); err != nil || f.Expire < 0 {
+				return badOpt(d, o, "expire: %q is not a duration", v)
+			}
+		case "health_check":
+			if len(a) != 1 {
+				return badOpt(d, o, "health_check takes one duration (no_rec and domain are not supported)")
+			}
+			if f.HealthCheck, err = time.ParseDuration(a[0]); err != nil || f.HealthCheck < 0 {
+				return badOpt(d, o, "health_check: %q is not a duration", a[0])
+			}
+		case "except":
+			if len(a) == 0 {
+				return badOpt(d, o, "except takes at least one zone")
+			}
+			for _, z := range a {
+				nz, err := normalizeZone(z)
+				if err != nil {
+					return badOpt(d, o, "except: %v", err)
+				}
+				if !slices.Contains(f.Except, nz) {
+					f.Except = append(f.Except, nz)
+				}
+			}
+		default:
+			return badOpt(d, o, "option %s is not supported", o.Name)
+		}
+	}
+	if f.ForceTCP && f.PreferUDP {
+		return bad(d, "force_tcp and prefer_udp exclude each other")
+	}
+	if s.Forward != nil {
+		return bad(d, "one forward per block")
+	}
+	s.Forward = f
+	return nil
+}
+
+// parseUpstream reads a forward target: IP, IP:port, [IPv6]:port, with an
+// optional dns:// scheme, or a path to a resolv.conf.
+func parseUpstream(t string) (Upstream, error) {
+	if strings.HasPrefix(t, "/") || strings.HasPrefix(t, ".") {
+		return Upstream{ResolvConf: t}, nil
+	}
+	if i := strings.Index(t, "://"); i >= 0 {
+		if scheme := strings.ToLower(t[:i]); scheme != "dns" {
+			return Upstream{}, errf("transport %s:// is not supported (plain DNS only)", scheme)
+		}
+		t = t[i+3:]
+	}
+	if ap, err := netip.ParseAddrPort(t); err == nil {
+		if ap.Port() == 0 || ap.Addr().Zone() != "" {
+			return Upstream{}, errf("not IP[:port]")
+		}
+		return Upstream{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
+	}
+	a, err := netip.ParseAddr(t)
+	if err != nil || a.Zone() != "" {
+		return Upstream{}, errf("not IP[:port], [IPv6]:port or a resolv.conf path")
+	}
+	return Upstream{Addr: netip.AddrPortFrom(a.Unmap(), 53)}, nil
+}
+
+type strErr string
+
+func (e strErr) Error() string { return string(e) }
+
+func errf(format string, a ...any) error {
+	return strErr(sprintf(format, a...))
+}

@@ -1,0 +1,318 @@
+package corefile
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// sedIPTables and sedIPVS are the official docs' substitutions of the
+// reference manifest (kube-proxy in iptables mode / IPVS mode).
+func sedIPTables(s, local, domain, kubedns string) string {
+	return strings.NewReplacer("__PILLAR__LOCAL__DNS__", local, "__PILLAR__DNS__DOMAIN__", domain, "__PILLAR__DNS__SERVER__", kubedns).Replace(s)
+}
+
+func sedIPVS(s, local, domain, kubedns string) string {
+	s = strings.NewReplacer("__PILLAR__LOCAL__DNS__", local, "__PILLAR__DNS__DOMAIN__", domain).Replace(s)
+	s = strings.ReplaceAll(s, ",__PILLAR__DNS__SERVER__", "")
+	return strings.ReplaceAll(s, "__PILLAR__CLUSTER__DNS__", kubedns)
+}
+
+func TestRenderGolden(t *testing.T) {
+	tmpl, err := os.ReadFile("testdata/reference.Corefile.tmpl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := map[string][]string{"acme.local": {"1.2.3.4"}, "corp.example": {"10.150.0.1", "10.150.0.2:5353"}}
+	up := []string{"8.8.8.8", "8.8.4.4"}
+	for _, tc := range []struct {
+		name     string
+		mode     func(s, local, domain, kubedns string) string
+		local    string // the -localip value after the sed
+		kubedns  string
+		upstream string // kube-dns-upstream's IP (iptables mode)
+		stub     map[string][]string
+		up       []string
+	}{
+		{"iptables-v4", sedIPTables, "169.254.20.10,10.96.0.10", "10.96.0.10", "10.96.0.11", nil, nil},
+		{"iptables-v4-kubednscm", sedIPTables, "169.254.20.10,10.96.0.10", "10.96.0.10", "10.96.0.11", stub, up},
+		{"iptables-v6", sedIPTables, "fd00::a,fd00:10:96::a", "fd00:10:96::a", "fd00:10:96::b", nil, nil},
+		{"iptables-v6-kubednscm", sedIPTables, "fd00::a,fd00:10:96::a", "fd00:10:96::a", "fd00:10:96::b", stub, up},
+		{"ipvs-v4", sedIPVS, "169.254.20.10", "10.96.0.10", "", nil, nil},
+		{"ipvs-v4-kubednscm", sedIPVS, "169.254.20.10", "10.96.0.10", "", stub, up},
+		{"ipvs-v6", sedIPVS, "fd00::a", "fd00:10:96::a", "", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			local := strings.Split(tc.local, ",")[0]
+			tm := string(tmpl)
+			if strings.Contains(local, ":") {
+				// CoreDNS's health takes [IPv6]:port; IPv6 users bracket it.
+				tm = strings.ReplaceAll(tm, "health __PILLAR__LOCAL__DNS__:8080", "health [__PILLAR__LOCAL__DNS__]:8080")
+			}
+			base := tc.mode(tm, local, "cluster.local", tc.kubedns)
+			got := Render([]byte(base), RenderParams{LocalIP: tc.local, Port: 53, ClusterDNS: tc.upstream, StubDomains: tc.stub, UpstreamNameservers: tc.up})
+			golden := filepath.Join("testdata/render", tc.name+".golden")
+			if *update {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Fatalf("rendered Corefile differs from %s:\n%s", golden, got)
+			}
+			// Every rendering is a Corefile we run.
+			path := filepath.Join(t.TempDir(), "Corefile")
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			srv, err := Load(path, nil, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(srv) != 4+len(tc.stub) {
+				t.Fatalf("%d blocks, want %d", len(srv), 4+len(tc.stub))
+			}
+			if strings.Contains(string(got), "__PILLAR__") {
+				t.Fatal("a placeholder is left")
+			}
+		})
+	}
+}
+
+// node-cache drops force_tcp from the "." block when upstreamNameservers
+// are set, by replacing the exact text of the TCP block.
+func TestRenderUpstreamDropsForceTCP(t *testing.T) {
+	base := ".:53 {\n    forward . __PILLAR__UPSTREAM__SERVERS__ {\n            force_tcp\n    }\n}\n"
+	got := string(Render([]byte(base), RenderParams{UpstreamNameservers: []string{"1.1.1.1"}}))
+	if want := ".:53 {\n    forward . 1.1.1.1\n}\n"; got != want {
+		t.Fatalf("got %q want %q", got, want)
+	}
+	got = string(Render([]byte(base), RenderParams{}))
+	if !strings.Contains(got, "forward . /etc/resolv.conf {\n            force_tcp") {
+		t.Fatalf("without upstreamNameservers the TCP block stays: %q", got)
+	}
+	// Other indentation: node-cache only substitutes the servers.
+	odd := strings.ReplaceAll(base, "    forward", "\tforward")
+	got = string(Render([]byte(odd), RenderParams{UpstreamNameservers: []string{"1.1.1.1"}}))
+	if !strings.Contains(got, "forward . 1.1.1.1 {") {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestDistributionCorefilesLoad(t *testing.T) {
+	files, _ := filepath.Glob("testdata/distros/*.Corefile")
+	if len(files) < 6 {
+		t.Fatalf("%d distribution Corefiles", len(files))
+	}
+	for _, f := range files {
+		srv, err := Load(f, nil, Options{})
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if srv[0].Zones[0] != "cluster.local." || srv[0].Forward == nil || srv[0].Cache == nil || srv[0].Cache.DenialTTL != 5*time.Second {
+			t.Errorf("%s: first block %+v", f, srv[0])
+		}
+	}
+}
+
+func load(t *testing.T, text string) ([]*Server, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "Corefile")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return Load(path, func(k string) string { return map[string]string{"LOCAL": "169.254.20.10", "PORT": "5353"}[k] }, Options{})
+}
+
+func TestSyntax(t *testing.T) {
+	srv, err := load(t, "# comment\n"+
+		"(common) {\n  errors\n  reload 10s\n}\n"+
+		"cluster.local:53 extra.zone.:53 {   \n"+
+		"\timport common\n"+
+		"  bind {$LOCAL} \n"+ // the IPVS-mode sed leaves a trailing space
+		"  cache {\n  }\n"+
+		"  forward . 10.0.0.10:53 [fd00::10]:5353 dns://10.0.0.11 { # trailing comment\n    force_tcp\n    max_fails 3\n  }\n"+
+		"  health :8080 {\n    lameduck 5s\n  }\n"+
+		"}\n"+
+		"dns://.:{$PORT} {\n  forward . \"/etc/resolv.conf\"\n  prometheus [::1]:9253\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := srv[0]
+	if strings.Join(a.Zones, " ") != "cluster.local. extra.zone." || a.Port != 53 || a.Bind[0].String() != "169.254.20.10" {
+		t.Fatalf("%+v", a)
+	}
+	if !a.Errors || !a.Reload || a.Cache.SuccessTTL != DefaultSuccessTTL || a.Forward.MaxFails != 3 || !a.Forward.ForceTCP || a.Health.LameDuck != 5*time.Second {
+		t.Fatalf("%+v %+v %+v", a, a.Cache, a.Forward)
+	}
+	if got := a.Forward.To; len(got) != 3 || got[1].Addr.String() != "[fd00::10]:5353" || got[2].Addr.String() != "10.0.0.11:53" {
+		t.Fatalf("%v", got)
+	}
+	// Plugin order is CoreDNS's, not the lines'.
+	var names []string
+	for _, p := range a.Plugins {
+		names = append(names, p.Name)
+	}
+	if got := strings.Join(names, " "); got != "reload bind health errors cache forward" {
+		t.Fatalf("plugin order %q", got)
+	}
+	b := srv[1]
+	if b.Zones[0] != "." || b.Port != 5353 || b.Forward.To[0].ResolvConf != "/etc/resolv.conf" || b.Prometheus != "[::1]:9253" {
+		t.Fatalf("%+v", b)
+	}
+}
+
+func TestImportGlobRelative(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "conf.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	must := func(p, s string) {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must("Corefile", ".:53 {\n  import opts/*.conf\n  forward . 1.1.1.1\n}\nimport conf.d/*.server\n")
+	must("conf.d/a.server", "a.example {\n  forward . 10.0.0.1\n}\n")
+	must("conf.d/b.server", "b.example {\n  forward . 10.0.0.2\n  bogus\n}\n")
+	_, err := Load(filepath.Join(dir, "Corefile"), nil, Options{})
+	if err == nil || !strings.Contains(err.Error(), "b.server:3: unknown directive bogus") {
+		t.Fatalf("error names the imported file and line: %v", err)
+	}
+	must("conf.d/b.server", "b.example {\n  forward . 10.0.0.2\n}\n")
+	srv, err := Load(filepath.Join(dir, "Corefile"), nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(srv) != 3 || srv[2].Zones[0] != "b.example." {
+		t.Fatalf("%d blocks", len(srv))
+	}
+}
+
+// Each refused directive or option is one line naming file, line,
+// directive and what is supported.
+func TestUnsupportedOneLineErrors(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: reload, bufsize, bind"},
+		{"hosts /etc/hosts", ":2: directive hosts is not supported"},
+		{"template IN AAAA", ":2: directive template is not supported"},
+		{"rewrite name a b", ":2: directive rewrite is not supported"},
+		{"dns64", ":2: directive dns64 is not supported"},
+		{"frobnicate", ":2: unknown directive frobnicate"},
+		{"forward . tls://1.1.1.1", ":2: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported"},
+		{"forward . 1.1.1.1 {\n tls_servername x\n}", ":3: forward: option tls_servername is not supported; supported: forward FROM TO..."},
+		{"cache {\n serve_stale 1h verify 5s 30 1m\n}", ":3: cache: serve_stale takes"},
+		{"cache {\n disable success example.org\n}", ":3: cache: disable takes success or denial"},
+		{"health {\n  frob\n}", ":3: health: option frob is not supported"},
+		{"bind eth0", ":2: bind: \"eth0\" is not an IP address"},
+		{"log . {\n class denial\n}", ":3: log: option class is not supported"},
+		{"cache 0", ":2: cache: TTL 0: must be positive"},
+		{"prometheus 9253", ":2: prometheus: \"9253\": not HOST:PORT"},
+	} {
+		_, err := load(t, ".:53 {\n"+tc.body+"\n}\n")
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "/Corefile:") {
+			t.Errorf("%q: got %v, want one line containing %q", tc.body, err, tc.want)
+		}
+	}
+}
+
+func TestCacheForms(t *testing.T) {
+	srv, err := load(t, ".:53 {\ncache 30 . {\n success 9984 30 5\n denial 100 5 1\n prefetch 10 1m 25%\n serve_stale 1h immediate\n servfail 2s\n keepttl\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv[0].Cache
+	if c.SuccessCap != 9984 || c.SuccessTTL != 30*time.Second || c.SuccessMinTTL != 5*time.Second || c.DenialCap != 100 ||
+		c.DenialTTL != 5*time.Second || c.DenialMinTTL != time.Second || c.Prefetch != 10 || c.PrefetchPercent != 25 ||
+		c.ServeStale != time.Hour || c.ServFail != 2*time.Second || !c.KeepTTL {
+		t.Fatalf("%+v", c)
+	}
+}
+
+func TestDuplicateZoneRefused(t *testing.T) {
+	_, err := load(t, "a.example {\n forward . 1.1.1.1\n}\na.example:53 {\n forward . 1.1.1.1\n}\n")
+	if err == nil || !strings.Contains(err.Error(), "already served") {
+		t.Fatal(err)
+	}
+	// Same zone on different binds is fine (CoreDNS allows it).
+	if _, err := load(t, "a.example {\n bind 10.0.0.1\n}\na.example:53 {\n bind 10.0.0.2\n}\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParseErrorsArePositioned(t *testing.T) {
+	for _, tc := range []struct{ text, want string }{
+		{".:53 {\n forward . 1.1.1.1 {\n force_tcp\n", ":2: forward: missing '}'"},
+		{".:53 {\n}\n}\n", ":3: unexpected '}'"},
+		{".:53 {\nhealth fd00::a:8080\n}\n", ":2: health: \"fd00::a:8080\": an IPv6 address needs brackets"},
+		{".:53 {\n \"unterminated\n", ":2: unterminated quoted string"},
+		{"import\n", ":1: import: a file"},
+		{"import nothere.conf\n", "nothere.conf not found"},
+		{"import /dev/zero\n", ":1: import /dev/zero: /dev/zero is not a regular file"},
+	} {
+		_, err := load(t, tc.text)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v want %q", tc.text, err, tc.want)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		".:53 {\n forward . 1.1.1.1\n cache 30\n}\n",
+		"(s) {\n errors\n}\na b, c {\n import s\n cache {\n success 1 2 3\n }\n}\n",
+		"\"quoted \\\" x\" {\n}\n# c\n",
+	} {
+		f.Add([]byte(s))
+	}
+	tmpl, _ := os.ReadFile("testdata/reference.Corefile.tmpl")
+	f.Add(tmpl)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		bs, err := Parse("fuzz/Corefile", data, nil)
+		if err == nil {
+			_, err = Build("fuzz/Corefile", bs, Options{})
+		}
+		// Every error says where: a positioned Error, or no blocks at all.
+		var pe *Error
+		if err != nil && !errors.As(err, &pe) && !errors.Is(err, errNoBlocks) {
+			t.Fatalf("error without a position: %v", err)
+		}
+	})
+}
+
+func TestPoliciesLongestZone(t *testing.T) {
+	srv, err := load(t, "cluster.local {\n cache {\n  success 9984 30\n  denial 9984 5\n }\n forward . 10.0.0.10\n}\n"+
+		"svc.cluster.local {\n cache 10\n forward . 10.0.0.10\n}\n.:53 {\n cache 30\n forward . /etc/resolv.conf\n}\nnocache.example {\n forward . 1.1.1.1\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := NewPolicies(srv)
+	for _, tc := range []struct {
+		q, zone string
+		succ    time.Duration
+		cached  bool
+	}{
+		{"a.default.svc.cluster.local.", "svc.cluster.local.", 10 * time.Second, true},
+		{"x.pod.cluster.local.", "cluster.local.", 30 * time.Second, true},
+		{"cluster.local.", "cluster.local.", 30 * time.Second, true},
+		{"xcluster.local.", ".", 30 * time.Second, true},
+		{"www.example.org.", ".", 30 * time.Second, true},
+		{"a.nocache.example.", "nocache.example.", 0, false},
+	} {
+		p, ok := ps.Lookup(tc.q)
+		if !ok || p.Zone != tc.zone || p.SuccessMax != tc.succ || p.Cached != tc.cached {
+			t.Errorf("%s: got %+v", tc.q, p)
+		}
+	}
+}

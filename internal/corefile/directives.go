@@ -1,0 +1,289 @@
+package corefile
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// coreDNSOrder is CoreDNS 1.15's plugin.cfg: the order in which a block's
+// plugins handle a query, whatever the order of the Corefile's lines. A
+// directive listed here that directiveTable lacks is refused as "not
+// supported"; a name not listed here is "unknown" (CoreDNS refuses it too).
+var coreDNSOrder = []string{
+	"root", "metadata", "geoip", "cancel", "proxyproto", "quic", "grpc_server", "https", "https3",
+	"timeouts", "multisocket", "reload", "nsid", "bufsize", "bind", "debug", "trace", "ready",
+	"health", "pprof", "shed", "prometheus", "errors", "log", "dnstap", "local", "dns64", "siit",
+	"any", "chaos", "loadbalance", "tsig", "rewrite", "autopath", "acl", "cache", "header", "dnssec",
+	"tls", "minimal", "template", "transfer", "dynupdate", "hosts", "route53", "azure", "clouddns",
+	"k8s_external", "kubernetes", "file", "auto", "secondary", "etcd", "loop", "forward", "grpc",
+	"erratic", "whoami", "on", "sign", "view", "nomad",
+}
+
+// order is a directive's place in coreDNSOrder.
+func order(name string) int {
+	if i := slices.Index(coreDNSOrder, name); i >= 0 {
+		return i
+	}
+	return len(coreDNSOrder)
+}
+
+// directive describes how one Corefile directive is read. To add one (the
+// next ones: hosts, template, rewrite, dns64), add an entry with its setup;
+// it runs in coreDNSOrder's place, which Server.Plugins keeps.
+type directive struct {
+	setup func(*Server, *Directive) error
+	// noop: accepted, its job done another way (listed in docs/migration.md).
+	noop bool
+	// repeatable: may appear more than once in a block (CoreDNS allows it).
+	repeatable bool
+	// forms is what we support, for errors.
+	forms string
+}
+
+var directiveTable map[string]directive
+
+func init() {
+	directiveTable = map[string]directive{
+		"bind":       {setup: setupBind, repeatable: true, forms: "bind ADDRESS..."},
+		"bufsize":    {setup: setupBufsize, forms: "bufsize [SIZE]"},
+		"cache":      {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION [verify|immediate]]; servfail DURATION; disable success|denial; keepttl }"},
+		"debug":      {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
+		"errors":     {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
+		"forward":    {setup: setupForward, forms: "forward FROM TO... { force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N }"},
+		"health":     {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
+		"log":        {setup: setupLog, forms: "log [ZONE...] (the block's zones)"},
+		"loop":       {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
+		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
+		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
+		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
+	}
+}
+
+// Supported lists the directives we read, in CoreDNS's order.
+func Supported() []string {
+	var out []string
+	for n := range directiveTable {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return order(out[i]) < order(out[j]) })
+	return out
+}
+
+// NoOp reports whether a directive is accepted as a no-op.
+func NoOp(name string) bool { return directiveTable[name].noop }
+
+func supportedList() string { return strings.Join(Supported(), ", ") }
+
+// bad is a directive's error: file:line, directive, problem, what we support.
+func bad(d *Directive, format string, a ...any) error {
+	return errAt(d.Pos, "%s: %s; supported: %s", d.Name, fmt.Sprintf(format, a...), directiveTable[d.Name].forms)
+}
+
+// badOpt is the error of option o of directive d, at o's line.
+func badOpt(d, o *Directive, format string, a ...any) error {
+	return errAt(o.Pos, "%s: %s; supported: %s", d.Name, fmt.Sprintf(format, a...), directiveTable[d.Name].forms)
+}
+
+func noBlock(d *Directive) error {
+	if d.HasBlock && len(d.Block) > 0 {
+		return badOpt(d, d.Block[0], "option %s is not supported", d.Block[0].Name)
+	}
+	return nil
+}
+
+func boolDirective(set func(*Server)) func(*Server, *Directive) error {
+	return func(s *Server, d *Directive) error {
+		if len(d.Args) > 0 {
+			return bad(d, "takes no arguments, got %q", d.Args[0].Text)
+		}
+		if err := noBlock(d); err != nil {
+			return err
+		}
+		set(s)
+		return nil
+	}
+}
+
+func setupBind(s *Server, d *Directive) error {
+	if len(d.Args) == 0 {
+		return bad(d, "an address is required")
+	}
+	if err := noBlock(d); err != nil {
+		return err
+	}
+	for _, a := range d.Args {
+		ip, err := netip.ParseAddr(a.Text)
+		if err != nil || ip.Zone() != "" {
+			return bad(d, "%q is not an IP address (interface names and except are not supported)", a.Text)
+		}
+		ip = ip.Unmap()
+		if !slices.Contains(s.Bind, ip) {
+			s.Bind = append(s.Bind, ip)
+		}
+	}
+	return nil
+}
+
+func setupBufsize(s *Server, d *Directive) error {
+	if err := noBlock(d); err != nil {
+		return err
+	}
+	switch len(d.Args) {
+	case 0:
+		s.Bufsize = 1232 // CoreDNS's default: the DNS flag day 2020 size
+	case 1:
+		n, err := strconv.Atoi(d.Args[0].Text)
+		if err != nil || n < 512 || n > 4096 { // CoreDNS's bounds
+			return bad(d, "%q is not a size between 512 and 4096", d.Args[0].Text)
+		}
+		s.Bufsize = n
+	default:
+		return bad(d, "takes one argument")
+	}
+	return nil
+}
+
+func setupErrors(s *Server, d *Directive) error {
+	if len(d.Args) > 0 {
+		return bad(d, "takes no arguments, got %q", d.Args[0].Text)
+	}
+	for _, o := range d.Block {
+		switch o.Name {
+		case "consolidate", "stacktrace":
+			// Log shaping of CoreDNS's error log: ours logs each upstream
+			// failure once per state change and counts the rest.
+		default:
+			return badOpt(d, o, "option %s is not supported", o.Name)
+		}
+	}
+	s.Errors = true
+	return nil
+}
+
+func setupReload(s *Server, d *Directive) error {
+	if len(d.Args) > 2 {
+		return bad(d, "takes at most two arguments")
+	}
+	for _, a := range d.Args {
+		if _, err := time.ParseDuration(a.Text); err != nil {
+			return bad(d, "%q is not a duration", a.Text)
+		}
+	}
+	if err := noBlock(d); err != nil {
+		return err
+	}
+	s.Reload = true
+	return nil
+}
+
+func setupLog(s *Server, d *Directive) error {
+	if err := noBlock(d); err != nil {
+		return err
+	}
+	for _, a := range d.Args {
+		z, err := normalizeZone(a.Text)
+		if err != nil || !coversAny(z, s.Zones) {
+			return bad(d, "%q: logging a subset of the block's zones or a custom format is not supported", a.Text)
+		}
+	}
+	s.Log = true
+	return nil
+}
+
+// coversAny reports whether z is "." or one of zones' ancestors or equal.
+func coversAny(z string, zones []string) bool {
+	for _, s := range zones {
+		if z == "." || z == s || strings.HasSuffix(s, "."+z) {
+			return true
+		}
+	}
+	return false
+}
+
+func setupAddr(d *Directive, def string) (string, error) {
+	if err := noBlock(d); err != nil {
+		return "", err
+	}
+	switch len(d.Args) {
+	case 0:
+		return def, nil
+	case 1:
+		a := d.Args[0].Text
+		if _, err := splitHostPort(a); err != nil {
+			return "", bad(d, "%q: %v", a, err)
+		}
+		return a, nil
+	}
+	return "", bad(d, "takes one address")
+}
+
+func setupPrometheus(s *Server, d *Directive) (err error) {
+	s.Prometheus, err = setupAddr(d, DefaultPrometheus)
+	return err
+}
+
+func setupPProf(s *Server, d *Directive) (err error) {
+	s.PProf, err = setupAddr(d, DefaultPProf)
+	return err
+}
+
+func setupHealth(s *Server, d *Directive) error {
+	h := &Health{Addr: DefaultHealthAddr}
+	switch len(d.Args) {
+	case 0:
+	case 1:
+		if _, err := splitHostPort(d.Args[0].Text); err != nil {
+			return bad(d, "%q: %v", d.Args[0].Text, err)
+		}
+		h.Addr = d.Args[0].Text
+	default:
+		return bad(d, "takes one address")
+	}
+	for _, o := range d.Block {
+		if o.Name != "lameduck" {
+			return badOpt(d, o, "option %s is not supported", o.Name)
+		}
+		if len(o.Args) != 1 {
+			return badOpt(d, o, "lameduck takes one duration")
+		}
+		t, err := time.ParseDuration(o.Args[0].Text)
+		if err != nil || t < 0 {
+			return badOpt(d, o, "lameduck: %q is not a duration", o.Args[0].Text)
+		}
+		h.LameDuck = t
+	}
+	s.Health = h
+	return nil
+}
+
+// splitHostPort accepts CoreDNS's listen addresses: HOST:PORT, :PORT,
+// [IPv6]:PORT; it returns the port.
+func splitHostPort(a string) (int, error) {
+	i := strings.LastIndexByte(a, ':')
+	if i < 0 {
+		return 0, fmt.Errorf("not HOST:PORT or :PORT")
+	}
+	host := a[:i]
+	p, err := strconv.Atoi(a[i+1:])
+	if err != nil || p < 0 || p > 65535 {
+		return 0, fmt.Errorf("bad port")
+	}
+	if strings.HasPrefix(host, "[") {
+		if !strings.HasSuffix(host, "]") {
+			return 0, fmt.Errorf("bad IPv6 address")
+		}
+		if _, err := netip.ParseAddr(host[1 : len(host)-1]); err != nil {
+			return 0, fmt.Errorf("bad IPv6 address")
+		}
+	} else if strings.Contains(host, ":") {
+		return 0, fmt.Errorf("an IPv6 address needs brackets: [ADDR]:PORT")
+	}
+	return p, nil
+}
+
+func sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }

@@ -1,0 +1,257 @@
+package corefile
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Server is one server block, typed: what it listens on, which zones it
+// answers, and each directive's settings. A nil pointer means the
+// directive is absent.
+type Server struct {
+	Pos   Pos
+	Keys  []string // as written
+	Zones []string // lower-case FQDNs ("." for the root)
+	Port  int
+	// Bind lists the addresses of `bind`; empty means every address (as
+	// CoreDNS without bind).
+	Bind []netip.Addr
+
+	Cache      *Cache
+	Forward    *Forward
+	Health     *Health
+	Prometheus string // listen address; "" when absent
+	PProf      string // listen address; "" when absent
+	Bufsize    int    // 0 when absent
+	Log        bool
+	Errors     bool
+	Reload     bool
+	Loop       bool
+	Debug      bool
+
+	// Plugins are the directives present, in CoreDNS's execution order
+	// (plugin.cfg), not the order of the lines.
+	Plugins []Plugin
+}
+
+// Plugin is one directive of a block as loaded.
+type Plugin struct {
+	Name string
+	Pos  Pos
+	Args []string
+	// NoOp says the directive is accepted but its job is done another way
+	// (see the table in directives.go).
+	NoOp bool
+}
+
+// Cache is the `cache` directive with CoreDNS's defaults filled in.
+type Cache struct {
+	SuccessCap, DenialCap       int
+	SuccessTTL, DenialTTL       time.Duration // caps
+	SuccessMinTTL, DenialMinTTL time.Duration // floors
+	Prefetch                    int           // 0: off
+	PrefetchDuration            time.Duration
+	PrefetchPercent             int
+	ServeStale                  time.Duration // 0: off
+	ServeStaleVerify            bool
+	ServFail                    time.Duration
+	DisableSuccess              bool
+	DisableDenial               bool
+	KeepTTL                     bool
+}
+
+// CoreDNS's cache defaults (plugin/cache): capacity per kind, TTL caps of
+// an hour (half for denials), floor 5 s, SERVFAIL cached 5 s, prefetch
+// window 1 m at 10 %.
+const (
+	DefaultCacheCap      = 10000
+	DefaultSuccessTTL    = 3600 * time.Second
+	DefaultDenialTTL     = 1800 * time.Second
+	DefaultMinTTL        = 5 * time.Second
+	DefaultServFailTTL   = 5 * time.Second
+	defaultPrefetchDur   = time.Minute
+	defaultPrefetchPct   = 10
+	defaultServeStale    = time.Hour
+	maxServFailTTL       = 5 * time.Minute
+	maxForwardUpstreams  = 15 // CoreDNS's forward refuses more
+	DefaultHealthAddr    = ":8080"
+	DefaultPrometheus    = "localhost:9153"
+	DefaultPProf         = "localhost:6053"
+	defaultForwardFails  = 2
+	defaultForwardExpire = 10 * time.Second
+	defaultHealthCheck   = 500 * time.Millisecond
+)
+
+// Forward is the `forward` directive.
+type Forward struct {
+	From   string // lower-case FQDN
+	To     []Upstream
+	Except []string
+	// Options as CoreDNS documents them, defaults filled in.
+	ForceTCP      bool
+	PreferUDP     bool
+	Policy        string // random, round_robin, sequential
+	MaxFails      int
+	Expire        time.Duration
+	HealthCheck   time.Duration
+	MaxConcurrent int
+}
+
+// Upstream is one forward target: an address, or a resolv.conf path whose
+// nameservers are the targets.
+type Upstream struct {
+	Addr       netip.AddrPort
+	ResolvConf string
+}
+
+func (u Upstream) String() string {
+	if u.ResolvConf != "" {
+		return u.ResolvConf
+	}
+	return u.Addr.String()
+}
+
+// Health is the `health` directive.
+type Health struct {
+	Addr     string
+	LameDuck time.Duration
+}
+
+// Options control Load.
+type Options struct {
+	// DefaultPort is the port of a key without one (-dns.port, 53).
+	DefaultPort int
+}
+
+// Load parses the Corefile at path and types it. Every error names the
+// file and line.
+func Load(path string, env Env, o Options) ([]*Server, error) {
+	bs, err := ParseFile(path, env)
+	if err != nil {
+		return nil, err
+	}
+	return Build(path, bs, o)
+}
+
+// Build types parsed blocks.
+func Build(path string, bs []*Block, o Options) ([]*Server, error) {
+	if o.DefaultPort == 0 {
+		o.DefaultPort = 53
+	}
+	if len(bs) == 0 {
+		return nil, fmt.Errorf("%s: %w", path, errNoBlocks)
+	}
+	var out []*Server
+	seen := map[string]Pos{}
+	for _, b := range bs {
+		s, err := buildServer(b, o)
+		if err != nil {
+			return nil, err
+		}
+		// CoreDNS refuses the same zone and port in two blocks unless their
+		// binds differ; we refuse overlapping binds likewise.
+		for _, z := range s.Zones {
+			binds := []string{"*"}
+			if len(s.Bind) > 0 {
+				binds = binds[:0]
+				for _, a := range s.Bind {
+					binds = append(binds, a.String())
+				}
+			}
+			for _, a := range binds {
+				k := fmt.Sprintf("%s|%d|%s", z, s.Port, a)
+				if p, ok := seen[k]; ok {
+					return nil, errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
+				}
+				seen[k] = s.Pos
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func buildServer(b *Block, o Options) (*Server, error) {
+	s := &Server{Pos: b.Pos, Port: -1}
+	for _, k := range b.Keys {
+		zone, port, err := parseKey(k.Text, o.DefaultPort)
+		if err != nil {
+			return nil, errAt(k.Pos, "server block key %q: %v", k.Text, err)
+		}
+		if s.Port >= 0 && port != s.Port {
+			return nil, errAt(k.Pos, "server block key %q: port %d differs from the block's port %d (CoreDNS serves both; nodelocaldns serves one DNS port)", k.Text, port, s.Port)
+		}
+		s.Port = port
+		s.Keys = append(s.Keys, k.Text)
+		if !slices.Contains(s.Zones, zone) {
+			s.Zones = append(s.Zones, zone)
+		}
+	}
+	seen := map[string]Pos{}
+	for _, d := range b.Directives {
+		spec, ok := directiveTable[d.Name]
+		if !ok {
+			if slices.Contains(coreDNSOrder, d.Name) {
+				return nil, errAt(d.Pos, "directive %s is not supported by nodelocaldns; supported: %s", d.Name, supportedList())
+			}
+			return nil, errAt(d.Pos, "unknown directive %s; supported: %s", d.Name, supportedList())
+		}
+		if p, ok := seen[d.Name]; ok && !spec.repeatable {
+			return nil, errAt(d.Pos, "%s: given twice in this block (first at line %d)", d.Name, p.Line)
+		}
+		seen[d.Name] = d.Pos
+		if err := spec.setup(s, d); err != nil {
+			return nil, err
+		}
+		s.Plugins = append(s.Plugins, Plugin{Name: d.Name, Pos: d.Pos, Args: d.ArgStrings(), NoOp: spec.noop})
+	}
+	slices.SortStableFunc(s.Plugins, func(a, b Plugin) int { return order(a.Name) - order(b.Name) })
+	return s, nil
+}
+
+// parseKey splits a server block key into zone and port: `zone`,
+// `zone:port`, `dns://zone[:port]`, with or without the trailing dot.
+func parseKey(k string, defPort int) (string, int, error) {
+	if i := strings.Index(k, "://"); i >= 0 {
+		if scheme := strings.ToLower(k[:i]); scheme != "dns" {
+			return "", 0, fmt.Errorf("transport %s:// is not supported (plain DNS only: dns:// or no scheme)", scheme)
+		}
+		k = k[i+3:]
+	}
+	port := defPort
+	if i := strings.LastIndexByte(k, ':'); i >= 0 {
+		p, err := strconv.Atoi(k[i+1:])
+		if err != nil || p < 1 || p > 65535 {
+			return "", 0, fmt.Errorf("%q is not a port", k[i+1:])
+		}
+		port, k = p, k[:i]
+	}
+	if strings.Contains(k, "/") {
+		return "", 0, fmt.Errorf("CIDR keys (reverse zones as networks) are not supported; write the in-addr.arpa or ip6.arpa zone")
+	}
+	z, err := normalizeZone(k)
+	return z, port, err
+}
+
+func normalizeZone(z string) (string, error) {
+	z = strings.ToLower(z)
+	if z == "" || z == "." {
+		return ".", nil
+	}
+	if !strings.HasSuffix(z, ".") {
+		z += "."
+	}
+	if len(z) > 254 {
+		return "", fmt.Errorf("%q is too long for a domain name", z)
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(z, "."), ".") {
+		if l == "" || len(l) > 63 || strings.ContainsAny(l, " \t\\\"{}()") {
+			return "", fmt.Errorf("%q is not a domain name", z)
+		}
+	}
+	return z, nil
+}

@@ -1,0 +1,63 @@
+package dropin
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// An unsupported directive stops the start and -check-config with exit 2
+// and one line naming file, line, directive and what is supported; a good
+// Corefile's -check-config prints it block by block with the mapping.
+func TestCorefileExitCodes(t *testing.T) {
+	bin := buildNodelocaldns(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "Corefile")
+	base := []string{"-localip", "169.254.20.10", "-conf", conf, "-basecorefile", filepath.Join(dir, "none"), "-kubednscm=",
+		"-setupinterface=false", "-setupiptables=false", "-state-dir="}
+	for _, tc := range []struct{ directive, want string }{
+		{"hosts /etc/hosts", ":3: directive hosts is not supported by nodelocaldns; supported: "},
+		{"template IN AAAA", ":3: directive template is not supported by nodelocaldns; supported: "},
+		{"forward . tls://1.1.1.1", ":3: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported (plain DNS only); supported: forward FROM TO..."},
+	} {
+		text := ".:53 {\n  bind 169.254.20.10\n  " + tc.directive + "\n}\n"
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, extra := range [][]string{nil, {"-check-config"}} {
+			cmd := exec.Command(bin, append(append([]string{}, base...), extra...)...)
+			out, err := cmd.CombinedOutput()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 2 {
+				t.Fatalf("%q %v: exit %v, want 2\n%s", tc.directive, extra, err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], conf+tc.want) {
+				t.Errorf("%q %v: want one line with %q, got:\n%s", tc.directive, extra, conf+tc.want, out)
+			}
+		}
+	}
+	text := "cluster.local:53 {\n  cache 30\n  bind 169.254.20.10\n  forward . 10.96.0.11 {\n    force_tcp\n  }\n  health 169.254.20.10:8080\n  reload\n}\n" +
+		".:53 {\n  cache 30\n  bind 169.254.20.10\n  forward . 192.0.2.53\n  prometheus :9253\n}\n"
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, append(base, "-check-config", "-lameduck", "3s")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"block " + conf + ":1  keys cluster.local:53  zones cluster.local.  port 53  plugins (CoreDNS order) reload bind health cache forward",
+		"forward . [10.96.0.11:53]: zones [cluster.local.] go to kube-dns 10.96.0.11:53 over pipelined TCP (force_tcp)",
+		"reload: accepted, no-op",
+		"block " + conf + ":10  keys .:53",
+		"forward . [192.0.2.53:53]: every other name goes to [192.0.2.53:53]",
+		"kube-dns:         10.96.0.11:53 (from Corefile " + conf + ":1)",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("-check-config lacks %q:\n%s", want, out)
+		}
+	}
+}

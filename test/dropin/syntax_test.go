@@ -1,0 +1,104 @@
+package dropin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+)
+
+// coreDNSAccepts starts CoreDNS on the Corefile and reports whether it
+// serves (true) or exits refusing it (false), with its output.
+func coreDNSAccepts(t *testing.T, bin, conf string, port int) (bool, string) {
+	t.Helper()
+	var out syncBuffer
+	cmd := exec.Command(bin, "-conf", conf, "-quiet")
+	cmd.Dir = filepath.Dir(conf)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() { _ = cmd.Process.Kill(); <-done }()
+	m := new(dns.Msg)
+	m.SetQuestion("probe.example.org.", dns.TypeA)
+	c := &dns.Client{Timeout: 200 * time.Millisecond}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			done <- nil
+			return false, out.String()
+		default:
+		}
+		if _, _, err := c.Exchange(m, fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			return true, out.String()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("CoreDNS neither served nor exited:\n%s", out.String())
+	return false, ""
+}
+
+// Corefile syntax as CoreDNS 1.15 reads it: each text is accepted or
+// refused by both. PORT and UP are filled in; every directive used is one
+// we support, so a difference is the syntax's. No key may fall back to
+// port 53: whether CoreDNS can bind it here depends on the machine. (Left
+// out on purpose: a stray '}' after the last block, which CoreDNS takes as
+// a server block for the zone "}." on port 53 and we refuse.)
+func TestSyntaxParityWithCoreDNS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs CoreDNS")
+	}
+	coredns := buildCoreDNS(t)
+	up := upstream(t, "192.0.2.1")
+	for _, tc := range []struct{ name, text string }{
+		{"plain", ".:PORT {\n  forward . UP\n}\n"},
+		{"keys with commas over lines", "a.example.:PORT,\n  .:PORT {\n  forward . UP\n}\n"},
+		{"several keys", "a.example:PORT example.org.:PORT .:PORT {\n  forward . UP\n}\n"},
+		{"dns scheme", "dns://.:PORT {\n  forward . dns://UP\n}\n"},
+		{"comments and tabs", "# head\n.:PORT {\t# open\n\tforward . UP # trailing\n\tcache 30\t \n}\n"},
+		{"crlf", ".:PORT {\r\n  forward . UP\r\n}\r\n"},
+		{"snippet", "(opts) {\n  cache 30\n  errors\n}\n.:PORT {\n  import opts\n  forward . UP\n}\n"},
+		{"env", ".:{$NLD_TEST_PORT} {\n  forward . {$NLD_TEST_UP}\n}\n"},
+		{"quoted args", ".:PORT {\n  forward \".\" \"UP\"\n}\n"},
+		{"empty option block", ".:PORT {\n  cache {\n  }\n  forward . UP\n}\n"},
+		{"block on one line", ".:PORT { forward . UP }\n"},
+		{"option block on one line", ".:PORT {\n  forward . UP { force_tcp }\n}\n"},
+		{"unknown directive", ".:PORT {\n  forward . UP\n  frobnicate\n}\n"},
+		{"missing close", ".:PORT {\n  forward . UP\n"},
+		{"brace on next line", ".:PORT\n{\n  forward . UP\n}\n"},
+		{"no braces", ".:PORT\nforward . UP\n"},
+		{"cache twice", ".:PORT {\n  cache 30\n  cache 10\n  forward . UP\n}\n"},
+		{"bad cache ttl", ".:PORT {\n  cache 0\n  forward . UP\n}\n"},
+		{"forward without to", ".:PORT {\n  forward .\n}\n"},
+		{"trailing comma then brace", "a.example, {\n  forward . UP\n}\n"},
+		{"duplicate zone", ".:PORT {\n  forward . UP\n}\n.:PORT {\n  forward . UP\n}\n"},
+		{"health ipv6 without brackets", ".:PORT {\n  health ::1:0\n  forward . UP\n}\n"},
+		{"import glob matching nothing", ".:PORT {\n  import nothing-*.conf\n  forward . UP\n}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := freePort(t)
+			text := strings.NewReplacer("PORT", fmt.Sprint(port), "UP", up).Replace(tc.text)
+			t.Setenv("NLD_TEST_PORT", fmt.Sprint(port))
+			t.Setenv("NLD_TEST_UP", up)
+			conf := filepath.Join(t.TempDir(), "Corefile")
+			if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, ourErr := corefile.Load(conf, os.Getenv, corefile.Options{})
+			theirs, out := coreDNSAccepts(t, coredns, conf, port)
+			if (ourErr == nil) != theirs {
+				t.Errorf("CoreDNS accepts: %v; ours: %v\n%s\nCoreDNS said:\n%s", theirs, ourErr, text, out)
+			}
+		})
+	}
+}
