@@ -258,16 +258,14 @@ type stateListWatch struct {
 	lw *cache.ListWatch
 }
 
+// List and Watch make it a cache.ListerWatcher; the reflector calls the
+// context variants.
 func (s *stateListWatch) List(opts metav1.ListOptions) (runtime.Object, error) {
-	obj, err := s.lw.List(opts)
-	s.note(err)
-	return obj, err
+	return s.ListWithContext(context.Background(), opts)
 }
 
 func (s *stateListWatch) Watch(opts metav1.ListOptions) (watch.Interface, error) {
-	wi, err := s.lw.Watch(opts)
-	s.note(err)
-	return wi, err
+	return s.WatchWithContext(context.Background(), opts)
 }
 
 func (s *stateListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
