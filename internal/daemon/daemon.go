@@ -26,11 +26,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
 
@@ -64,6 +67,10 @@ type Daemon struct {
 	control  *net.UnixListener // control socket: handover, exec probes
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
+
+	// -autopath (autopath.go): nil when off.
+	PodWatch     *podwatch.Watch
+	stopPodWatch context.CancelFunc
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -73,6 +80,9 @@ type Options struct {
 	// InstanceID overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
 	InstanceID string
+	// KubeConfig reaches the API server for -autopath instead of the
+	// in-cluster credentials (tests).
+	KubeConfig *rest.Config
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -261,6 +271,10 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		d.healthAddr = haddr
 	}
 	d.startReload()
+	if err := d.startPodWatch(); err != nil {
+		// DNS never depends on the API server: serve without autopath.
+		d.log.Error("autopath off", "err", err)
+	}
 	d.ready.Store(true)
 	d.log.Info("serving",
 		"listen", joinAddrs(d.cfg.LocalIPs, d.cfg.Port),
@@ -409,6 +423,9 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	cancel()
 	if d.stopNet != nil {
 		d.stopNet()
+	}
+	if d.stopPodWatch != nil {
+		d.stopPodWatch()
 	}
 	d.bg.Wait()
 	if d.control != nil {
