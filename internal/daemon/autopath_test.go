@@ -17,7 +17,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 )
 
-
 // -autopath with the API server: the pod watch runs in the daemon, its
 // metrics are served, and DNS answers whatever the API server does.
 func TestAutopathPodWatchInTheDaemon(t *testing.T) {
