@@ -161,9 +161,13 @@ var Reasons = []string{ReasonNotSynced, ReasonUnknownPod, ReasonIneligible, Reas
 // must be answered as usual. The answer has the question, rcode and
 // sections set; the caller sets the ID, flags and EDNS as for any answer.
 // It blocks while the candidates are resolved (at most the timeout).
-func (a *Autopath) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) *dns.Msg {
+//
+// An error means ctx ended before the decision was known: the caller must
+// not answer as usual then (the other query of the pair may get the
+// autopath answer), but drop the query as one it gave up on.
+func (a *Autopath) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
 	if !a.Candidate(qname, qtype) {
-		return nil
+		return nil, nil
 	}
 	src = src.Unmap()
 	key := memoKey{src: src, name: strings.ToLower(dns.Fqdn(qname))}
@@ -175,15 +179,15 @@ func (a *Autopath) Answer(ctx context.Context, src netip.Addr, qname string, qty
 	select {
 	case <-d.done:
 	case <-ctx.Done():
-		return nil
+		return nil, ctx.Err()
 	}
 	if d.reason != "" {
 		a.metrics.declined.WithLabelValues(d.reason).Inc()
-		return nil
+		return nil, nil
 	}
 	a.metrics.answered.Inc()
 	a.metrics.saved.Add(float64(d.saved))
-	return d.answer(qname, qtype, a.clk.Now())
+	return d.answer(qname, qtype, a.clk.Now()), nil
 }
 
 // memoGet returns the decision for key, creating it (owner true) when

@@ -121,7 +121,11 @@ func newFixture(t *testing.T, z *zone) *fixture {
 }
 
 func (f *fixture) ask(name string, qtype uint16) *dns.Msg {
-	return f.ap.Answer(context.Background(), podIP, name, qtype)
+	m, err := f.ap.Answer(context.Background(), podIP, name, qtype)
+	if err != nil {
+		panic(err) // context.Background never ends
+	}
+	return m
 }
 
 func rrStrings(rrs []dns.RR) []string {
@@ -233,7 +237,7 @@ func TestAutopathNeverForUnknownOrIneligible(t *testing.T) {
 	z := newZone("api.example.com. 300 IN A 192.0.2.1")
 	q := "api.example.com.shop.svc.cluster.local."
 	f := newFixture(t, z)
-	if f.ap.Answer(context.Background(), netip.MustParseAddr("10.244.1.99"), q, dns.TypeA) != nil {
+	if m, _ := f.ap.Answer(context.Background(), netip.MustParseAddr("10.244.1.99"), q, dns.TypeA); m != nil {
 		t.Error("answered an unknown source")
 	}
 	ineligible := *shopPod
@@ -311,13 +315,20 @@ func TestAutopathResolutionFailureDeclines(t *testing.T) {
 	f := newFixture(t, z)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan *dns.Msg)
-	go func() { done <- f.ap.Answer(ctx, podIP, "x.example.shop.svc.cluster.local.", dns.TypeA) }()
+	go func() {
+		m, _ := f.ap.Answer(ctx, podIP, "x.example.shop.svc.cluster.local.", dns.TypeA)
+		done <- m
+	}()
 	for z.calls.Load() < 10 {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	if m := <-done; m != nil {
 		t.Errorf("answered after the resolutions failed: %v", m)
+	}
+	// The other query of the pair, with a live context, declines too.
+	if m := f.ask("x.example.shop.svc.cluster.local.", dns.TypeAAAA); m != nil {
+		t.Errorf("AAAA answered while its A was not: %v", m)
 	}
 }
 
