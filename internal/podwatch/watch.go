@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -282,7 +283,9 @@ func (s *stateListWatch) WatchWithContext(ctx context.Context, opts metav1.ListO
 
 func (s *stateListWatch) note(err error) {
 	if err != nil {
-		if errors.Is(err, context.Canceled) {
+		// Ending (Canceled) is no loss; an expired resource version is the
+		// reflector's cue to relist at once, not an outage.
+		if errors.Is(err, context.Canceled) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
 			return
 		}
 		s.w.metrics.errors.Inc()
