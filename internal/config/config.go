@@ -68,6 +68,9 @@ type Config struct {
 
 	Cache CacheConfig
 
+	// Autopath: server-side search for this node's pods (docs/autopath.md).
+	Autopath AutopathConfig
+
 	UDPSockets int
 	// UDP sizes (docs/design.md, "UDP sizes"): MaxUDPSize is the EDNS
 	// size we advertise, to upstreams (their larger answers come over
@@ -108,6 +111,16 @@ type CacheConfig struct {
 	StaleClientTimeout time.Duration
 	StaleRecheck       time.Duration
 	PrefetchHits       int
+}
+
+// AutopathConfig turns autopath on and says how to find this node's pods.
+type AutopathConfig struct {
+	Enabled bool
+	// NodeName selects the pods to watch (-node-name, default $NODE_NAME).
+	NodeName string
+	// NodeResolvConf is the resolv.conf the kubelet gives pods (its
+	// --resolv-conf): the node's search domains and options.
+	NodeResolvConf string
 }
 
 // ErrUsage marks a configuration error: the daemon prints it and exits 2.
@@ -175,6 +188,10 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
 	var stock stockFlags
 	registerStock(fs, c, &stock) // drop-in: the stock image's flags
+	// autopath (issue 15)
+	fs.BoolVar(&c.Autopath.Enabled, "autopath", false, "answer pods' search-path queries in one round trip (watches this node's pods through the API server; docs/autopath.md)")
+	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch (default $NODE_NAME)")
+	fs.StringVar(&c.Autopath.NodeResolvConf, "autopath-node-resolv-conf", "", "the resolv.conf the kubelet gives pods (its --resolv-conf), for their search domains (default: -resolv-conf)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -291,6 +308,17 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	case "text", "json":
 	default:
 		return nil, usage("-log-format: %q is not text or json", c.LogFormat)
+	}
+	if c.Autopath.NodeResolvConf == "" {
+		c.Autopath.NodeResolvConf = c.ResolvConf
+	}
+	if c.Autopath.Enabled {
+		if c.LocalMode {
+			return nil, usage("-autopath needs a cluster: it does not work with -local-mode")
+		}
+		if c.Autopath.NodeName == "" {
+			return nil, usage("-autopath: no node name: set -node-name or $NODE_NAME (downward API, spec.nodeName)")
+		}
 	}
 	if !set["kubednscm"] {
 		if st, err := os.Stat(DefaultKubeDNSConfigMap); err == nil && st.IsDir() {

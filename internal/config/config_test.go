@@ -179,3 +179,31 @@ func TestSystemdStubIsFollowed(t *testing.T) {
 		t.Fatalf("nameservers %v", ns)
 	}
 }
+
+func TestAutopathFlags(t *testing.T) {
+	rc := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(rc, []byte("nameserver 192.0.2.53\nsearch corp.example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := func(k string) string {
+		return map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10", "NODE_NAME": "node-a"}[k]
+	}
+	c, err := Parse([]string{"-resolv-conf", rc, "-autopath"}, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Autopath.Enabled || c.Autopath.NodeName != "node-a" || c.Autopath.NodeResolvConf != rc {
+		t.Errorf("autopath config %+v", c.Autopath)
+	}
+	c, err = Parse([]string{"-resolv-conf", rc}, env, io.Discard)
+	if err != nil || c.Autopath.Enabled {
+		t.Errorf("autopath on by default: %+v %v", c.Autopath, err)
+	}
+	noNode := func(k string) string { return map[string]string{"KUBE_DNS_SERVICE_HOST": "10.96.0.10"}[k] }
+	if _, err := Parse([]string{"-resolv-conf", rc, "-autopath"}, noNode, io.Discard); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "NODE_NAME") {
+		t.Errorf("-autopath without a node name: %v", err)
+	}
+	if _, err := Parse([]string{"-resolv-conf", rc, "-autopath", "-local-mode"}, env, io.Discard); !errors.Is(err, ErrUsage) {
+		t.Errorf("-autopath -local-mode: %v", err)
+	}
+}

@@ -42,5 +42,10 @@ func Describe(w io.Writer, c *Config) {
 	p("cache:            success %d, denial %d entries, %d bytes", c.Cache.SuccessCapacity, c.Cache.DenialCapacity, c.Cache.MaxBytes)
 	p("ttl caps:         cluster success %v denial %v; other success %v denial %v; min %v; servfail %v",
 		c.Cache.ClusterSuccessTTL, c.Cache.ClusterDenialTTL, c.Cache.SuccessTTL, c.Cache.DenialTTL, c.Cache.MinTTL, c.Cache.ServFailTTL)
+	if c.Autopath.Enabled {
+		p("autopath:         on: pods of node %q (API server, in-cluster credentials), node search domains from %s", c.Autopath.NodeName, c.Autopath.NodeResolvConf)
+	} else {
+		p("autopath:         off")
+	}
 	describeDropIn(p, c) // drop-in: the Corefile block by block, and the notes
 }

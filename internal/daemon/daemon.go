@@ -26,12 +26,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
@@ -66,6 +69,10 @@ type Daemon struct {
 	control  *net.UnixListener // control socket: handover, exec probes
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
+
+	// -autopath (autopath.go): nil when off.
+	PodWatch     *podwatch.Watch
+	stopPodWatch context.CancelFunc
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -80,6 +87,9 @@ type Options struct {
 	// OnReady runs once Start has made the daemon ready (main writes
 	// -pidfile there, as CoreDNS writes it once serving).
 	OnReady func()
+	// KubeConfig reaches the API server for -autopath instead of the
+	// in-cluster credentials (tests).
+	KubeConfig *rest.Config
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -291,6 +301,10 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 	}
 	d.startReload()
+	if err := d.startPodWatch(); err != nil {
+		// DNS never depends on the API server: serve without autopath.
+		d.log.Error("autopath off", "err", err)
+	}
 	d.ready.Store(true)
 	d.log.Info("serving",
 		"listen", joinAddrs(d.cfg.LocalIPs, d.cfg.Port),
@@ -444,6 +458,9 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	cancel()
 	if d.stopNet != nil {
 		d.stopNet()
+	}
+	if d.stopPodWatch != nil {
+		d.stopPodWatch()
 	}
 	d.bg.Wait()
 	if d.control != nil {

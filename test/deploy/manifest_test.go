@@ -19,6 +19,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -114,6 +115,10 @@ func decodeObjects(data []byte) ([]any, error) {
 			obj = &corev1.Pod{}
 		case "apps/v1 DaemonSet":
 			obj = &appsv1.DaemonSet{}
+		case "rbac.authorization.k8s.io/v1 ClusterRole":
+			obj = &rbacv1.ClusterRole{}
+		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+			obj = &rbacv1.ClusterRoleBinding{}
 		default:
 			return nil, fmt.Errorf("document %d: apiVersion %q kind %q is not a kind this test knows", i, tm.APIVersion, tm.Kind)
 		}
@@ -181,6 +186,10 @@ func podEnv(objs []any, ns string, c *corev1.Container) map[string]string {
 		next++
 	}
 	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+			env[e.Name] = "node-1" // the downward API
+			continue
+		}
 		env[e.Name] = expand(e.Value, env)
 	}
 	return env
@@ -282,6 +291,10 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 		fail("DaemonSet in namespace %q, want kube-system (the kube-dns ConfigMap and Service live there)", ns)
 	}
 	for _, o := range objs {
+		switch o.(type) {
+		case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding:
+			continue // cluster-scoped
+		}
 		if mo, ok := o.(metav1.Object); ok && mo.GetNamespace() != ns {
 			fail("%s %s in namespace %q, not the DaemonSet's %q", fmt.Sprintf("%T", o), mo.GetName(), mo.GetNamespace(), ns)
 		}
@@ -345,9 +358,23 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 	}
 	if ps.ServiceAccountName == "" || sa == nil {
 		fail("serviceAccountName %q is not a ServiceAccount of the manifest", ps.ServiceAccountName)
-	} else if (ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken) &&
-		(sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken) {
-		fail("the service account token is mounted: the daemon never talks to the API server")
+	} else {
+		// Only -autopath's pod watch talks to the API server.
+		// The pod's setting wins over the ServiceAccount's; unset is true.
+		mounted := sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken
+		if ps.AutomountServiceAccountToken != nil {
+			mounted = *ps.AutomountServiceAccountToken
+		}
+		autopath := len(ps.Containers) > 0 && slices.Contains(ps.Containers[0].Args, "-autopath")
+		if mounted && !autopath {
+			fail("the service account token is mounted without -autopath: nothing else talks to the API server")
+		}
+		if autopath && !mounted {
+			fail("-autopath without the service account token: the pod watch cannot reach the API server")
+		}
+		for _, err := range checkAutopathAccess(objs, sa, ps) {
+			fail("%v", err)
+		}
 	}
 
 	// Containers: exactly ours, and no ports anywhere.
@@ -759,6 +786,41 @@ func TestDeployManifest(t *testing.T) {
 	}
 }
 
+// TestDeployAutopathTurnedOn: the two edits docs/autopath.md tells
+// operators to make (uncomment -autopath, mount the token) give a manifest
+// that passes every check and a configuration with autopath on.
+func TestDeployAutopathTurnedOn(t *testing.T) {
+	raw, err := os.ReadFile(manifestPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	for _, edit := range [][2]string{
+		{"# - -autopath", "- -autopath"},
+		{"# true with -autopath below: the pod watch needs the token.\n      automountServiceAccountToken: false",
+			"# true with -autopath below: the pod watch needs the token.\n      automountServiceAccountToken: true"},
+	} {
+		if strings.Count(text, edit[0]) != 1 {
+			t.Fatalf("the manifest does not have exactly one %q", edit[0])
+		}
+		text = strings.Replace(text, edit[0], edit[1], 1)
+	}
+	objs, err := decodeObjects([]byte(substitute(text, iptablesMode)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := nodeResolvConf(t)
+	for _, err := range checkDeployment(objs, iptablesMode, dockerfileEntrypoint(t), rc) {
+		t.Error(err)
+	}
+	c := &daemonSets(objs)[0].Spec.Template.Spec.Containers[0]
+	env := podEnv(objs, "kube-system", c)
+	cfg, err := config.Parse(append(containerArgs(c, env), "-resolv-conf="+rc), func(k string) string { return env[k] }, io.Discard)
+	if err != nil || !cfg.Autopath.Enabled || cfg.Autopath.NodeName != "node-1" {
+		t.Errorf("config with -autopath: %+v %v", cfg, err)
+	}
+}
+
 // TestDeployPlaceholdersFailLoudly: applied without substitution, the
 // daemon exits 2 with one line naming the token, instead of half-working.
 func TestDeployPlaceholdersFailLoudly(t *testing.T) {
@@ -917,6 +979,19 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 				}
 			}
 		}, "token"},
+		{"-autopath without the token", func(o []any) {
+			pod(o).Containers[0].Args = append(pod(o).Containers[0].Args, "-autopath")
+		}, "-autopath without the service account token"},
+		{"ClusterRole grants more than reading pods", func(o []any) {
+			for _, x := range o {
+				if r, ok := x.(*rbacv1.ClusterRole); ok {
+					r.Rules[0].Resources = append(r.Rules[0].Resources, "secrets")
+				}
+			}
+		}, "want exactly get/list/watch on pods"},
+		{"no NODE_NAME", func(o []any) {
+			pod(o).Containers[0].Env = slices.DeleteFunc(pod(o).Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "NODE_NAME" })
+		}, "NODE_NAME"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1030,4 +1105,54 @@ func TestGrafanaDashboard(t *testing.T) {
 			t.Errorf("no panel graphs %s", n)
 		}
 	}
+}
+
+// checkAutopathAccess: the service account may get, list and watch pods
+// (nothing more), and the pod knows its node's name (-autopath's pod watch).
+func checkAutopathAccess(objs []any, sa *corev1.ServiceAccount, ps *corev1.PodSpec) []error {
+	var errs []error
+	roles := map[string]*rbacv1.ClusterRole{}
+	for _, o := range objs {
+		if r, ok := o.(*rbacv1.ClusterRole); ok {
+			roles[r.Name] = r
+		}
+	}
+	bound := false
+	for _, o := range objs {
+		b, ok := o.(*rbacv1.ClusterRoleBinding)
+		if !ok {
+			continue
+		}
+		for _, s := range b.Subjects {
+			if s.Kind != rbacv1.ServiceAccountKind || s.Name != sa.Name || s.Namespace != sa.Namespace {
+				continue
+			}
+			r := roles[b.RoleRef.Name]
+			if b.RoleRef.Kind != "ClusterRole" || r == nil {
+				errs = append(errs, fmt.Errorf("ClusterRoleBinding %s refers to %s %q, not a ClusterRole of the manifest", b.Name, b.RoleRef.Kind, b.RoleRef.Name))
+				continue
+			}
+			want := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
+			if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].APIGroups, want.APIGroups) || !slices.Equal(r.Rules[0].Resources, want.Resources) ||
+				!slices.Equal(r.Rules[0].Verbs, want.Verbs) || len(r.Rules[0].ResourceNames) > 0 || len(r.Rules[0].NonResourceURLs) > 0 {
+				errs = append(errs, fmt.Errorf("ClusterRole %s grants %+v, want exactly get/list/watch on pods", r.Name, r.Rules))
+			}
+			bound = true
+		}
+	}
+	if !bound {
+		errs = append(errs, fmt.Errorf("no ClusterRoleBinding gives ServiceAccount %s/%s the pod watch's rights", sa.Namespace, sa.Name))
+	}
+	nodeName := false
+	for _, c := range ps.Containers {
+		for _, e := range c.Env {
+			if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+				nodeName = true
+			}
+		}
+	}
+	if !nodeName {
+		errs = append(errs, errors.New("no NODE_NAME from the downward API (spec.nodeName): -autopath needs it"))
+	}
+	return errs
 }

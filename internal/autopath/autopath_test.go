@@ -1,0 +1,355 @@
+package autopath
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
+)
+
+type fakePods struct {
+	mu    sync.Mutex
+	pods  map[netip.Addr]*podwatch.Pod
+	state podwatch.State
+}
+
+func (f *fakePods) Lookup(ip netip.Addr) (*podwatch.Pod, podwatch.State) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pods[ip], f.state
+}
+
+func (f *fakePods) set(ip netip.Addr, p *podwatch.Pod, s podwatch.State) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p == nil {
+		delete(f.pods, ip)
+	} else {
+		f.pods[ip] = p
+	}
+	f.state = s
+}
+
+// zone is a fake resolver: names not listed are NXDOMAIN (negative TTL 30);
+// a listed name answers its records of the asked type, or NODATA.
+type zone struct {
+	records map[string][]dns.RR // by owner, lower case
+	fail    map[string]int      // name -> rcode to answer instead
+	calls   atomic.Int64
+	gate    chan struct{} // when set, each call waits for it to close
+	negTTL  uint32
+}
+
+func newZone(rrs ...string) *zone {
+	z := &zone{records: map[string][]dns.RR{}, fail: map[string]int{}, negTTL: 30}
+	for _, s := range rrs {
+		rr, err := dns.NewRR(s)
+		if err != nil {
+			panic(err)
+		}
+		z.records[strings.ToLower(rr.Header().Name)] = append(z.records[strings.ToLower(rr.Header().Name)], rr)
+	}
+	return z
+}
+
+func (z *zone) resolve(ctx context.Context, name string, qtype uint16) (Result, error) {
+	z.calls.Add(1)
+	if z.gate != nil {
+		select {
+		case <-z.gate:
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
+	}
+	if rc, ok := z.fail[name]; ok {
+		return Result{Rcode: rc}, nil
+	}
+	soa, _ := dns.NewRR(fmt.Sprintf("cluster.local. %d IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 %d", z.negTTL, z.negTTL))
+	rrs, ok := z.records[name]
+	if !ok {
+		return Result{Rcode: dns.RcodeNameError, Ns: []dns.RR{soa}, TTL: z.negTTL}, nil
+	}
+	r := Result{Rcode: dns.RcodeSuccess, TTL: ^uint32(0)}
+	for _, rr := range rrs {
+		if rr.Header().Rrtype == qtype {
+			r.Answer = append(r.Answer, rr)
+			r.TTL = min(r.TTL, rr.Header().Ttl)
+		}
+	}
+	if len(r.Answer) == 0 {
+		r.Ns, r.TTL = []dns.RR{soa}, z.negTTL
+	}
+	return r, nil
+}
+
+var (
+	podIP   = netip.MustParseAddr("10.244.1.5")
+	shopPod = &podwatch.Pod{
+		Namespace: "shop", Name: "web", Ndots: 5,
+		Search: []string{"shop.svc.cluster.local", "svc.cluster.local", "cluster.local", "corp.example"},
+	}
+)
+
+type fixture struct {
+	ap   *Autopath
+	pods *fakePods
+	z    *zone
+	clk  *clock.Fake
+}
+
+func newFixture(t *testing.T, z *zone) *fixture {
+	t.Helper()
+	f := &fixture{
+		pods: &fakePods{pods: map[netip.Addr]*podwatch.Pod{podIP: shopPod}, state: podwatch.Synced},
+		z:    z, clk: clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+	}
+	var err error
+	f.ap, err = New(Config{Pods: f.pods, Resolve: z.resolve, ClusterDomain: "cluster.local", Clock: f.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) ask(name string, qtype uint16) *dns.Msg {
+	m, err := f.ap.Answer(context.Background(), podIP, name, qtype)
+	if err != nil {
+		panic(err) // context.Background never ends
+	}
+	return m
+}
+
+func rrStrings(rrs []dns.RR) []string {
+	var out []string
+	for _, rr := range rrs {
+		out = append(out, strings.ReplaceAll(rr.String(), "\t", " "))
+	}
+	return out
+}
+
+func TestAutopathExternalName(t *testing.T) {
+	f := newFixture(t, newZone(
+		"api.example.com. 300 IN A 192.0.2.1",
+		"api.example.com. 120 IN AAAA 2001:db8::1",
+	))
+	a := f.ask("Api.Example.com.shop.svc.cluster.local.", dns.TypeA)
+	if a == nil {
+		t.Fatal("declined")
+	}
+	// The smallest TTL involved: the denials' 30 s.
+	want := []string{
+		"Api.Example.com.shop.svc.cluster.local. 30 IN CNAME api.example.com.",
+		"api.example.com. 30 IN A 192.0.2.1",
+	}
+	if got := rrStrings(a.Answer); strings.Join(got, "\n") != strings.Join(want, "\n") || a.Rcode != dns.RcodeSuccess {
+		t.Errorf("A answer %s\n%q, want\n%q", dns.RcodeToString[a.Rcode], got, want)
+	}
+	calls := f.z.calls.Load()
+	if calls != 10 {
+		t.Errorf("%d candidates resolved, want 10 (5 names x A, AAAA)", calls)
+	}
+	// The AAAA query of the same lookup reuses the decision, 2 s later.
+	f.clk.Advance(2 * time.Second)
+	aaaa := f.ask("Api.Example.com.shop.svc.cluster.local.", dns.TypeAAAA)
+	if aaaa == nil || f.z.calls.Load() != calls {
+		t.Fatalf("AAAA: %v, %d resolves", aaaa, f.z.calls.Load()-calls)
+	}
+	if got := rrStrings(aaaa.Answer); len(got) != 2 || got[1] != "api.example.com. 28 IN AAAA 2001:db8::1" {
+		t.Errorf("AAAA answer %q", got)
+	}
+	m := metricValues(t, f.ap)
+	if m["nodelocaldns_autopath_client_queries_saved_total"] != 8 || m["nodelocaldns_autopath_answers_total"] != 2 ||
+		m["nodelocaldns_autopath_lookups_total"] != 1 || m["nodelocaldns_autopath_candidates_resolved_total"] != 10 {
+		t.Errorf("metrics %v", m)
+	}
+}
+
+func TestAutopathNameWithOneTypeOnly(t *testing.T) {
+	f := newFixture(t, newZone("db.billing.svc.cluster.local. 5 IN A 10.96.0.7"))
+	q := "db.billing.shop.svc.cluster.local."
+	a, aaaa := f.ask(q, dns.TypeA), f.ask(q, dns.TypeAAAA)
+	if a == nil || aaaa == nil {
+		t.Fatalf("declined: %v %v", a, aaaa)
+	}
+	if got := rrStrings(a.Answer); len(got) != 2 || got[1] != "db.billing.svc.cluster.local. 5 IN A 10.96.0.7" {
+		t.Errorf("A %q", got)
+	}
+	// NOERROR, the CNAME, no AAAA: the name exists without that type; the
+	// authority section carries the denial's SOA.
+	if got := rrStrings(aaaa.Answer); aaaa.Rcode != dns.RcodeSuccess || len(got) != 1 ||
+		got[0] != "db.billing.shop.svc.cluster.local. 30 IN CNAME db.billing.svc.cluster.local." || len(aaaa.Ns) != 1 {
+		t.Errorf("AAAA %s %q ns %v", dns.RcodeToString[aaaa.Rcode], got, aaaa.Ns)
+	}
+}
+
+func TestAutopathDeclines(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		zone   *zone
+		q      string
+		reason string
+	}{
+		{"first candidate exists (a Service of the pod's namespace)",
+			newZone("db.shop.svc.cluster.local. 5 IN A 10.96.0.8"), "db.shop.svc.cluster.local.", ReasonFirstExists},
+		{"no candidate exists",
+			newZone(), "nope.example.shop.svc.cluster.local.", ReasonNoCandidate},
+		{"as many dots as ndots: asked as is first",
+			newZone("a.b.c.d.e.f. 5 IN A 192.0.2.9"), "a.b.c.d.e.f.shop.svc.cluster.local.", ReasonNotSearch},
+		{"exists without addresses: musl stops, glibc walks on",
+			newZone("x.corp.example. 5 IN MX 10 mail.corp.example.", "x. 5 IN A 192.0.2.3"), "x.shop.svc.cluster.local.", ReasonAmbiguous},
+		{"A only here, AAAA at a later candidate: an AAAA-only client walks on",
+			newZone("h.cluster.local. 5 IN A 10.1.1.1", "h.corp.example. 5 IN AAAA 2001:db8::9"), "h.shop.svc.cluster.local.", ReasonAmbiguous},
+		{"SERVFAIL on the way",
+			func() *zone {
+				z := newZone("s.example. 5 IN A 192.0.2.4")
+				z.fail["s.example.svc.cluster.local."] = dns.RcodeServerFailure
+				return z
+			}(),
+			"s.example.shop.svc.cluster.local.", ReasonAmbiguous},
+		{"not under the pod's first search domain",
+			newZone("api.example.com. 5 IN A 192.0.2.1"), "api.example.com.other.svc.cluster.local.", ReasonNotSearch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.zone)
+			if m := f.ask(tc.q, dns.TypeA); m != nil {
+				t.Fatalf("answered %v", m)
+			}
+			if m := f.ask(tc.q, dns.TypeAAAA); m != nil {
+				t.Fatalf("answered AAAA %v", m)
+			}
+			if v := metricValues(t, f.ap)[`nodelocaldns_autopath_declined_total{reason="`+tc.reason+`"}`]; v != 2 {
+				t.Errorf("declined for %s: %v times, want 2; %v", tc.reason, v, metricValues(t, f.ap))
+			}
+		})
+	}
+}
+
+func TestAutopathNeverForUnknownOrIneligible(t *testing.T) {
+	z := newZone("api.example.com. 300 IN A 192.0.2.1")
+	q := "api.example.com.shop.svc.cluster.local."
+	f := newFixture(t, z)
+	if m, _ := f.ap.Answer(context.Background(), netip.MustParseAddr("10.244.1.99"), q, dns.TypeA); m != nil {
+		t.Error("answered an unknown source")
+	}
+	ineligible := *shopPod
+	ineligible.Ineligible = "search list does not start with the cluster search domains"
+	f.pods.set(podIP, &ineligible, podwatch.Synced)
+	if f.ask(q, dns.TypeA) != nil {
+		t.Error("answered an ineligible pod")
+	}
+	f2 := newFixture(t, z)
+	f2.pods.set(podIP, shopPod, podwatch.Lost)
+	if f2.ask(q, dns.TypeA) != nil {
+		t.Error("answered while the watch is lost")
+	}
+	if z.calls.Load() != 0 {
+		t.Errorf("%d resolves for declined lookups", z.calls.Load())
+	}
+	// Other types, names outside the cluster search domains: not candidates.
+	if f.ap.Candidate("api.example.com.shop.svc.cluster.local.", dns.TypeMX) ||
+		f.ap.Candidate("api.example.com.", dns.TypeA) || f.ap.Candidate("shop.svc.cluster.local.", dns.TypeA) {
+		t.Error("Candidate accepts what autopath never answers")
+	}
+}
+
+// The issue's point 3: the pod was unknown at the first query of the pair,
+// known at the second: neither is answered, until the memo expires.
+func TestAutopathPairAgreesWhenThePodAppears(t *testing.T) {
+	f := newFixture(t, newZone("api.example.com. 300 IN A 192.0.2.1", "api.example.com. 300 IN AAAA 2001:db8::1"))
+	f.pods.set(podIP, nil, podwatch.Synced)
+	q := "api.example.com.shop.svc.cluster.local."
+	if f.ask(q, dns.TypeA) != nil {
+		t.Fatal("answered an unknown pod")
+	}
+	f.pods.set(podIP, shopPod, podwatch.Synced)
+	f.clk.Advance(DefaultMemoTTL - time.Millisecond)
+	if f.ask(q, dns.TypeAAAA) != nil {
+		t.Fatal("AAAA answered by autopath while its A was not")
+	}
+	f.clk.Advance(time.Millisecond)
+	if f.ask(q, dns.TypeAAAA) == nil {
+		t.Fatal("a new lookup after the memo expired was declined")
+	}
+}
+
+// musl sends A and AAAA at once: both wait for one decision, and the
+// candidates are resolved once.
+func TestAutopathConcurrentPairResolvesOnce(t *testing.T) {
+	z := newZone("api.example.com. 300 IN A 192.0.2.1", "api.example.com. 300 IN AAAA 2001:db8::1")
+	z.gate = make(chan struct{})
+	f := newFixture(t, z)
+	q := "api.example.com.shop.svc.cluster.local."
+	var wg sync.WaitGroup
+	got := make([]*dns.Msg, 2)
+	for i, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		wg.Add(1)
+		go func() { defer wg.Done(); got[i] = f.ask(q, qt) }()
+	}
+	// Both queries are in: one resolving (10 calls waiting at the gate).
+	deadline := time.Now().Add(10 * time.Second)
+	for z.calls.Load() < 10 {
+		if time.Now().After(deadline) {
+			t.Fatal("candidates never resolved")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(z.gate)
+	wg.Wait()
+	if got[0] == nil || got[1] == nil || z.calls.Load() != 10 {
+		t.Errorf("answers %v %v after %d resolves, want both after 10", got[0] != nil, got[1] != nil, z.calls.Load())
+	}
+}
+
+func TestAutopathResolutionFailureDeclines(t *testing.T) {
+	z := newZone()
+	z.gate = make(chan struct{}) // never opens
+	f := newFixture(t, z)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan *dns.Msg)
+	go func() {
+		m, _ := f.ap.Answer(ctx, podIP, "x.example.shop.svc.cluster.local.", dns.TypeA)
+		done <- m
+	}()
+	for z.calls.Load() < 10 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if m := <-done; m != nil {
+		t.Errorf("answered after the resolutions failed: %v", m)
+	}
+	// The other query of the pair, with a live context, declines too.
+	if m := f.ask("x.example.shop.svc.cluster.local.", dns.TypeAAAA); m != nil {
+		t.Errorf("AAAA answered while its A was not: %v", m)
+	}
+}
+
+func TestAutopathMemoBound(t *testing.T) {
+	z := newZone()
+	f := newFixture(t, z)
+	f.ap.cfg.MemoEntries = 2
+	f.ask("a.x.shop.svc.cluster.local.", dns.TypeA)
+	f.ask("b.x.shop.svc.cluster.local.", dns.TypeA)
+	calls := z.calls.Load()
+	f.ask("c.x.shop.svc.cluster.local.", dns.TypeA)
+	if z.calls.Load() != calls {
+		t.Error("resolved past the memo bound")
+	}
+	if v := metricValues(t, f.ap)[`nodelocaldns_autopath_declined_total{reason="memo_full"}`]; v != 1 {
+		t.Errorf("memo_full %v", v)
+	}
+	// After the memo TTL the expired decisions are swept: room again.
+	f.clk.Advance(DefaultMemoTTL)
+	f.ask("d.x.shop.svc.cluster.local.", dns.TypeA)
+	if z.calls.Load() == calls {
+		t.Error("memo never made room again")
+	}
+}

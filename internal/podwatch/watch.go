@@ -1,0 +1,300 @@
+package podwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// State is the watch's standing with the API server.
+type State int32
+
+const (
+	// Starting: the first list has not completed.
+	Starting State = iota
+	// Synced: the view follows the API server.
+	Synced
+	// Lost: the last list or watch failed; the view may be stale.
+	Lost
+)
+
+func (s State) String() string {
+	switch s {
+	case Synced:
+		return "synced"
+	case Lost:
+		return "lost"
+	}
+	return "starting"
+}
+
+// DefaultResync is how often the informer re-delivers every pod to the
+// handler, recomputing its view from the stored objects (10 min: a safety
+// net only; changes arrive by the watch within milliseconds).
+const DefaultResync = 10 * time.Minute
+
+// Config says which pods to watch and how to read their resolv.conf.
+type Config struct {
+	// Rest reaches the API server: rest.InClusterConfig() in a pod, a
+	// config built from a token in tests.
+	Rest *rest.Config
+	// NodeName selects the pods (spec.nodeName).
+	NodeName string
+	// ClusterDomain is the kubelet's cluster domain ("cluster.local";
+	// a trailing dot is ignored).
+	ClusterDomain string
+	// Node is the resolv.conf the kubelet gives pods (its --resolv-conf).
+	Node NodeResolvConf
+	// Resync: DefaultResync when 0.
+	Resync time.Duration
+	Logger *slog.Logger
+}
+
+// Watch keeps the view of this node's pods. Lookup is safe for concurrent
+// use and takes no lock.
+type Watch struct {
+	cfg   Config
+	log   *slog.Logger
+	lw    cache.ListerWatcher
+	view  atomic.Pointer[view]
+	state atomic.Int32
+	// everSynced: the informer completed its first sync; only then may a
+	// successful call turn Lost into Synced.
+	everSynced atomic.Bool
+
+	mu      sync.Mutex // entries
+	entries map[string]podEntry
+
+	metrics *watchMetrics
+}
+
+// New prepares a watch; Run starts it.
+func New(cfg Config) (*Watch, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("podwatch: no node name (set -node-name or $NODE_NAME from the downward API)")
+	}
+	if cfg.Rest == nil {
+		return nil, errors.New("podwatch: no API server config")
+	}
+	cfg.ClusterDomain = strings.ToLower(strings.TrimSuffix(cfg.ClusterDomain, "."))
+	if cfg.ClusterDomain == "" {
+		return nil, errors.New("podwatch: no cluster domain")
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = DefaultResync
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	rc, err := restClient(cfg.Rest)
+	if err != nil {
+		return nil, err
+	}
+	w := &Watch{cfg: cfg, log: cfg.Logger.With("component", "podwatch"), entries: map[string]podEntry{}}
+	w.metrics = newWatchMetrics(w)
+	w.view.Store(buildView(nil))
+	sel := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName)
+	w.lw = &stateListWatch{w: w, lw: cache.NewListWatchFromClient(rc, "pods", metav1.NamespaceAll, sel)}
+	return w, nil
+}
+
+// restClient is a REST client for core/v1 with a scheme that knows only
+// core/v1: the typed clientset would register every API group.
+func restClient(c *rest.Config) (*rest.RESTClient, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	cfg := rest.CopyConfig(c)
+	cfg.APIPath = "/api"
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	// Protobuf: a quarter of JSON's decoding cost for pod lists.
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "nodelocaldns-podwatch"
+	}
+	rc, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("podwatch: API client: %w", err)
+	}
+	return rc, nil
+}
+
+// Run watches until ctx ends.
+func (w *Watch) Run(ctx context.Context) {
+	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: w.lw,
+		ObjectType:    &corev1.Pod{},
+		ResyncPeriod:  w.cfg.Resync,
+		Transform:     trim,
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { w.update(obj) },
+			UpdateFunc: func(_, obj any) { w.update(obj) },
+			DeleteFunc: w.remove,
+		},
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctrl.RunWithContext(ctx)
+	}()
+	if cache.WaitForCacheSync(ctx.Done(), ctrl.HasSynced) {
+		w.everSynced.Store(true)
+		w.setState(Synced, nil)
+	}
+	<-done
+}
+
+// Lookup returns the pod holding ip and the watch state. A pod is returned
+// whatever the state; the caller decides whether to trust it.
+func (w *Watch) Lookup(ip netip.Addr) (*Pod, State) {
+	p := w.view.Load().byIP[ip.Unmap()]
+	return p, w.State()
+}
+
+// State is the watch's current state.
+func (w *Watch) State() State { return State(w.state.Load()) }
+
+// Pods is the number of pods with an address of their own in the view.
+func (w *Watch) Pods() int { return w.view.Load().pods }
+
+func (w *Watch) setState(s State, err error) {
+	old := State(w.state.Swap(int32(s)))
+	if old == s {
+		return
+	}
+	switch {
+	case s == Lost:
+		w.metrics.losses.Inc()
+		w.log.Warn("pod watch lost: autopath off until it recovers", "node", w.cfg.NodeName, "err", err)
+	case old == Starting:
+		w.log.Info("pod watch synced", "node", w.cfg.NodeName, "pods", w.Pods())
+	default:
+		w.log.Info("pod watch recovered: autopath on", "node", w.cfg.NodeName, "pods", w.Pods())
+	}
+}
+
+func key(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
+
+func (w *Watch) update(obj any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	pod, ips, ok := podFor(p, w.cfg.Node, w.cfg.ClusterDomain)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ok {
+		w.entries[key(p)] = podEntry{pod: pod, ips: ips}
+	} else if _, had := w.entries[key(p)]; had {
+		delete(w.entries, key(p))
+	} else {
+		return
+	}
+	w.view.Store(buildView(w.entries))
+}
+
+func (w *Watch) remove(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, had := w.entries[key(p)]; !had {
+		return
+	}
+	delete(w.entries, key(p))
+	w.view.Store(buildView(w.entries))
+}
+
+// trim keeps only the fields the view reads, so the informer's store holds
+// a few hundred bytes per pod instead of the whole object.
+func trim(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+		},
+		Spec: corev1.PodSpec{
+			NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork,
+			DNSPolicy: p.Spec.DNSPolicy, DNSConfig: p.Spec.DNSConfig,
+		},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+	}, nil
+}
+
+// stateListWatch marks the watch lost when a list or watch call fails and
+// synced again when one succeeds after the first sync. The reflector
+// resumes from its last resource version (or relists when that expired),
+// so a successful call means the view is catching up with the server.
+type stateListWatch struct {
+	w  *Watch
+	lw *cache.ListWatch
+}
+
+// List and Watch make it a cache.ListerWatcher; the reflector calls the
+// context variants.
+func (s *stateListWatch) List(opts metav1.ListOptions) (runtime.Object, error) {
+	return s.ListWithContext(context.Background(), opts)
+}
+
+func (s *stateListWatch) Watch(opts metav1.ListOptions) (watch.Interface, error) {
+	return s.WatchWithContext(context.Background(), opts)
+}
+
+func (s *stateListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	obj, err := s.lw.ListWithContext(ctx, opts)
+	s.note(err)
+	return obj, err
+}
+
+func (s *stateListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	wi, err := s.lw.WatchWithContext(ctx, opts)
+	s.note(err)
+	return wi, err
+}
+
+func (s *stateListWatch) note(err error) {
+	if err != nil {
+		// Ending (Canceled) is no loss; an expired resource version is the
+		// reflector's cue to relist at once, not an outage.
+		if errors.Is(err, context.Canceled) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			return
+		}
+		s.w.metrics.errors.Inc()
+		s.w.setState(Lost, err)
+		return
+	}
+	if s.w.everSynced.Load() && s.w.State() == Lost {
+		s.w.setState(Synced, nil)
+	}
+}
+
+var _ cache.ListerWatcherWithContext = (*stateListWatch)(nil)
