@@ -4,8 +4,11 @@
 # front of the same test upstream (bench/upstream).
 #
 # Usage: bench/run.sh          (or: make bench)
-#        bench/run.sh profile  (or: make profile): a CPU profile of nodelocaldns
-#            under dnsperf load, in bench/cpu.pprof and bench/cpu.top.txt
+#        bench/run.sh profile  (or: make profile): CPU profiles of nodelocaldns
+#            under dnsperf load, one per workload of PROFILE_WORKLOADS, in
+#            bench/cpu-miss-tcp.pprof (unique) and bench/cpu-miss-udp.pprof
+#            (uniqext), each with its `go tool pprof -top` in *.top.txt
+#        BENCH_QUICK=1 bench/run.sh: a smoke run (see below)
 #
 # Every server runs pinned to core 0, dnsperf and the test upstream to core 1.
 # Everything runs on loopback: servers on 127.0.0.1, the upstream on
@@ -19,14 +22,17 @@
 #   BENCH_MISS_CPU_RATE  offered qps of the fixed-rate run on unique misses [10000]
 #   BENCH_CLIENTS        dnsperf -c [32]
 #   BENCH_OUTSTANDING    dnsperf -q [100]
-#   BENCH_SERVERS        [nodelocaldns coredns unbound dnsmasq ceiling]
-#   BENCH_WORKLOADS      [hit1 hit20 nx1 names10k unique tcphit]
+#   BENCH_SERVERS        [nodelocaldns coredns unbound dnsmasq ceiling limit]
+#   BENCH_WORKLOADS      [hit1 hit20 nx1 names10k unique uniqext tcphit]
+#   BENCH_QUICK=1        smoke run: 2 s runs, workloads "hit1 unique uniqext
+#                        tcphit", no memory phase, RESULTS.md and results.png
+#                        written to bench/out/ (never commit a smoke run)
 #   BENCH_NODELOCALDNS_ARGS  extra flags for the daemon
 #   BENCH_SKIP_INSTALL=1 never call apt-get
 #   COREDNS_VERSION      [v1.15.0]
 #   BENCH_NODE_RESOLVER, BENCH_KUBE_DNS  upstream addresses, port 53 [127.0.0.2, 127.0.0.3]
-#   PROFILE_WORKLOAD     workload of `profile` [hit20]
-#   PROFILE_SECONDS      length of the profile [15]
+#   PROFILE_WORKLOADS    workloads of `profile` [unique uniqext]
+#   PROFILE_SECONDS      length of each profile [15]
 # Writes bench/RESULTS.md, bench/results.png; raw output in bench/out/.
 set -euo pipefail
 
@@ -36,14 +42,20 @@ CACHE=$BENCH_DIR/.cache
 BIN=$CACHE/bin
 OUT=$BENCH_DIR/out
 
+QUICK=${BENCH_QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+	DURATION=${BENCH_DURATION:-2}
+	CPU_DURATION=${BENCH_CPU_DURATION:-2}
+	BENCH_WORKLOADS=${BENCH_WORKLOADS:-hit1 unique uniqext tcphit}
+fi
 DURATION=${BENCH_DURATION:-10}
 CPU_DURATION=${BENCH_CPU_DURATION:-5}
 CPU_RATE=${BENCH_CPU_RATE:-20000}
 MISS_CPU_RATE=${BENCH_MISS_CPU_RATE:-10000}
 CLIENTS=${BENCH_CLIENTS:-32}
 OUTSTANDING=${BENCH_OUTSTANDING:-100}
-SERVERS=${BENCH_SERVERS:-nodelocaldns coredns unbound dnsmasq ceiling}
-WORKLOADS=${BENCH_WORKLOADS:-hit1 hit20 nx1 names10k unique tcphit}
+SERVERS=${BENCH_SERVERS:-nodelocaldns coredns unbound dnsmasq ceiling limit}
+WORKLOADS=${BENCH_WORKLOADS:-hit1 hit20 nx1 names10k unique uniqext tcphit}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 # Unique names generated per second of run: above any server's miss rate here.
 UNIQUE_PER_SECOND=${BENCH_UNIQUE_PER_SECOND:-100000}
@@ -53,13 +65,13 @@ CLIENT_CORE=1
 NODE_RESOLVER=${BENCH_NODE_RESOLVER:-127.0.0.2}
 KUBE_DNS=${BENCH_KUBE_DNS:-127.0.0.3}
 LISTEN=127.0.0.1
-declare -A PORT=([nodelocaldns]=5301 [coredns]=5302 [unbound]=5303 [dnsmasq]=5304 [ceiling]=5305)
+declare -A PORT=([nodelocaldns]=5301 [coredns]=5302 [unbound]=5303 [dnsmasq]=5304 [ceiling]=5305 [limit]=5306)
 # Second port of each server: metrics (and pprof) / health.
 declare -A MPORT=([nodelocaldns]=19301 [coredns]=19302)
 declare -A HPORT=([nodelocaldns]=18301 [coredns]=18302)
 
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin
-COMMAND="BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
+COMMAND="BENCH_QUICK=$QUICK BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
 
 log() { printf '%s bench: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -173,8 +185,10 @@ need_packages() {
 
 build_tools() {
 	mkdir -p "$BIN"
-	log "building bench tools (upstream, report, chart)"
-	(cd "$BENCH_DIR" && go build -o "$BIN/" ./upstream ./report ./chart)
+	log "building bench tools (upstream, report, chart, cpuns, limit)"
+	(cd "$BENCH_DIR" && go build -o "$BIN/" ./upstream ./report ./chart ./cpuns)
+	# -O2, as Debian builds Unbound and dnsmasq.
+	gcc -O2 -Wall -Wextra -Werror -o "$BIN/limit" "$BENCH_DIR/limit/limit.c"
 }
 
 build_coredns() {
@@ -221,12 +235,19 @@ gen_queries() {
 	awk 'BEGIN { for (i = 0; i < 5000; i++) {
 		printf "svc-%d.ns-%d.svc.cluster.local A\n", i, i % 50
 		printf "host-%d.site-%d.example.com A\n", i, i % 97 } }' >"$q/names10k.txt"
-	# Unique names, never repeated: all misses, forwarded to kube-dns.
+	# Unique names, never repeated: all misses, forwarded to kube-dns over
+	# TCP (unique) or to the node's resolvers over UDP (uniqext). Each has a
+	# second set, for measuring once more when other work disturbed the
+	# first, and a third for the fixed-rate run.
 	local n=$((UNIQUE_PER_SECOND * DURATION)) m=$((MISS_CPU_RATE * CPU_DURATION + MISS_CPU_RATE))
 	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "u%d.default.svc.cluster.local A\n", i }' >"$q/unique.txt"
-	# A second set, for measuring once more when other work disturbed the first.
 	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "v%d.default.svc.cluster.local A\n", i }' >"$q/unique-retry.txt"
 	awk -v n="$m" 'BEGIN { for (i = 0; i < n; i++) printf "c%d.default.svc.cluster.local A\n", i }' >"$q/unique-cpu.txt"
+	# External names: 997 sites (a prime, so names spread over many
+	# "domains" as real traffic does; every server's cache still misses).
+	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "u%d.site-%d.example.com A\n", i, i % 997 }' >"$q/uniqext.txt"
+	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "v%d.site-%d.example.com A\n", i, i % 997 }' >"$q/uniqext-retry.txt"
+	awk -v n="$m" 'BEGIN { for (i = 0; i < n; i++) printf "c%d.site-%d.example.com A\n", i, i % 997 }' >"$q/uniqext-cpu.txt"
 	# Names for the memory phase: 10k, then 90k more (100k distinct in all).
 	awk 'BEGIN { for (i = 0; i < 10000; i++) if (i % 2) printf "r%d.default.svc.cluster.local A\n", i; else printf "r%d.example.net A\n", i }' >"$q/rss10k.txt"
 	awk 'BEGIN { for (i = 10000; i < 100000; i++) if (i % 2) printf "r%d.default.svc.cluster.local A\n", i; else printf "r%d.example.net A\n", i }' >"$q/rss100k.txt"
@@ -242,15 +263,25 @@ workload() {
 	nx1) W_FILE=$q/nx1.txt ;;
 	names10k) W_FILE=$q/names10k.txt ;;
 	tcphit) W_FILE=$q/hit1.txt W_MODE=tcp ;;
-	unique) W_FILE=$q/unique.txt W_RETRY_FILE=$q/unique-retry.txt W_WARM=0 W_ONCE=1 W_RATE=$MISS_CPU_RATE ;;
+	unique | uniqext)
+		W_FILE=$q/$1.txt W_RETRY_FILE=$q/$1-retry.txt W_WARM=0 W_ONCE=1 W_RATE=$MISS_CPU_RATE
+		W_CPU_FILE=$q/$1-cpu.txt
+		return 0
+		;;
 	*) die "unknown workload $1" ;;
 	esac
 	W_CPU_FILE=$W_FILE
-	if [[ $1 == unique ]]; then W_CPU_FILE=$q/unique-cpu.txt; fi
 	return 0
 }
 
 # --------------------------------------------------------------- measuring
+
+# cpu_ns PID: CPU time of PID so far in ns of scheduler time (bench/cpuns:
+# the process's CPU clock, every thread including exited ones, plus the
+# children it forked); the fixed-rate runs divide its growth by the queries.
+cpu_ns() {
+	"$BIN/cpuns" "$1" | awk '$2 != "gone" { print $2 }'
+}
 
 # cpu_ticks PID: utime+stime (+ reaped children: dnsmasq forks for TCP).
 cpu_ticks() {
@@ -352,10 +383,12 @@ run_workload() {
 	# Fixed rate: CPU per query and latency (per-query output from -v).
 	local cpu_done cpu_lost lat
 	sleep 0.5
-	c0=$(cpu_ticks "$pid")
+	"$BIN/cpuns" "$pid" >"$dir/$w.cpuns"
+	c0=$(cpu_ns "$pid")
 	dnsperf_run "$port" "$W_MODE" "$W_CPU_FILE" "$dir/$w.cpu.txt" -l "$CPU_DURATION" -Q "$W_RATE" -v "${once[@]}"
 	sleep 0.5 # let the server finish (and reap TCP children)
-	c1=$(cpu_ticks "$pid")
+	c1=$(cpu_ns "$pid")
+	"$BIN/cpuns" "$pid" >>"$dir/$w.cpuns"
 	cpu_done=$(stat_of "$dir/$w.cpu.txt" "Queries completed")
 	cpu_lost=$(stat_of "$dir/$w.cpu.txt" "Queries lost")
 	lat=$(awk '/^> / { print $NF }' "$dir/$w.cpu.txt" | sort -g |
@@ -366,8 +399,8 @@ run_workload() {
 	grep -v '^> ' "$dir/$w.cpu.txt" >"$dir/$w.cpu.summary.txt" || true
 	rm -f "$dir/$w.cpu.txt"
 	local cpu_us=n/a
-	if [[ -n $cpu_done && $cpu_done -gt 0 ]]; then
-		cpu_us=$(awk -v t=$((c1 - c0)) -v hz="$HZ" -v n="$cpu_done" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
+	if [[ -n $cpu_done && $cpu_done -gt 0 && -n $c0 && -n $c1 ]]; then
+		cpu_us=$(awk -v t=$((c1 - c0)) -v n="$cpu_done" 'BEGIN { printf "%.2f", t / 1e3 / n }')
 	fi
 	local lat_avg lat_p50 lat_p99
 	read -r lat_avg lat_p50 lat_p99 <<<"$lat"
@@ -426,6 +459,9 @@ start_server() {
 		;;
 	ceiling)
 		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/upstream" -listen "$LISTEN:$port"
+		;;
+	limit)
+		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/limit" "$LISTEN" "$port"
 		;;
 	esac
 	SPID=$SPAWNED
@@ -569,6 +605,10 @@ run_all() {
 				unset "RUNNING[$s]"
 				continue
 			fi
+			workload "$w"
+			if [[ $s == limit && $W_MODE != udp ]]; then
+				continue # UDP only: no row, the report says n/a
+			fi
 			run_workload "$s" "$pid" "$w"
 		done
 	done
@@ -583,7 +623,7 @@ run_all() {
 # measure_rss NAME: a fresh process, VmRSS after 10k and then 100k distinct names.
 measure_rss() {
 	local s=$1 pid r0 r10 r100 hwm
-	[[ $s != ceiling && -f $OUT/$s/hwm ]] || return 0
+	[[ $s != ceiling && $s != limit && -f $OUT/$s/hwm ]] || return 0
 	hwm=$(cat "$OUT/$s/hwm")
 	start_server "$s" || return 0
 	pid=$SPID
@@ -630,6 +670,7 @@ write_facts() {
 		echo "outstanding=$OUTSTANDING"
 		echo "load_before=$LOAD_BEFORE"
 		echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)"
+		echo "quick=$QUICK"
 		echo "elapsed=$SECONDS"
 	} >"$f"
 }
@@ -641,7 +682,7 @@ common_setup() {
 	command -v go >/dev/null || die "go is not on PATH"
 	[[ $(nproc) -ge 2 ]] || die "needs 2 cores (server on core 0, client on core 1)"
 	need_packages dnsperf:dnsperf dig:bind9-dnsutils taskset:util-linux setsid:util-linux \
-		flock:util-linux ss:iproute2 "$@"
+		flock:util-linux ss:iproute2 gcc:gcc "$@"
 	mkdir -p "$CACHE/bin" "$OUT"
 	exec 9>"$CACHE/run.lock"
 	flock -n 9 || die "another bench run holds $CACHE/run.lock"
@@ -677,51 +718,80 @@ bench() {
 	done
 	start_all
 	run_all
-	for s in $SERVERS; do
-		measure_rss "$s"
-	done
+	if [[ $QUICK != 1 ]]; then
+		for s in $SERVERS; do
+			measure_rss "$s"
+		done
+	fi
 	stop "$UPSTREAM"
 
 	write_facts
-	"$BIN/report" -out "$OUT" -md "$BENCH_DIR/RESULTS.md" -png results.png
-	"$BIN/chart" -in "$OUT/results.tsv" -status "$OUT/status.tsv" -out "$BENCH_DIR/results.png"
-	log "done in ${SECONDS}s: bench/RESULTS.md, bench/results.png"
+	# A smoke run is no result: it stays in bench/out/.
+	local dest=$BENCH_DIR
+	if [[ $QUICK == 1 ]]; then dest=$OUT; fi
+	"$BIN/report" -out "$OUT" -md "$dest/RESULTS.md" -png results.png -profile-dir "$BENCH_DIR" ${BENCH_BASELINE:+-baseline "$BENCH_BASELINE"}
+	"$BIN/chart" -in "$OUT/results.tsv" -status "$OUT/status.tsv" -out "$dest/results.png"
+	log "done in ${SECONDS}s: ${dest#"$ROOT"/}/RESULTS.md, ${dest#"$ROOT"/}/results.png"
 }
 
-# profile: nodelocaldns under dnsperf load, CPU profile from its pprof endpoint.
+# profile_name WORKLOAD: the file name of its profile, bench/cpu-NAME.pprof.
+profile_name() {
+	case $1 in
+	unique) echo miss-tcp ;;
+	uniqext) echo miss-udp ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# profile: nodelocaldns under dnsperf load, a CPU profile from its pprof
+# endpoint per workload of PROFILE_WORKLOADS, each from a fresh daemon.
 profile() {
-	local w=${PROFILE_WORKLOAD:-hit20} secs=${PROFILE_SECONDS:-15}
+	local workloads=${PROFILE_WORKLOADS:-unique uniqext} secs=${PROFILE_SECONDS:-15} w
+	# Enough unique names for the whole profile at any miss rate seen here.
+	DURATION=$((secs + 2))
 	common_setup curl:curl
 	[[ $NLD_STATUS == ok ]] || die "nodelocaldns: $NLD_STATUS"
 	if ! "$BIN/nodelocaldns" -h 2>&1 | grep -q -- '-pprof'; then
 		die "nodelocaldns has no -pprof flag: cannot serve /debug/pprof/"
 	fi
 	BENCH_NODELOCALDNS_ARGS="${BENCH_NODELOCALDNS_ARGS:-} -pprof"
+	for w in $workloads; do
+		profile_one "$w" "$secs"
+	done
+}
+
+# profile_one WORKLOAD SECONDS
+profile_one() {
+	local w=$1 secs=$2 name
+	name=cpu-$(profile_name "$w")
 	start_server nodelocaldns || die "nodelocaldns did not start; log: $OUT/nodelocaldns/server.log"
 	local pid=$SPID port=${PORT[nodelocaldns]} dir=$OUT/nodelocaldns
 	workload "$w"
 	if ((W_WARM)); then
-		dnsperf_run "$port" udp "$W_FILE" "$dir/warm.txt" -n 1
+		dnsperf_run "$port" udp "$W_FILE" "$dir/$w.warm.txt" -n 1
 	fi
 	local once=()
 	((W_ONCE)) && once=(-n 1)
 	log "profiling nodelocaldns for ${secs}s under $w load"
-	spawn "$dir/profile-load.txt" "$CLIENT_CORE" dnsperf -s "$LISTEN" -p "$port" -m "$W_MODE" \
+	spawn "$dir/$w.profile-load.txt" "$CLIENT_CORE" dnsperf -s "$LISTEN" -p "$port" -m "$W_MODE" \
 		-d "$W_FILE" -c "$CLIENTS" -q "$OUTSTANDING" -l $((secs + 2)) "${once[@]}"
-	local load=$SPAWNED
+	local load=$SPAWNED c0 c1
 	sleep 1
-	curl -fsS -o "$BENCH_DIR/cpu.pprof" \
+	c0=$(cpu_ns "$pid")
+	curl -fsS -o "$BENCH_DIR/$name.pprof" \
 		"http://$LISTEN:${MPORT[nodelocaldns]}/debug/pprof/profile?seconds=$secs" ||
 		die "no profile from http://$LISTEN:${MPORT[nodelocaldns]}/debug/pprof/profile"
+	c1=$(cpu_ns "$pid")
 	wait_gone "$load" 30 || true
-	grep -E 'Queries (sent|completed|lost)|per second' "$dir/profile-load.txt" >&2 || true
+	grep -E 'Queries (sent|completed|lost)|per second' "$dir/$w.profile-load.txt" >&2 || true
 	stop "$pid"
 	{
-		echo "Workload: $w, dnsperf -c $CLIENTS -q $OUTSTANDING, $(stat_of "$dir/profile-load.txt" "Queries per second") qps while profiled"
-		go tool pprof -top -nodecount=40 "$BIN/nodelocaldns" "$BENCH_DIR/cpu.pprof" 2>/dev/null
-	} >"$BENCH_DIR/cpu.top.txt"
-	head -30 "$BENCH_DIR/cpu.top.txt"
-	log "wrote bench/cpu.pprof and bench/cpu.top.txt (go tool pprof -http=: $BIN/nodelocaldns bench/cpu.pprof)"
+		echo "Workload: $w, dnsperf -c $CLIENTS -q $OUTSTANDING, $(stat_of "$dir/$w.profile-load.txt" "Queries per second") qps while profiled;" \
+			"server CPU $(awk -v t=$((c1 - c0)) -v s="$secs" 'BEGIN { printf "%.0f", t / 1e7 / s }')% of a core (scheduler time)"
+		go tool pprof -top -nodecount=40 "$BIN/nodelocaldns" "$BENCH_DIR/$name.pprof" 2>/dev/null
+	} >"$BENCH_DIR/$name.top.txt"
+	head -30 "$BENCH_DIR/$name.top.txt"
+	log "wrote bench/$name.pprof and bench/$name.top.txt (go tool pprof -http=: $BIN/nodelocaldns bench/$name.pprof)"
 }
 
 # One compound command ending in exit: bash has parsed all of it before it

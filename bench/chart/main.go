@@ -29,6 +29,7 @@ var servers = []struct {
 	{"unbound", "Unbound", color.RGBA{0xff, 0x7f, 0x0e, 0xff}},
 	{"dnsmasq", "dnsmasq", color.RGBA{0x94, 0x67, 0xbd, 0xff}},
 	{"ceiling", "ceiling (canned answers)", color.RGBA{0xa0, 0xa0, 0xa0, 0xff}},
+	{"limit", "limit (C, recvmmsg)", color.RGBA{0x50, 0x50, 0x50, 0xff}},
 }
 
 var workloads = []struct{ name, title string }{
@@ -36,7 +37,8 @@ var workloads = []struct{ name, title string }{
 	{"hit20", "hit, 20 names"},
 	{"nx1", "NXDOMAIN, 1 name"},
 	{"names10k", "10k names"},
-	{"unique", "unique (misses)"},
+	{"unique", "misses, TCP upstream"},
+	{"uniqext", "misses, UDP upstream"},
 	{"tcphit", "hit, 1 name, TCP"},
 }
 

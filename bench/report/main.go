@@ -1,7 +1,9 @@
 // Command report turns the raw output of bench/run.sh (results.tsv, rss.tsv,
 // status.tsv and facts.env in one directory) into the bench's table: it
-// prints it and writes RESULTS.md with nodelocaldns' ratio to each peer and
-// the verdict on each target of issue 8.
+// prints it and writes RESULTS.md with nodelocaldns' ratio to each peer, each
+// server's distance from the cost of just moving packets (the limit row), and
+// the verdict on each target of issue 13 (issue 8's hit targets are kept as
+// the "no regression" check, optionally against a baseline run).
 package main
 
 import (
@@ -15,9 +17,14 @@ import (
 	"strings"
 )
 
-// Peers in table order; "ceiling" is the canned-answer responder (bench/upstream
-// on the server core), the most this client can measure.
-var servers = []string{"nodelocaldns", "coredns", "unbound", "dnsmasq", "ceiling"}
+// Peers in table order. "ceiling" is the test upstream on the server core (a
+// plain Go loop, UDP and TCP): about the most this client can measure.
+// "limit" is bench/limit, a C responder with recvmmsg/sendmmsg batches and a
+// canned answer (UDP only): the lower bound on CPU per query.
+var servers = []string{"nodelocaldns", "coredns", "unbound", "dnsmasq", "ceiling", "limit"}
+
+// references are the rows that are no DNS server.
+var references = map[string]bool{"ceiling": true, "limit": true}
 
 var serverTitle = map[string]string{
 	"nodelocaldns": "nodelocaldns",
@@ -25,16 +32,24 @@ var serverTitle = map[string]string{
 	"unbound":      "Unbound",
 	"dnsmasq":      "dnsmasq",
 	"ceiling":      "ceiling",
+	"limit":        "limit",
 }
 
-var workloads = []string{"hit1", "hit20", "nx1", "names10k", "unique", "tcphit"}
+var workloads = []string{"hit1", "hit20", "nx1", "names10k", "unique", "uniqext", "tcphit"}
+
+// missWorkloads are those where every query is a miss.
+var missWorkloads = []string{"unique", "uniqext"}
+
+// hitWorkloads are those served from the cache once warm.
+var hitWorkloads = []string{"hit1", "hit20", "nx1", "names10k", "tcphit"}
 
 var workloadTitle = map[string]string{
 	"hit1":     "hit, one name",
 	"hit20":    "hit, 20 names",
 	"nx1":      "NXDOMAIN, one name",
 	"names10k": "10k distinct names, repeated",
-	"unique":   "unique names, all misses (forwarded)",
+	"unique":   "cluster names, all misses (TCP to kube-dns)",
+	"uniqext":  "external names, all misses (UDP to the node's resolvers)",
 	"tcphit":   "hit, one name, TCP",
 }
 
@@ -65,13 +80,16 @@ type Data struct {
 	RSS    map[string]RSS
 	Status map[string]string
 	Facts  map[string]string
+	// Base is an earlier run to compare with (-baseline), or nil.
+	Base *Data
 }
 
 func main() {
 	out := flag.String("out", "bench/out", "directory holding results.tsv, rss.tsv, status.tsv, facts.env")
 	md := flag.String("md", "bench/RESULTS.md", "markdown file to write")
 	png := flag.String("png", "results.png", "chart path to link from the markdown (relative to it)")
-	profile := flag.String("profile", "", "pprof -top output to quote (default: cpu.top.txt beside -md, when present)")
+	profileDir := flag.String("profile-dir", "", "directory of `make profile`'s cpu-miss-tcp.top.txt and cpu-miss-udp.top.txt (default: beside -md)")
+	baseline := flag.String("baseline", "", "results.tsv of an earlier run (e.g. main before a change) to check hit workloads for regressions")
 	flag.Parse()
 
 	d, err := load(*out)
@@ -79,15 +97,22 @@ func main() {
 		fmt.Fprintf(os.Stderr, "report: %v\n", err)
 		os.Exit(1)
 	}
-	if *profile == "" {
-		*profile = filepath.Join(filepath.Dir(*md), "cpu.top.txt")
+	if *baseline != "" {
+		if d.Base, err = loadResults(*baseline); err != nil {
+			fmt.Fprintf(os.Stderr, "report: baseline: %v\n", err)
+			os.Exit(1)
+		}
 	}
+	if *profileDir == "" {
+		*profileDir = filepath.Dir(*md)
+	}
+	profile := []string{filepath.Join(*profileDir, "cpu-miss-tcp.top.txt"), filepath.Join(*profileDir, "cpu-miss-udp.top.txt")}
 	var table strings.Builder
 	writeTables(&table, d)
 	fmt.Print(table.String())
 
 	var doc strings.Builder
-	writeDoc(&doc, d, table.String(), *png, *profile)
+	writeDoc(&doc, d, table.String(), *png, profile)
 	if err := os.WriteFile(*md, []byte(doc.String()), 0o644); err != nil {
 		fmt.Fprintf(os.Stderr, "report: %v\n", err)
 		os.Exit(1)
@@ -101,19 +126,7 @@ func load(dir string) (*Data, error) {
 		Status: map[string]string{},
 		Facts:  map[string]string{},
 	}
-	if err := eachLine(filepath.Join(dir, "results.tsv"), func(f []string) {
-		if len(f) < 14 {
-			return
-		}
-		n := func(i int) float64 { return num(f[i]) }
-		if d.Rows[f[0]] == nil {
-			d.Rows[f[0]] = map[string]Row{}
-		}
-		d.Rows[f[0]][f[1]] = Row{
-			QPS: n(2), Sent: n(3), Completed: n(4), Lost: n(5), Upstream: n(6),
-			Rate: n(7), CPULost: n(8), CPUus: n(9), LatAvg: n(10), LatP50: n(11), LatP99: n(12), Noise: n(13),
-		}
-	}); err != nil {
+	if err := readResults(filepath.Join(dir, "results.tsv"), d); err != nil {
 		return nil, err
 	}
 	if err := eachLine(filepath.Join(dir, "rss.tsv"), func(f []string) {
@@ -140,6 +153,34 @@ func load(dir string) (*Data, error) {
 		}
 	}
 	return d, nil
+}
+
+// loadResults reads a results.tsv alone (a baseline run).
+func loadResults(path string) (*Data, error) {
+	d := &Data{Rows: map[string]map[string]Row{}}
+	if err := readResults(path, d); err != nil {
+		return nil, err
+	}
+	if len(d.Rows) == 0 {
+		return nil, fmt.Errorf("%s: no measurements", path)
+	}
+	return d, nil
+}
+
+func readResults(path string, d *Data) error {
+	return eachLine(path, func(f []string) {
+		if len(f) < 14 {
+			return
+		}
+		n := func(i int) float64 { return num(f[i]) }
+		if d.Rows[f[0]] == nil {
+			d.Rows[f[0]] = map[string]Row{}
+		}
+		d.Rows[f[0]][f[1]] = Row{
+			QPS: n(2), Sent: n(3), Completed: n(4), Lost: n(5), Upstream: n(6),
+			Rate: n(7), CPULost: n(8), CPUus: n(9), LatAvg: n(10), LatP50: n(11), LatP99: n(12), Noise: n(13),
+		}
+	})
 }
 
 func eachLine(path string, fn func([]string)) error {
@@ -245,9 +286,11 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-// writeTables writes the QPS overview, the full table, the ratios and RSS.
+// writeTables writes the QPS overview, the full table, the distance from
+// the limit, the ratios and RSS.
 func writeTables(w io.Writer, d *Data) {
 	ss := d.measured()
+	defer writeLimit(w, d, ss)
 
 	fmt.Fprintf(w, "### Queries per second (unlimited rate)\n\n| workload |")
 	for _, s := range ss {
@@ -291,10 +334,7 @@ func writeTables(w io.Writer, d *Data) {
 	}
 
 	var notes []string
-	for _, wl := range workloads {
-		if wl == "unique" {
-			continue
-		}
+	for _, wl := range hitWorkloads {
 		for _, s := range ss {
 			r, ok := d.row(s, wl)
 			if ok && r.Completed > 0 && r.Upstream > 0.01*r.Completed {
@@ -312,7 +352,7 @@ func writeTables(w io.Writer, d *Data) {
 
 	fmt.Fprintf(w, "\n### Memory (RSS, MiB)\n\n| server | at start | 10k names | 100k names | peak over all workloads |\n|---|---:|---:|---:|---:|\n")
 	for _, s := range ss {
-		if s == "ceiling" {
+		if references[s] {
 			continue
 		}
 		m, ok := d.RSS[s]
@@ -330,7 +370,7 @@ func writeTables(w io.Writer, d *Data) {
 	fmt.Fprintf(w, "QPS: above 1 is better. CPU/query: below 1 is better.\n\n| workload |")
 	var peers []string
 	for _, s := range ss {
-		if s != "nodelocaldns" && s != "ceiling" {
+		if s != "nodelocaldns" && !references[s] {
 			peers = append(peers, s)
 		}
 	}
@@ -361,6 +401,44 @@ func writeTables(w io.Writer, d *Data) {
 	fmt.Fprintln(w)
 }
 
+// writeLimit writes each server's CPU per query as a multiple of the limit
+// responder's on the same workload at the same rate: how far it is from the
+// cost of just moving the client's packets.
+func writeLimit(w io.Writer, d *Data, ss []string) {
+	if !d.ok("limit") {
+		return
+	}
+	var cols []string
+	for _, s := range ss {
+		if s != "limit" {
+			cols = append(cols, s)
+		}
+	}
+	fmt.Fprintf(w, "\n### CPU per query ÷ the limit's\n\n")
+	fmt.Fprintf(w, "The `limit` row answers from a canned record with recvmmsg/sendmmsg batches: what moving the client's packets costs. ")
+	fmt.Fprintf(w, "A miss also moves a query and an answer upstream, so 2× the limit is about the floor there.\n\n| workload | limit µs |")
+	for _, s := range cols {
+		fmt.Fprintf(w, " %s |", serverTitle[s])
+	}
+	fmt.Fprintf(w, "\n|---|---:|%s\n", strings.Repeat("---:|", len(cols)))
+	for _, wl := range workloads {
+		l, ok := d.row("limit", wl)
+		if !ok || l.CPUus <= 0 {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %s |", wl, fmtF(l.CPUus, 2))
+		for _, s := range cols {
+			r, ok := d.row(s, wl)
+			if !ok {
+				fmt.Fprintf(w, " n/a |")
+				continue
+			}
+			fmt.Fprintf(w, " %s |", fmtRatio(ratio(r.CPUus, l.CPUus)))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
 // Verdict is one line of the targets list.
 type Verdict struct {
 	Target string
@@ -374,9 +452,18 @@ const clientBand = 0.95
 
 func (d *Data) clientBound(s, wl string) bool {
 	r, ok := d.row(s, wl)
-	c, cok := d.row("ceiling", wl)
-	// A ceiling measured while other work took the core says nothing.
-	return ok && cok && c.Noise <= maxNoise && r.QPS >= clientBand*c.QPS
+	if !ok {
+		return false
+	}
+	// The higher of the two references; one measured while other work
+	// took the core says nothing.
+	best := -1.0
+	for _, ref := range []string{"ceiling", "limit"} {
+		if c, cok := d.row(ref, wl); cok && c.Noise <= maxNoise && c.QPS > best {
+			best = c.QPS
+		}
+	}
+	return best > 0 && r.QPS >= clientBand*best
 }
 
 // maxNoise is the share of the server core (%) that other work may take
@@ -387,64 +474,42 @@ func pct(r float64) string {
 	return fmt.Sprintf("%+.0f%%", (r-1)*100)
 }
 
+// regressionBand: a ratio to Unbound (or CoreDNS) more than 5% worse than
+// the baseline run's is a regression; less is within this machine's noise.
+const regressionBand = 0.05
+
 func (d *Data) verdicts() []Verdict {
 	var vs []Verdict
 	add := func(target string, met int, detail string) { vs = append(vs, Verdict{target, met, detail}) }
 	nld := d.ok("nodelocaldns")
 
-	for _, wl := range []string{"hit1", "hit20", "nx1"} {
-		t := "cache hits (" + workloadTitle[wl] + "): QPS ≥ Unbound's"
+	// Issue 13: both miss paths at Unbound's cost, latency and rate.
+	for _, wl := range missWorkloads {
 		n, nok := d.row("nodelocaldns", wl)
 		u, uok := d.row("unbound", wl)
-		if !nld || !nok || !uok {
-			add(t, -1, "not measured")
-		} else {
-			r := ratio(n.QPS, u.QPS)
+		measured := nld && nok && uok
+		name := "misses, " + workloadTitle[wl]
+		at := ""
+		if measured && n.Rate > 0 {
+			at = fmt.Sprintf(" at %.0f qps", n.Rate)
+		}
+		// Lower is better for CPU and latency.
+		lower := func(target, unit string, prec int, nv, uv float64) {
 			switch {
-			case r >= 1:
-				add(t, 1, fmt.Sprintf("%s vs %s (%s)", fmtQPS(n.QPS), fmtQPS(u.QPS), pct(r)))
-			case r >= clientBand && d.clientBound("nodelocaldns", wl) && d.clientBound("unbound", wl):
-				add(t, 1, fmt.Sprintf("%s vs %s (%s): both at the client's ceiling, CPU/query decides", fmtQPS(n.QPS), fmtQPS(u.QPS), pct(r)))
+			case !measured || nv < 0 || uv <= 0:
+				add(target, -1, "not measured")
+			case nv <= uv:
+				add(target, 1, fmt.Sprintf("%s vs %s %s (%s)", fmtF(nv, prec), fmtF(uv, prec), unit, pct(nv/uv)))
 			default:
-				add(t, 0, fmt.Sprintf("%s vs %s: short by %s (%.0f qps)", fmtQPS(n.QPS), fmtQPS(u.QPS), pct(r), u.QPS-n.QPS))
+				add(target, 0, fmt.Sprintf("%s vs %s %s: over by %s", fmtF(nv, prec), fmtF(uv, prec), unit, pct(nv/uv)))
 			}
 		}
-		t = "cache hits (" + workloadTitle[wl] + "): CPU/query ≤ Unbound's"
-		if !nld || !nok || !uok || n.CPUus < 0 || u.CPUus < 0 {
-			add(t, -1, "not measured")
-		} else if r := ratio(n.CPUus, u.CPUus); r <= 1 {
-			add(t, 1, fmt.Sprintf("%.2f vs %.2f µs (%s)", n.CPUus, u.CPUus, pct(r)))
-		} else {
-			add(t, 0, fmt.Sprintf("%.2f vs %.2f µs: over by %s", n.CPUus, u.CPUus, pct(r)))
-		}
-	}
-	for _, wl := range []string{"hit1", "hit20", "nx1", "names10k", "tcphit"} {
-		t := "≥ 3× CoreDNS (" + workloadTitle[wl] + ")"
-		n, nok := d.row("nodelocaldns", wl)
-		c, cok := d.row("coredns", wl)
-		if !nld || !nok || !cok {
-			add(t, -1, "not measured")
-			continue
-		}
-		r := ratio(n.QPS, c.QPS)
-		cpu := ratio(c.CPUus, n.CPUus) // how many times cheaper per query
+		lower(name+": CPU/query ≤ Unbound's", "µs", 2, n.CPUus, u.CPUus)
+		lower(name+": p50"+at+" ≤ Unbound's", "ms", 3, n.LatP50, u.LatP50)
+		lower(name+": p99"+at+" ≤ Unbound's", "ms", 3, n.LatP99, u.LatP99)
+		t := name + ": QPS ≥ Unbound's"
 		switch {
-		case r >= 3:
-			add(t, 1, fmt.Sprintf("%.2f× QPS", r))
-		case d.clientBound("nodelocaldns", wl) && cpu >= 3:
-			add(t, 1, fmt.Sprintf("%.2f× QPS at the client's ceiling; %.2f× less CPU per query", r, cpu))
-		case d.clientBound("nodelocaldns", wl):
-			add(t, 0, fmt.Sprintf("%.2f× QPS (client-bound) and %.2f× less CPU per query: short of 3× by %.0f%%", r, cpu, (1-cpu/3)*100))
-		default:
-			add(t, 0, fmt.Sprintf("%.2f× QPS: short of 3× by %.0f%% (%.2f× less CPU per query)", r, (1-r/3)*100, cpu))
-		}
-	}
-	{
-		t := "unique-name misses: QPS ≥ Unbound's"
-		n, nok := d.row("nodelocaldns", "unique")
-		u, uok := d.row("unbound", "unique")
-		switch {
-		case !nld || !nok || !uok:
+		case !measured:
 			add(t, -1, "not measured")
 		case n.QPS >= u.QPS:
 			add(t, 1, fmt.Sprintf("%s vs %s (%s)", fmtQPS(n.QPS), fmtQPS(u.QPS), pct(ratio(n.QPS, u.QPS))))
@@ -452,6 +517,8 @@ func (d *Data) verdicts() []Verdict {
 			add(t, 0, fmt.Sprintf("%s vs %s: short by %s", fmtQPS(n.QPS), fmtQPS(u.QPS), pct(ratio(n.QPS, u.QPS))))
 		}
 	}
+	vs = append(vs, d.coreDNSVerdict("tcphit", "TCP hits"))
+	vs = append(vs, d.noRegression())
 	{
 		t := "RSS with 100k names ≤ Unbound's"
 		n, nok := d.RSS["nodelocaldns"]
@@ -491,7 +558,105 @@ func (d *Data) verdicts() []Verdict {
 	return vs
 }
 
-func writeDoc(w io.Writer, d *Data, tables, png, profile string) {
+// coreDNSVerdict: nodelocaldns answers wl at 3× CoreDNS's rate, or, when the
+// client is the limit, at a third of its CPU per query.
+func (d *Data) coreDNSVerdict(wl, what string) Verdict {
+	t := what + " (" + workloadTitle[wl] + ") ≥ 3× CoreDNS"
+	n, nok := d.row("nodelocaldns", wl)
+	c, cok := d.row("coredns", wl)
+	if !d.ok("nodelocaldns") || !nok || !cok {
+		return Verdict{t, -1, "not measured"}
+	}
+	r := ratio(n.QPS, c.QPS)
+	cpu := ratio(c.CPUus, n.CPUus) // how many times cheaper per query
+	switch {
+	case r >= 3:
+		return Verdict{t, 1, fmt.Sprintf("%.2f× QPS", r)}
+	case d.clientBound("nodelocaldns", wl) && cpu >= 3:
+		return Verdict{t, 1, fmt.Sprintf("%.2f× QPS at the client's ceiling; %.2f× less CPU per query", r, cpu)}
+	case d.clientBound("nodelocaldns", wl):
+		return Verdict{t, 0, fmt.Sprintf("%.2f× QPS (client-bound) and %.2f× less CPU per query: short of 3× by %.0f%%", r, cpu, (1-cpu/3)*100)}
+	}
+	return Verdict{t, 0, fmt.Sprintf("%.2f× QPS: short of 3× by %.0f%% (%.2f× less CPU per query)", r, (1-r/3)*100, cpu)}
+}
+
+// hitChecks checks issue 8's hit targets on wl and says what failed: QPS ≥
+// Unbound's (or both client-bound) and CPU/query ≤ Unbound's on the UDP
+// one-name and 20-name hits, ≥ 3× CoreDNS on every hit workload.
+func (d *Data) hitChecks(wl string) (fails []string, measured bool) {
+	n, nok := d.row("nodelocaldns", wl)
+	if !nok {
+		return nil, false
+	}
+	if wl != "tcphit" && wl != "names10k" {
+		if u, ok := d.row("unbound", wl); ok {
+			r := ratio(n.QPS, u.QPS)
+			if r < 1 && !(r >= clientBand && d.clientBound("nodelocaldns", wl) && d.clientBound("unbound", wl)) {
+				fails = append(fails, fmt.Sprintf("%s: QPS %s vs Unbound's %s", wl, fmtQPS(n.QPS), fmtQPS(u.QPS)))
+			}
+			if n.CPUus >= 0 && u.CPUus > 0 && n.CPUus > u.CPUus {
+				fails = append(fails, fmt.Sprintf("%s: CPU %.2f vs Unbound's %.2f µs", wl, n.CPUus, u.CPUus))
+			}
+		}
+	}
+	if v := d.coreDNSVerdict(wl, "hits"); v.Met == 0 {
+		fails = append(fails, wl+": "+v.Detail)
+	}
+	return fails, true
+}
+
+// noRegression: every hit workload still meets issue 8's targets and, with a
+// baseline, its ratios to Unbound and CoreDNS are no more than
+// regressionBand worse than the baseline's (ratios, not absolute numbers:
+// the two runs need not share a machine or its load).
+func (d *Data) noRegression() Verdict {
+	t := "no regression on hit workloads"
+	if !d.ok("nodelocaldns") {
+		return Verdict{t, -1, "not measured"}
+	}
+	var fails, ran []string
+	for _, wl := range hitWorkloads {
+		f, ok := d.hitChecks(wl)
+		if !ok {
+			continue
+		}
+		ran = append(ran, wl)
+		fails = append(fails, f...)
+		if d.Base == nil {
+			continue
+		}
+		n, _ := d.row("nodelocaldns", wl)
+		bn, bok := d.Base.row("nodelocaldns", wl)
+		if !bok {
+			continue
+		}
+		for _, peer := range []string{"unbound", "coredns"} {
+			p, pok := d.row(peer, wl)
+			bp, bpok := d.Base.row(peer, wl)
+			if !pok || !bpok {
+				continue
+			}
+			if now, was := ratio(n.CPUus, p.CPUus), ratio(bn.CPUus, bp.CPUus); now > 0 && was > 0 && now > was*(1+regressionBand) {
+				fails = append(fails, fmt.Sprintf("%s: CPU ÷ %s %.2f, baseline %.2f", wl, serverTitle[peer], now, was))
+			}
+			if now, was := ratio(n.QPS, p.QPS), ratio(bn.QPS, bp.QPS); now > 0 && was > 0 && now < was*(1-regressionBand) &&
+				!(d.clientBound("nodelocaldns", wl) && d.clientBound(peer, wl)) {
+				fails = append(fails, fmt.Sprintf("%s: QPS ÷ %s %.2f, baseline %.2f", wl, serverTitle[peer], now, was))
+			}
+		}
+	}
+	switch {
+	case len(ran) == 0:
+		return Verdict{t, -1, "not measured"}
+	case len(fails) > 0:
+		return Verdict{t, 0, strings.Join(fails, "; ")}
+	case d.Base == nil:
+		return Verdict{t, 1, "issue 8's targets still met on " + strings.Join(ran, ", ") + " (no -baseline run to compare ratios with)"}
+	}
+	return Verdict{t, 1, "issue 8's targets still met on " + strings.Join(ran, ", ") + "; ratios to Unbound and CoreDNS within 5% of the baseline's or better"}
+}
+
+func writeDoc(w io.Writer, d *Data, tables, png string, profiles []string) {
 	f := d.Facts
 	fmt.Fprintf(w, "# Bench results: nodelocaldns, CoreDNS, Unbound, dnsmasq\n\n")
 	fmt.Fprintf(w, "Generated by `bench/run.sh` (`make bench`) on %s. Re-running overwrites this file.\n\n", f["date"])
@@ -501,7 +666,10 @@ func writeDoc(w io.Writer, d *Data, tables, png, profile string) {
 	}
 	fmt.Fprintf(w, "nodelocaldns: %s.\n\n", statusLine(st))
 
-	fmt.Fprintf(w, "## Targets (issue 8)\n\n| target | verdict | detail |\n|---|---|---|\n")
+	if f["quick"] == "1" {
+		fmt.Fprintf(w, "**A smoke run (BENCH_QUICK=1): short runs, few workloads, no memory phase. Not a result.**\n\n")
+	}
+	fmt.Fprintf(w, "## Targets (issue 13)\n\n| target | verdict | detail |\n|---|---|---|\n")
 	missed := 0
 	for _, v := range d.verdicts() {
 		verdict := map[int]string{1: "met", 0: "**not met**", -1: "not measured"}[v.Met]
@@ -513,15 +681,22 @@ func writeDoc(w io.Writer, d *Data, tables, png, profile string) {
 	fmt.Fprintf(w, "\nA QPS within %.0f%% of the `ceiling` column is client-bound (dnsperf on one core cannot send faster);\n", (1-clientBand)*100)
 	fmt.Fprintf(w, "there CPU time per query at a fixed offered rate is the measure that tells servers apart.\n\n")
 	if missed > 0 {
-		if top, err := os.ReadFile(profile); err == nil {
+		quoted := 0
+		for _, profile := range profiles {
+			top, err := os.ReadFile(profile)
+			if err != nil {
+				continue
+			}
+			quoted++
 			when := ""
 			if fi, err := os.Stat(profile); err == nil {
 				when = fi.ModTime().UTC().Format("2006-01-02 15:04 UTC") + ", "
 			}
 			fmt.Fprintf(w, "Where the CPU goes (`make profile`, %s%s; the profile may predate this run's build):\n\n```\n%s```\n\n",
 				when, filepath.Base(profile), topLines(string(top), 20))
-		} else {
-			fmt.Fprintf(w, "Run `make profile` to see where the CPU goes (writes bench/cpu.pprof and bench/cpu.top.txt, quoted here on the next run).\n\n")
+		}
+		if quoted == 0 {
+			fmt.Fprintf(w, "Run `make profile` to see where the CPU goes on both miss paths (writes bench/cpu-miss-tcp.pprof, bench/cpu-miss-udp.pprof and their .top.txt, quoted here on the next run).\n\n")
 		}
 	}
 
@@ -531,8 +706,9 @@ func writeDoc(w io.Writer, d *Data, tables, png, profile string) {
 
 - Each server is a node-local cache in front of the same test upstream (`+"`bench/upstream`"+`):
   127.0.0.3:53 plays kube-dns (cluster.local, in-addr.arpa, ip6.arpa; reached over TCP by every server
-  but dnsmasq, which cannot), 127.0.0.2:53 the node's resolvers (everything else, over UDP, named in
-  a resolv.conf). The upstream answers any name: A/AAAA with TTL 30 s in cluster.local and 300 s
+  but dnsmasq, which cannot), 127.0.0.2:53 the node's resolvers (everything else, over UDP by every
+  server: nodelocaldns and CoreDNS from a resolv.conf, Unbound's `+"`forward-zone: \".\"`"+`, dnsmasq's
+  `+"`--server`"+`; each with its own defaults for source ports, which are part of its cost). The upstream answers any name: A/AAAA with TTL 30 s in cluster.local and 300 s
   elsewhere, NXDOMAIN (SOA minimum 30 s / 60 s) for names starting with `+"`nx`"+`.
 - **CoreDNS**: the stock node-local-dns Corefile (cluster/addons/dns/nodelocaldns in kubernetes),
   pillars filled in for loopback. **Unbound**: forwarding cache, iterator module only (no DNSSEC
@@ -545,7 +721,10 @@ func writeDoc(w io.Writer, d *Data, tables, png, profile string) {
   cache defaults (the stock node-local-dns sizes and TTL caps).
   **ceiling**: the canned-answer upstream itself on the server core (a plain Go UDP loop, one
   goroutine, no cache, no batching): roughly what this client can measure; a server that batches
-  its syscalls can pass it.
+  its syscalls can pass it. **limit**: `+"`bench/limit/limit.c`"+`, one thread with blocking
+  recvmmsg/sendmmsg batches of 64 and a canned answer (ID and question copied, QR set, one A
+  record appended), UDP only: the cost of just moving the client's packets, the lower bound of
+  the CPU column (a miss moves twice the packets: about 2× the limit is its floor).
 - CPU per query at a fixed rate counts every wake-up: at 20k qps a server sleeps between packets,
   so an event loop in C (Unbound, dnsmasq) pays less per query than a Go runtime (see the `+"`ceiling`"+` row,
   a bare Go UDP loop); at saturation the same servers batch and pay less.
@@ -553,8 +732,11 @@ func writeDoc(w io.Writer, d *Data, tables, png, profile string) {
   upstream on core 1. All servers run at once (idle ones cost nothing) and each workload is measured
   on each server in turn, so a burst of other work hits one workload of all servers, not one server.
   dnsperf `+"`-c %s -q %s`"+`, unlimited rate for %s s per workload (hits warmed first).
-- **CPU µs/query**: utime+stime (+ reaped children) from /proc/PID/stat across a %s s run at a fixed
-  offered rate (%s qps for hits, %s qps for misses) divided by the answered queries; 10 ms tick resolution.
+- **CPU µs/query**: the server's scheduler time in ns (`+"`bench/cpuns`"+`: the process's CPU clock,
+  i.e. /proc/PID/task/*/schedstat's time on CPU summed over its threads including those that exited,
+  plus the processes it forked: live ones' clocks, reaped ones' cutime+cstime at tick resolution)
+  across a %s s run at a fixed offered rate (%s qps for hits, %s qps for misses), divided by the
+  answered queries.
   **avg/p50/p99 ms**: the per-query latencies dnsperf prints with `+"`-v`"+` in that same fixed-rate run
   (at unlimited rate latency is only queueing: about -q ÷ QPS).
 - **forwarded**: queries the test upstream answered during the unlimited-rate run (cache misses,
@@ -569,7 +751,9 @@ func writeDoc(w io.Writer, d *Data, tables, png, profile string) {
 - Workloads: one name `+"`kubernetes.default.svc.cluster.local`"+`; 20 names (10 cluster.local, 10 external);
   NXDOMAIN `+"`nxdomain.default.svc.cluster.local`"+` (the denial TTL, 5 s in cluster.local, lets one
   miss through every 5 s); 10k names (5k cluster.local, 5k external); unique names in cluster.local,
-  never repeated; TCP: one name over 32 TCP connections (`+"`-m tcp`"+`).
+  never repeated (`+"`unique`"+`, forwarded to kube-dns over TCP); unique external names
+  `+"`uN.site-M.example.com`"+` over 997 sites, never repeated (`+"`uniqext`"+`, forwarded to the node's
+  resolvers over UDP); TCP: one name over 32 TCP connections (`+"`-m tcp`"+`).
 - Other work on the machine skews the numbers: load average %s before, %s after.
 
 ## Machine and versions

@@ -1,0 +1,153 @@
+// Package check tests bench/limit/limit.c, the canned-answer C responder:
+// it builds it with gcc and asks it over real UDP on loopback.
+package check
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+)
+
+// startLimit builds and starts the responder on a free loopback port.
+func startLimit(t *testing.T) *net.UDPConn {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no gcc")
+	}
+	bin := filepath.Join(t.TempDir(), "limit")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, "../limit.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	// A free port: bind one, close it, hand it to the responder.
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	_ = pc.Close()
+	cmd := exec.Command(bin, "127.0.0.1", strconv.Itoa(port))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	})
+	c, err := net.DialUDP("udp", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	// Ready once it answers (it binds right after start).
+	q := query(t, 1, "ready.example.", true)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, ok := exchange(t, c, q, 100*time.Millisecond); ok {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("limit does not answer")
+		}
+	}
+}
+
+func query(t *testing.T, id uint16, name string, edns bool) []byte {
+	t.Helper()
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
+	b.EnableCompression()
+	_ = b.StartQuestions()
+	if err := b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(name), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET}); err != nil {
+		t.Fatal(err)
+	}
+	if edns {
+		_ = b.StartAdditionals()
+		var h dnsmessage.ResourceHeader
+		_ = h.SetEDNS0(1232, dnsmessage.RCodeSuccess, false)
+		if err := b.OPTResource(h, dnsmessage.OPTResource{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := b.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// exchange sends p and waits up to wait for one answer.
+func exchange(t *testing.T, c *net.UDPConn, p []byte, wait time.Duration) ([]byte, bool) {
+	t.Helper()
+	if _, err := c.Write(p); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	buf := make([]byte, 2048)
+	n, err := c.Read(buf)
+	if err != nil {
+		return nil, false
+	}
+	return buf[:n], true
+}
+
+func TestCannedAnswer(t *testing.T) {
+	c := startLimit(t)
+	for i, name := range []string{"a.example.", "www.site-7.example.com.", "u1.default.svc.cluster.local."} {
+		for _, edns := range []bool{false, true} {
+			id := uint16(1000 + i)
+			b, ok := exchange(t, c, query(t, id, name, edns), 5*time.Second)
+			if !ok {
+				t.Fatalf("%s: no answer", name)
+			}
+			var m dnsmessage.Message
+			if err := m.Unpack(b); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if m.ID != id || !m.Response || !m.RecursionDesired || !m.RecursionAvailable || m.RCode != dnsmessage.RCodeSuccess {
+				t.Errorf("%s: header %+v", name, m.Header)
+			}
+			if len(m.Questions) != 1 || m.Questions[0].Name.String() != name || m.Questions[0].Type != dnsmessage.TypeA {
+				t.Errorf("%s: question %+v", name, m.Questions)
+			}
+			if len(m.Answers) != 1 || len(m.Additionals) != 0 {
+				t.Fatalf("%s: %d answers, %d additionals", name, len(m.Answers), len(m.Additionals))
+			}
+			a, okA := m.Answers[0].Body.(*dnsmessage.AResource)
+			if h := m.Answers[0].Header; !okA || h.Name.String() != name || h.TTL != 30 || a.A != [4]byte{192, 0, 2, 1} {
+				t.Errorf("%s: answer %+v %+v", name, h, m.Answers[0].Body)
+			}
+		}
+	}
+}
+
+func TestMalformedQueries(t *testing.T) {
+	c := startLimit(t)
+	// Too short for a header, or an answer: dropped. The next good query
+	// still gets its own answer (not a late one for the bad packet).
+	for _, p := range [][]byte{{1, 2, 3}, func() []byte { q := query(t, 7, "x.example.", false); q[2] |= 0x80; return q }()} {
+		if b, ok := exchange(t, c, p, 200*time.Millisecond); ok {
+			t.Errorf("answer %x to %x", b, p)
+		}
+	}
+	// Two questions, or a name running past the end: FORMERR, header only.
+	two := query(t, 9, "x.example.", false)
+	two[5] = 2
+	cut := query(t, 10, "long-name.example.", false)[:20]
+	for _, p := range [][]byte{two, cut} {
+		b, ok := exchange(t, c, p, 5*time.Second)
+		if !ok {
+			t.Fatalf("no FORMERR for %x", p)
+		}
+		var h dnsmessage.Parser
+		hdr, err := h.Start(b)
+		if err != nil || hdr.RCode != dnsmessage.RCodeFormatError || len(b) != 12 || hdr.ID != uint16(p[0])<<8|uint16(p[1]) {
+			t.Errorf("answer %x to %x: %+v %v", b, p, hdr, err)
+		}
+	}
+}
