@@ -297,7 +297,8 @@ func writeTables(w io.Writer, d *Data) {
 		fmt.Fprintf(w, " %s |", serverTitle[s])
 	}
 	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(ss)))
-	for _, wl := range workloads {
+	ran := d.ranWorkloads()
+	for _, wl := range ran {
 		fmt.Fprintf(w, "| %s |", workloadTitle[wl])
 		for _, s := range ss {
 			r, ok := d.row(s, wl)
@@ -314,7 +315,7 @@ func writeTables(w io.Writer, d *Data) {
 	fmt.Fprintf(w, "QPS, lost, forwarded and other work: unlimited rate. CPU and latency: the fixed offered rate in the `rate` column.\n\n")
 	fmt.Fprintf(w, "| workload | server | QPS | lost | forwarded | other work %% | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost at rate |\n")
 	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, wl := range workloads {
+	for _, wl := range ran {
 		for _, s := range ss {
 			r, ok := d.row(s, wl)
 			if !ok {
@@ -350,9 +351,13 @@ func writeTables(w io.Writer, d *Data) {
 		}
 	}
 
-	fmt.Fprintf(w, "\n### Memory (RSS, MiB)\n\n| server | at start | 10k names | 100k names | peak over all workloads |\n|---|---:|---:|---:|---:|\n")
+	if len(d.RSS) == 0 {
+		fmt.Fprintf(w, "\n### Memory (RSS, MiB)\n\nnot measured in this run\n")
+	} else {
+		fmt.Fprintf(w, "\n### Memory (RSS, MiB)\n\n| server | at start | 10k names | 100k names | peak over all workloads |\n|---|---:|---:|---:|---:|\n")
+	}
 	for _, s := range ss {
-		if references[s] {
+		if references[s] || len(d.RSS) == 0 {
 			continue
 		}
 		m, ok := d.RSS[s]
