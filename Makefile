@@ -2,7 +2,7 @@
 GO ?= go
 FUZZTIME ?= 5s
 
-.PHONY: test run lint bench profile
+.PHONY: test run lint bench bench-quick bench-miss profile
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -22,6 +22,14 @@ lint:
 
 bench:
 	bench/run.sh
+
+# A smoke run of the bench: proves the pipeline, writes only bench/out/.
+bench-quick:
+	BENCH_QUICK=1 bench/run.sh
+
+# The miss path's Go benchmarks (no root, no dnsperf).
+bench-miss:
+	$(GO) test -run '^$$' -bench '^BenchmarkMiss' -benchmem ./internal/daemon
 
 profile:
 	bench/profile.sh
