@@ -2,7 +2,7 @@
 GO ?= go
 FUZZTIME ?= 5s
 
-.PHONY: test run lint bench profile
+.PHONY: test run lint bench profile e2e
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -23,3 +23,7 @@ bench:
 
 profile:
 	bench/profile.sh
+
+# A real single-node cluster on this machine (root; docs/e2e.md).
+e2e:
+	test/e2e/run.sh
