@@ -44,7 +44,7 @@ have() { "${bh[@]}" inspect --type image "$1" >/dev/null 2>&1; }
 debian=docker.io/library/debian:bookworm-slim
 if ! have "$debian"; then
 	c=$("${bh[@]}" from scratch)
-	"${bh[@]}" add "$c" "$rootfs" /
+	"${bh[@]}" add "$c" "$rootfs" / >/dev/null
 	"${bh[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd bash "$c"
 	"${bh[@]}" commit -q --rm "$c" "$debian" >/dev/null
 fi
@@ -58,7 +58,10 @@ fi
 golang=docker.io/library/golang:$go_version
 if ! have "$golang"; then
 	c=$("${bh[@]}" from --pull=never "$debian")
-	"${bh[@]}" copy "$c" "$(go env GOROOT)" /usr/local/go
+	"${bh[@]}" copy "$c" "$(go env GOROOT)" /usr/local/go >/dev/null
+	# The official image has Debian's ca-certificates; this machine's bundle
+	# is what its own go reaches the module proxy with.
+	"${bh[@]}" copy "$c" /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt >/dev/null
 	"${bh[@]}" config --env GOPATH=/go --env PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		--workingdir /go "$c"
 	"${bh[@]}" commit -q --rm "$c" "$golang" >/dev/null
@@ -66,9 +69,11 @@ fi
 
 # Ours, from the Dockerfile as it is. --network host: the build stage's
 # go mod download reaches the module proxy and the runtime stage's apt-get
-# the Debian mirror, the same as this machine.
+# the Debian mirror, the same as this machine. buildah 1.28 does not set
+# TARGETARCH as BuildKit does: passed here.
 start=$(date +%s)
 "${bh[@]}" bud -q --pull-never --isolation chroot --network host --layers \
+	--build-arg TARGETARCH="$(go env GOARCH)" \
 	--build-arg VERSION=e2e --build-arg REVISION="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)" \
 	-t localhost/nodelocaldns:e2e -f "$repo/Dockerfile" "$repo" >/dev/null
 log "nodelocaldns image from the Dockerfile in $(($(date +%s) - start)) s"
@@ -80,13 +85,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$tmp/pause" ./test/e2e/images/pause)
 c=$("${bh[@]}" from scratch)
-"${bh[@]}" copy "$c" "$tmp/pause" /pause
+"${bh[@]}" copy "$c" "$tmp/pause" /pause >/dev/null
 "${bh[@]}" config --entrypoint '["/pause"]' "$c"
 "${bh[@]}" commit -q --rm "$c" localhost/pause:e2e >/dev/null
 
 coredns=$("$repo/test/coredns/build.sh")
 c=$("${bh[@]}" from scratch)
-"${bh[@]}" copy "$c" "$coredns" /coredns
+"${bh[@]}" copy "$c" "$coredns" /coredns >/dev/null
 "${bh[@]}" config --entrypoint '["/coredns"]' "$c"
 "${bh[@]}" commit -q --rm "$c" localhost/coredns:e2e >/dev/null
 

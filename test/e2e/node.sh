@@ -79,7 +79,7 @@ start kube-scheduler "$bin/kube-scheduler" --kubeconfig="$work/sched.kubeconfig"
 start containerd containerd --config "$work/containerd.toml"
 waitfor containerd 60 ctr --address /run/containerd/containerd.sock version
 for img in "$work"/images/*.tar; do
-	ctr --address /run/containerd/containerd.sock -n k8s.io images import --no-unpack "$img" >>"$logs/images.log"
+	ctr --address /run/containerd/containerd.sock -n k8s.io images import "$img" >>"$logs/images.log"
 done
 
 start kubelet "$bin/kubelet" --config="$work/kubelet.yaml" --kubeconfig="$work/kubelet.kubeconfig" \
