@@ -64,7 +64,8 @@ start kube-apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 
 	--authorization-mode=Node,RBAC \
 	--service-account-issuer=https://kubernetes.default.svc.cluster.local \
 	--service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
-	--service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true
+	--service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true \
+	--kubelet-preferred-address-types=InternalIP
 waitfor kube-apiserver 120 curl -sfk -H "Authorization: Bearer $ADMIN_TOKEN" https://127.0.0.1:6443/readyz
 
 start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$work/kcm.kubeconfig" \

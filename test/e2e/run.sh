@@ -239,6 +239,11 @@ state = "/run/containerd"
 [plugins."io.containerd.grpc.v1.cri"]
   # Built by images.sh and imported by node.sh: nothing is pulled.
   sandbox_image = "localhost/pause:e2e"
+  # Override: this machine withholds CAP_SYS_RESOURCE even from root, so no
+  # process may lower its oom_score_adj (runc failed the sandbox with
+  # "failed to update /proc/self/oom_score_adj: Permission denied" for the
+  # kubelet's -998). Clamped to containerd's own instead.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$work/cni"
@@ -306,7 +311,7 @@ nsenter --net="/run/netns/$node_ns" unshare --mount --propagation slave \
 node_pid=$!
 # Every later command in the node: its network and mount namespaces.
 # (nsenter and unshare exec: $node_pid is node.sh itself.)
-innode() { nsenter --net="/run/netns/$node_ns" --mount="/proc/$node_pid/ns/mnt" -- "$@"; }
+innode() { nsenter --net="/run/netns/$node_ns" --mount="/proc/$node_pid/ns/mnt" --wd="$repo" -- "$@"; }
 deadline=$(($(date +%s) + 300))
 until [ -e "$work/node-started" ]; do
 	kill -0 "$node_pid" 2>/dev/null || { tail -20 "$work/logs/node.log" >&2; exit 1; }
@@ -323,7 +328,7 @@ k wait --for=condition=Ready "node/$NODE_NAME" --timeout=120s >/dev/null
 log "node $NODE_NAME Ready"
 
 # kube-dns: CoreDNS with the kubernetes plugin behind the kube-dns Service.
-k apply -f test/e2e/manifests/kube-dns.yaml >/dev/null
+k apply -f "$repo/test/e2e/manifests/kube-dns.yaml" >/dev/null
 k -n kube-system rollout status deploy/coredns --timeout=180s >/dev/null
 log "kube-dns ready at $kubedns_ip"
 
