@@ -304,9 +304,17 @@ func TestProbesGreen(t *testing.T) {
 			t.Errorf("-probe %s: %v: %s", probe, err, out)
 		}
 	}
-	ev := mustKubectl(t, "-n", "kube-system", "get", "events", "--field-selector", "involvedObject.name="+pod+",reason=Unhealthy", "-o", "name")
-	if ev != "" {
-		t.Errorf("probe failures recorded: %s", ev)
+	// The startup probe (every 1 s) may fail while the daemon starts; the
+	// readiness and liveness probes, which run after it, never.
+	ev := mustKubectl(t, "-n", "kube-system", "get", "events", "--field-selector", "involvedObject.name="+pod+",reason=Unhealthy", "-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")
+	for _, msg := range strings.Split(ev, "\n") {
+		switch {
+		case msg == "":
+		case strings.Contains(msg, "Startup probe"):
+			t.Logf("while starting: %s", msg)
+		default:
+			t.Errorf("probe failure recorded: %s", msg)
+		}
 	}
 }
 
@@ -483,13 +491,22 @@ func TestKill9Recovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
+	// Its sockets close when it has exited (a zombie until the shim reaps
+	// it); a query sent before then may sit in a dying socket's queue.
+	poll(t, 10*time.Second, func() error {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || bytes.Contains(st, []byte(") Z ")) {
+			return nil
+		}
+		return fmt.Errorf("pid %d not dead yet", pid)
+	})
 	// Until it is back, a query must fail fast (port unreachable: the
 	// address is there, nobody listens) or be answered, never vanish: a
 	// timeout would mean a rule left black-holing DNS.
 	var timeouts, refused int
 	deadline := killed.Add(60 * time.Second)
 	for {
-		got, err := dig(localDNS, name, 2*time.Second)
+		got, err := dig(localDNS, name, time.Second)
 		if err == nil && got == want {
 			break
 		}
