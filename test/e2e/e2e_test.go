@@ -503,7 +503,7 @@ func TestKill9Recovers(t *testing.T) {
 	// Until it is back, a query must fail fast (port unreachable: the
 	// address is there, nobody listens) or be answered, never vanish: a
 	// timeout would mean a rule left black-holing DNS.
-	var timeouts, refused int
+	var timeouts, late, refused int
 	deadline := killed.Add(60 * time.Second)
 	for {
 		got, err := dig(localDNS, name, time.Second)
@@ -511,8 +511,17 @@ func TestKill9Recovers(t *testing.T) {
 			break
 		}
 		if err != nil && strings.Contains(err.Error(), "timed out") {
-			timeouts++
-			t.Logf("%v after the kill: %v", time.Since(killed).Round(time.Millisecond), err)
+			// Unanswered: a black hole, unless a socket was bound there
+			// (the restarted daemon, between its bind and its first
+			// answer: the query waits in its queue, not dropped).
+			ss, _ := exec.Command("ss", "-Hlun", "src", localDNS+":53").CombinedOutput()
+			if len(bytes.TrimSpace(ss)) == 0 {
+				timeouts++
+				t.Logf("%v after the kill, no listener: %v", time.Since(killed).Round(time.Millisecond), err)
+			} else {
+				late++
+				t.Logf("%v after the kill, the new instance listens: %v", time.Since(killed).Round(time.Millisecond), err)
+			}
 		} else {
 			refused++
 		}
@@ -522,9 +531,9 @@ func TestKill9Recovers(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	recovered := time.Since(killed)
-	t.Logf("kill -9: DNS answered again after %v (%d queries refused meanwhile, %d timed out)", recovered.Round(time.Millisecond), refused, timeouts)
+	t.Logf("kill -9: DNS answered again after %v (meanwhile %d queries refused, %d unanswered while the new instance started, %d unanswered with no listener)", recovered.Round(time.Millisecond), refused, late, timeouts)
 	if timeouts > 0 {
-		t.Errorf("%d queries timed out while the daemon was down: something black-holed them", timeouts)
+		t.Errorf("%d queries vanished while no daemon listened: something black-holed them", timeouts)
 	}
 	// The kubelet restarted the container (not a new pod), in the
 	// liveness probe's period: 10 s.
@@ -595,6 +604,13 @@ func TestDeleteDaemonSetCleansUp(t *testing.T) {
 	// run.sh made the link (no dummy type on this kernel) and the daemon
 	// adopted it: its addresses go, the link stays. With a dummy link the
 	// daemon made, the link itself goes.
+	if noDummy := os.Getenv("NLD_E2E_NODUMMY"); noDummy != "" {
+		t.Run("LinkDeleted", func(t *testing.T) {
+			t.Skipf("cannot run on this kernel: ip link add nodelocaldns type dummy: %s; the daemon adopted the node's link, so only its addresses are removed (checked below)", noDummy)
+		})
+	} else if out, err := exec.Command("ip", "link", "show", "nodelocaldns").CombinedOutput(); err == nil {
+		t.Errorf("link nodelocaldns left: %s", out)
+	}
 	out, err := exec.Command("ip", "-o", "addr", "show", "dev", "nodelocaldns").CombinedOutput()
 	if err == nil {
 		for _, a := range []string{localDNS, kubeDNSIP} {

@@ -84,6 +84,7 @@ teardown() {
 	ip netns del "$up_ns" 2>/dev/null
 	if [ "${NLD_E2E_KEEP_LOGS:-}" != "" ] || [ "$rc" != 0 ]; then
 		mkdir -p "$repo/test/e2e/logs" && cp -r "$work/logs/." "$repo/test/e2e/logs/" 2>/dev/null
+		cp -rL "$work/pod-logs" "$repo/test/e2e/logs/" 2>/dev/null
 		log "logs copied to test/e2e/logs"
 	fi
 	# Mounts made in the node's mount namespace died with it; nothing of
@@ -127,6 +128,8 @@ if ip -n "$node_ns" link add nodelocaldns type dummy 2>"$work/dummy.err"; then
 else
 	log "override: no dummy link type ($(tr -d '\n' <"$work/dummy.err")); node link nodelocaldns made as type ifb"
 	ip -n "$node_ns" link add nodelocaldns type ifb
+	export NLD_E2E_NODUMMY
+	NLD_E2E_NODUMMY=$(tr -d '\n' <"$work/dummy.err")
 fi
 
 # The stand-in upstream: the node's only resolver. external.e2e.example is
@@ -347,7 +350,7 @@ log "nodelocaldns ready (bring-up $(($(date +%s) - t0)) s)"
 # The tests: compiled here, run in the node's namespaces.
 go test -c -o "$work/e2e.test" ./test/e2e
 set +e
-innode env KUBECONFIG="$KUBECONFIG" NLD_E2E_KUBECTL="$bin/kubectl" NLD_E2E_WORK="$work" \
+innode env KUBECONFIG="$KUBECONFIG" NLD_E2E_NODUMMY="${NLD_E2E_NODUMMY:-}" NLD_E2E_KUBECTL="$bin/kubectl" NLD_E2E_WORK="$work" \
 	NLD_E2E_KUBEDNS="$kubedns" NLD_E2E_LOCALDNS="$localdns" NLD_E2E_STUB="$stub_ip" \
 	NLD_E2E_MANIFEST="$work/nodelocaldns.yaml" \
 	"$work/e2e.test" -test.v -test.count=1 -test.timeout=20m ${NLD_E2E_RUN:+-test.run "$NLD_E2E_RUN"} 2>&1 |
@@ -356,7 +359,7 @@ rc=${PIPESTATUS[0]}
 set -e
 passed=$(grep -c '^--- PASS' "$work/logs/tests.log" || true)
 failed=$(grep -c '^--- FAIL' "$work/logs/tests.log" || true)
-skipped=$(grep -c '^--- SKIP' "$work/logs/tests.log" || true)
+skipped=$(grep -cE '^ *--- SKIP' "$work/logs/tests.log" || true)
 log "$passed passed, $failed failed, $skipped skipped (total $(($(date +%s) - t0)) s)"
 if [ -n "${NLD_E2E_KEEP:-}" ]; then
 	log "cluster kept: KUBECONFIG=$KUBECONFIG; nsenter --net=/run/netns/$node_ns --mount=/proc/$node_pid/ns/mnt; Enter to tear down"
