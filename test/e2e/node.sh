@@ -35,10 +35,17 @@ start() { # name command...
 	echo "$name $!" >>"$work/pids"
 }
 stop() {
-	# The kubelet first, so it does not restart what containerd stops.
-	local i
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
-	wait || true
+	# The kubelet first, so it does not restart what containerd stops;
+	# each gets 5 s to exit, then SIGKILL (run.sh kills what is left).
+	local i n
+	trap - TERM INT EXIT
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill "${pids[i]}" 2>/dev/null || continue
+		for ((n = 0; n < 50; n++)); do kill -0 "${pids[i]}" 2>/dev/null || break; sleep 0.1; done
+		kill -9 "${pids[i]}" 2>/dev/null || true
+	done
+	wait 2>/dev/null || true
+	exit 0
 }
 trap stop TERM INT EXIT
 
