@@ -491,6 +491,17 @@ func TestKill9Recovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
+	// What the dead daemon left: its NOTRACK and ACCEPT rules, nothing
+	// that drops or rejects DNS to its addresses.
+	if out, err := exec.Command("iptables-save").CombinedOutput(); err != nil {
+		t.Errorf("iptables-save: %v: %s", err, out)
+	} else {
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, localDNS) && (strings.Contains(line, "-j DROP") || strings.Contains(line, "-j REJECT")) {
+				t.Errorf("rule left that black-holes DNS: %s", line)
+			}
+		}
+	}
 	// Its sockets close when it has exited (a zombie until the shim reaps
 	// it); a query sent before then may sit in a dying socket's queue.
 	poll(t, 10*time.Second, func() error {
