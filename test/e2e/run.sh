@@ -37,6 +37,7 @@ if ((${#need[@]})); then
 	policy=/usr/sbin/policy-rc.d added=
 	# Debian would start etcd and containerd as services: the e2e runs its own.
 	if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added=1; fi
+	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 	if [ -n "$added" ]; then rm -f "$policy"; fi
 fi
