@@ -77,10 +77,18 @@ teardown() {
 		ip netns pids "$node_ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
 	fi
 	[ -n "$up_pid" ] && kill "$up_pid" 2>/dev/null
-	sleep 0.5
-	for c in /sys/fs/cgroup/*/"$cgroot"; do
-		[ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} + 2>/dev/null
+	# A cgroup goes once its last process has exited: retry for 10 s.
+	for _ in $(seq 50); do
+		left=
+		for c in /sys/fs/cgroup/*/"$cgroot"; do
+			[ -d "$c" ] || continue
+			find "$c" -depth -type d -exec rmdir {} + 2>/dev/null
+			[ -d "$c" ] && left=$c
+		done
+		[ -z "$left" ] && break
+		sleep 0.2
 	done
+	[ -n "$left" ] && echo "e2e: cgroup $left not removed" >&2
 	ip netns del "$node_ns" 2>/dev/null
 	ip netns del "$up_ns" 2>/dev/null
 	if [ "${NLD_E2E_KEEP_LOGS:-}" != "" ] || [ "$rc" != 0 ]; then
