@@ -2,7 +2,7 @@
 GO ?= go
 FUZZTIME ?= 5s
 
-.PHONY: test run lint bench bench-quick bench-miss profile
+.PHONY: test run lint bench bench-quick bench-miss profile e2e
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -33,3 +33,7 @@ bench-miss:
 
 profile:
 	bench/profile.sh
+
+# A real single-node cluster on this machine (root; docs/e2e.md).
+e2e:
+	test/e2e/run.sh

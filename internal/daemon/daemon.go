@@ -246,15 +246,20 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.Server.Serve()
-	if err := d.health(ctx); err != nil {
-		return fmt.Errorf("health query through the listener: %w", err)
-	}
+	// Rules before the health query: in iptables mode one address is the
+	// kube-dns ClusterIP, and until our NOTRACK rules exist kube-proxy's
+	// DNAT sends the query for it to a kube-dns pod, whose answer is not
+	// ours (seen in the e2e cluster: every start failed with an i/o
+	// timeout). A failed check exits, and the exit removes the rules.
 	if d.net != nil && d.cfg.SetupIPTables {
 		if err := d.net.EnsureRules(ctx); err != nil {
 			// The listener works without the rules (only conntrack is
 			// not skipped); keep serving and let the reconciler retry.
 			d.log.Error("iptables rules not installed; retrying every sync interval", "err", err)
 		}
+	}
+	if err := d.health(ctx); err != nil {
+		return fmt.Errorf("health query through the listener: %w", err)
 	}
 	if d.reg != nil {
 		if err := d.listenControl(); err != nil {

@@ -31,33 +31,30 @@ for c in "$@"; do
 done
 if ((${#missing[@]} == 0)); then echo "$out"; exit 0; fi
 
-staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
-	cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
-	cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms
-	kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
-	mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller)
 minor=v0.${version#v1.}
 
 mod=$(mktemp -d)
 trap 'rm -rf "$mod"' EXIT
 cd "$mod"
+# The staging modules are the ones k8s.io/kubernetes's own go.mod replaces
+# with ./staging/src/...: read them from it (each release adds some, e.g.
+# cri-streaming and streaming in v1.37), and pin each to v0.X.Y.
+kgomod=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$kgomod")
+((${#staging[@]} > 0)) || { echo "no staging modules in $kgomod" >&2; exit 1; }
 {
 	echo "module kubebuild"
 	echo
 	echo "go 1.26"
 	echo
 	echo "require k8s.io/kubernetes $version"
-	for s in "${staging[@]}"; do echo "replace k8s.io/$s => k8s.io/$s $minor"; done
+	for s in "${staging[@]}"; do echo "replace $s => $s $minor"; done
+	# tool directives (not imports): kubectl has no cmd/kubectl/app package,
+	# and a main package cannot be imported; tidy keeps a tool's packages.
+	for c in "${missing[@]}"; do echo "tool k8s.io/kubernetes/cmd/$c"; done
 } >go.mod
-{
-	echo "package kubebuild"
-	echo
-	echo "import ("
-	for c in "${missing[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$c/app\""; done
-	echo ")"
-} >tools.go
-# Some staging modules a version does not have yet (or any more) make tidy
-# fail with "unknown revision": drop those replaces and try again.
+# A staging module a version does not have on the proxy makes tidy fail
+# with "unknown revision": drop that replace and try again.
 for _ in 1 2 3 4 5; do
 	if err=$(go mod tidy 2>&1); then break; fi
 	bad=$(grep -o 'k8s.io/[a-z-]*@'"$minor"': .*unknown revision' <<<"$err" | sed 's/@.*//' | sort -u || true)

@@ -1,0 +1,647 @@
+// Package e2e tests nodelocaldns on a real single-node Kubernetes cluster:
+// the image built from the Dockerfile, deploy/daemonset.yaml as docs/deploy.md
+// renders it, a kubelet whose clusterDNS is the link-local address, kube-dns
+// (CoreDNS) behind its Service and kube-proxy in iptables mode. run.sh (make
+// e2e) brings the cluster up and runs these tests inside the node's network
+// and mount namespaces; without it (NLD_E2E_KUBECTL unset) they skip.
+//
+// The tests run in file order and share one client pod; the last one
+// deletes the DaemonSet.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	kubectlBin = os.Getenv("NLD_E2E_KUBECTL")
+	kubeDNSIP  = os.Getenv("NLD_E2E_KUBEDNS")
+	localDNS   = os.Getenv("NLD_E2E_LOCALDNS")
+	stubIP     = os.Getenv("NLD_E2E_STUB")
+)
+
+const (
+	clientPod = "client"
+	// externalName is served only by the stand-in upstream, the node's
+	// resolver (run.sh): it reaches the pod through nodelocaldns's
+	// forwarding to the node's resolv.conf.
+	externalName = "external.e2e.example"
+	externalIP   = "192.0.2.80"
+	stubName     = "www.stub.e2e.example"
+	stubAnswer   = "192.0.2.53"
+)
+
+func TestMain(m *testing.M) {
+	if kubectlBin == "" {
+		fmt.Println("e2e: NLD_E2E_KUBECTL not set: these tests run in the cluster make e2e brings up (test/e2e/run.sh)")
+		os.Exit(0)
+	}
+	if err := setup(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: setup:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// setup creates the objects the tests resolve and the client pod.
+func setup() error {
+	objs := `
+apiVersion: v1
+kind: Namespace
+metadata: {name: e2e-other}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello, namespace: default}
+spec:
+  selector: {app: none}
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other, namespace: e2e-other}
+spec:
+  selector: {app: none}
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default}
+spec:
+  dnsPolicy: ClusterFirst
+  terminationGracePeriodSeconds: 0
+  containers:
+    - name: client
+      image: localhost/client:e2e
+      imagePullPolicy: Never
+      command: [sleep, infinity]
+`
+	if out, err := kubectlIn(objs, "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	if out, err := kubectl("wait", "--for=condition=Ready", "pod/"+clientPod, "--timeout=120s"); err != nil {
+		return fmt.Errorf("client pod: %v: %s", err, out)
+	}
+	return nil
+}
+
+func kubectl(args ...string) (string, error) { return kubectlIn("", args...) }
+
+func kubectlIn(stdin string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, kubectlBin, args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func mustKubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := kubectl(args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// inClient runs a command in the client pod.
+func inClient(args ...string) (string, error) {
+	return kubectl(append([]string{"exec", clientPod, "--"}, args...)...)
+}
+
+// poll calls f until it returns nil or the deadline passes, then fails
+// with f's last error.
+func poll(t *testing.T, within time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", within, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func serviceIP(t *testing.T, ns, name string) string {
+	t.Helper()
+	return mustKubectl(t, "-n", ns, "get", "svc", name, "-o", "jsonpath={.spec.clusterIP}")
+}
+
+// getent resolves name in the client pod with glibc (getent ahostsv4) and
+// returns the first address.
+func getent(name string) (string, error) {
+	out, err := inClient("getent", "ahostsv4", name)
+	if err != nil {
+		return "", fmt.Errorf("getent ahostsv4 %s: %v: %s", name, err, out)
+	}
+	f := strings.Fields(out)
+	if len(f) == 0 {
+		return "", fmt.Errorf("getent ahostsv4 %s: no output", name)
+	}
+	return f[0], nil
+}
+
+func TestResolvConfIsTheKubelets(t *testing.T) {
+	got := mustKubectl(t, "exec", clientPod, "--", "cat", "/etc/resolv.conf")
+	// The kubelet's: clusterDNS, the pod's search path, ndots:5; the node's
+	// resolv.conf (run.sh) has no search line to append.
+	want := "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver " + localDNS + "\noptions ndots:5"
+	if got != want {
+		t.Fatalf("client's /etc/resolv.conf:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestResolveShortName(t *testing.T) {
+	want := serviceIP(t, "default", "hello")
+	got, err := getent("hello")
+	if err != nil || got != want {
+		t.Fatalf("hello: %q, %v; want %s", got, err, want)
+	}
+}
+
+func TestResolveServiceDotNamespace(t *testing.T) {
+	want := serviceIP(t, "e2e-other", "other")
+	got, err := getent("other.e2e-other")
+	if err != nil || got != want {
+		t.Fatalf("other.e2e-other: %q, %v; want %s", got, err, want)
+	}
+}
+
+func TestResolveExternalName(t *testing.T) {
+	got, err := getent(externalName)
+	if err != nil || got != externalIP {
+		t.Fatalf("%s: %q, %v; want %s (from the node's resolver)", externalName, got, err, externalIP)
+	}
+}
+
+// metric sums the samples of name (any labels) at url.
+func metric(url, name string) (float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		rest := line[len(name):]
+		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %q: %v", url, line, err)
+		}
+		sum += v
+		found = true
+	}
+	if !found {
+		return 0, fmt.Errorf("%s: no %s", url, name)
+	}
+	return sum, sc.Err()
+}
+
+func TestQueriesReachTheCacheNotKubeDNS(t *testing.T) {
+	kubeDNSPod := mustKubectl(t, "-n", "kube-system", "get", "pod", "-l", "k8s-app=kube-dns", "-o", "jsonpath={.items[0].status.podIP}")
+	clientIP := mustKubectl(t, "get", "pod", clientPod, "-o", "jsonpath={.status.podIP}")
+	// The pods are host network: the node's address serves their metrics.
+	nldURL := "http://127.0.0.1:9253/metrics"
+	kdURL := "http://" + kubeDNSPod + ":9153/metrics"
+	const lookups = 20
+	name := "hello.default.svc.cluster.local"
+	if _, err := getent(name); err != nil { // cached from here on
+		t.Fatal(err)
+	}
+	nld0, err := metric(nldURL, "nodelocaldns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd0, err := metric(kdURL, "coredns_dns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range lookups {
+		if _, err := getent(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nld1, err := metric(nldURL, "nodelocaldns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd1, err := metric(kdURL, "coredns_dns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d lookups: nodelocaldns requests +%v, kube-dns requests +%v", lookups, nld1-nld0, kd1-kd0)
+	if nld1-nld0 < lookups {
+		t.Errorf("nodelocaldns counted %v requests for %d lookups", nld1-nld0, lookups)
+	}
+	// kube-dns may see the cache's own refreshes, never the pod's lookups.
+	if kd1-kd0 >= lookups {
+		t.Errorf("kube-dns counted %v requests for %d lookups: the pod reaches it directly", kd1-kd0, lookups)
+	}
+	// NOTRACK: the pod's DNS leaves no conntrack entry.
+	for _, dst := range []string{localDNS, kubeDNSIP} {
+		out, err := exec.Command("conntrack", "-L", "-s", clientIP, "-d", dst).CombinedOutput()
+		if err != nil {
+			t.Fatalf("conntrack -L -s %s -d %s: %v: %s", clientIP, dst, err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "dport=53") {
+				t.Errorf("conntrack entry for the pod's DNS to %s: %s", dst, line)
+			}
+		}
+	}
+}
+
+// nldPods returns the names of the DaemonSet's pods.
+func nldPods(t *testing.T) []string {
+	t.Helper()
+	return strings.Fields(mustKubectl(t, "-n", "kube-system", "get", "pod", "-l", "k8s-app=nodelocaldns", "-o", "jsonpath={.items[*].metadata.name}"))
+}
+
+func TestProbesGreen(t *testing.T) {
+	pods := nldPods(t)
+	if len(pods) != 1 {
+		t.Fatalf("nodelocaldns pods: %v, want 1", pods)
+	}
+	pod := pods[0]
+	ready := mustKubectl(t, "-n", "kube-system", "get", "pod", pod, "-o", `jsonpath={.status.containerStatuses[0].ready} {.status.containerStatuses[0].started} {.status.containerStatuses[0].restartCount}`)
+	if ready != "true true 0" {
+		t.Errorf("container ready, started, restarts: %s; want true true 0", ready)
+	}
+	for _, probe := range []string{"ready", "health"} {
+		out, err := kubectl("-n", "kube-system", "exec", pod, "--", "/nodelocaldns", "-probe", probe, "-state-dir", "/run/nodelocaldns")
+		if err != nil {
+			t.Errorf("-probe %s: %v: %s", probe, err, out)
+		}
+	}
+	// The startup probe (every 1 s) may fail while the daemon starts; the
+	// readiness and liveness probes, which run after it, never.
+	ev := mustKubectl(t, "-n", "kube-system", "get", "events", "--field-selector", "involvedObject.name="+pod+",reason=Unhealthy", "-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")
+	for _, msg := range strings.Split(ev, "\n") {
+		switch {
+		case msg == "":
+		case strings.Contains(msg, "Startup probe"):
+			t.Logf("while starting: %s", msg)
+		default:
+			t.Errorf("probe failure recorded: %s", msg)
+		}
+	}
+}
+
+// resolver runs a lookup loop in the client pod until stop is called and
+// returns its counts: each round a glibc lookup of a cluster name and of
+// the external name, and a dig with one 1 s try (a lost packet shows as a
+// failure instead of a glibc retry).
+type resolver struct {
+	cmd  *exec.Cmd
+	out  syncBuffer
+	done chan error
+}
+
+// syncBuffer is a bytes.Buffer the command writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+const loopScript = `rm -f /tmp/stop; ok=0; fail=0; echo started
+while [ ! -e /tmp/stop ]; do
+  for n in hello.default.svc.cluster.local ` + externalName + `; do
+    if getent ahostsv4 $n >/dev/null; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL getent $n $(date +%T.%N)"; fi
+  done
+  if [ -n "$(dig +short +timeout=1 +tries=1 hello.default.svc.cluster.local)" ]; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL dig $(date +%T.%N)"; fi
+done
+echo "ok=$ok fail=$fail"`
+
+func startResolver(t *testing.T) *resolver {
+	t.Helper()
+	r := &resolver{done: make(chan error, 1)}
+	r.cmd = exec.Command(kubectlBin, "exec", clientPod, "--", "sh", "-c", loopScript)
+	r.cmd.Stdout = &r.out
+	r.cmd.Stderr = &r.out
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.done <- r.cmd.Wait() }()
+	return r
+}
+
+// stop ends the loop and returns the successful and failed lookups.
+func (r *resolver) stop(t *testing.T) (ok, fail int) {
+	t.Helper()
+	if out, err := inClient("touch", "/tmp/stop"); err != nil {
+		t.Fatalf("stop the loop: %v: %s", err, out)
+	}
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatalf("lookup loop: %v\n%s", err, r.out.String())
+		}
+	case <-time.After(time.Minute):
+		_ = r.cmd.Process.Kill()
+		t.Fatalf("lookup loop did not stop\n%s", r.out.String())
+	}
+	out := r.out.String()
+	i := max(strings.LastIndex(out, "ok="), 0)
+	if _, err := fmt.Sscanf(out[i:], "ok=%d fail=%d", &ok, &fail); i < 0 || err != nil {
+		t.Fatalf("lookup loop output: %s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "FAIL") {
+			t.Log(line)
+		}
+	}
+	return ok, fail
+}
+
+func TestRolloutRestartLosesNoLookup(t *testing.T) {
+	before := nldPods(t)
+	r := startResolver(t)
+	// The loop is running before the rollout starts.
+	poll(t, 30*time.Second, func() error {
+		if !strings.Contains(r.out.String(), "started") {
+			return fmt.Errorf("lookup loop not started: %s", r.out.String())
+		}
+		return nil
+	})
+	start := time.Now()
+	mustKubectl(t, "-n", "kube-system", "rollout", "restart", "daemonset/nodelocaldns")
+	mustKubectl(t, "-n", "kube-system", "rollout", "status", "daemonset/nodelocaldns", "--timeout=180s")
+	// The old pod is gone (its teardown done) once it is deleted.
+	poll(t, 90*time.Second, func() error {
+		now := nldPods(t)
+		for _, p := range now {
+			for _, b := range before {
+				if p == b {
+					return fmt.Errorf("old pod %s still there (pods %v)", b, now)
+				}
+			}
+		}
+		return nil
+	})
+	t.Logf("rollout done in %v", time.Since(start).Round(time.Millisecond))
+	ok, fail := r.stop(t)
+	t.Logf("lookups during the rollout: %d ok, %d failed", ok, fail)
+	if fail != 0 || ok == 0 {
+		t.Fatalf("%d lookups failed (%d ok) during kubectl rollout restart", fail, ok)
+	}
+}
+
+// daemonPID finds the nodelocaldns process in this network namespace (the
+// node's); other tests on the machine run theirs in their own.
+func daemonPID(t *testing.T) int {
+	t.Helper()
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		comm, err := os.ReadFile(d + "/comm")
+		if err != nil || strings.TrimSpace(string(comm)) != "nodelocaldns" {
+			continue
+		}
+		cmdline, _ := os.ReadFile(d + "/cmdline")
+		if bytes.Contains(cmdline, []byte("-probe")) {
+			continue // an exec probe
+		}
+		if ns, err := os.Readlink(d + "/ns/net"); err != nil || ns != self {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		pids = append(pids, pid)
+	}
+	if len(pids) != 1 {
+		t.Fatalf("nodelocaldns processes in the node: %v, want 1", pids)
+	}
+	return pids[0]
+}
+
+// dig asks server for name from the node, one try: the answer's first
+// line, or the error dig printed.
+func dig(server, name string, timeout time.Duration) (string, error) {
+	out, err := exec.Command("dig", "+short", "+tries=1", fmt.Sprintf("+timeout=%d", int(timeout.Seconds())), "@"+server, name).CombinedOutput()
+	s := strings.TrimSpace(string(out))
+	if err != nil || s == "" || strings.HasPrefix(s, ";;") {
+		return "", fmt.Errorf("dig @%s %s: %v: %s", server, name, err, s)
+	}
+	return strings.SplitN(s, "\n", 2)[0], nil
+}
+
+func TestKill9Recovers(t *testing.T) {
+	pods := nldPods(t)
+	if len(pods) != 1 {
+		t.Fatalf("nodelocaldns pods: %v", pods)
+	}
+	pod := pods[0]
+	restarts := func() string {
+		return mustKubectl(t, "-n", "kube-system", "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].restartCount}")
+	}
+	r0 := restarts()
+	pid := daemonPID(t)
+	name := "hello.default.svc.cluster.local"
+	want := serviceIP(t, "default", "hello")
+	if got, err := dig(localDNS, name, 2*time.Second); err != nil || got != want {
+		t.Fatalf("before: %q, %v", got, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	// What the dead daemon left: its NOTRACK and ACCEPT rules, nothing
+	// that drops or rejects DNS to its addresses.
+	if out, err := exec.Command("iptables-save").CombinedOutput(); err != nil {
+		t.Errorf("iptables-save: %v: %s", err, out)
+	} else {
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, localDNS) && (strings.Contains(line, "-j DROP") || strings.Contains(line, "-j REJECT")) {
+				t.Errorf("rule left that black-holes DNS: %s", line)
+			}
+		}
+	}
+	// Its sockets close when it has exited (a zombie until the shim reaps
+	// it); a query sent before then may sit in a dying socket's queue.
+	poll(t, 10*time.Second, func() error {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || bytes.Contains(st, []byte(") Z ")) {
+			return nil
+		}
+		return fmt.Errorf("pid %d not dead yet", pid)
+	})
+	// Until it is back, a query must fail fast (port unreachable: the
+	// address is there, nobody listens) or be answered, never vanish: a
+	// timeout would mean a rule left black-holing DNS.
+	var timeouts, late, refused int
+	deadline := killed.Add(60 * time.Second)
+	for {
+		got, err := dig(localDNS, name, time.Second)
+		if err == nil && got == want {
+			break
+		}
+		if err != nil && strings.Contains(err.Error(), "timed out") {
+			// Unanswered: a black hole, unless a socket was bound there
+			// (the restarted daemon, between its bind and its first
+			// answer: the query waits in its queue, not dropped).
+			ss, _ := exec.Command("ss", "-Hlun", "src", localDNS+":53").CombinedOutput()
+			if len(bytes.TrimSpace(ss)) == 0 {
+				timeouts++
+				t.Logf("%v after the kill, no listener: %v", time.Since(killed).Round(time.Millisecond), err)
+			} else {
+				late++
+				t.Logf("%v after the kill, the new instance listens: %v", time.Since(killed).Round(time.Millisecond), err)
+			}
+		} else {
+			refused++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("DNS not back 60 s after kill -9: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	recovered := time.Since(killed)
+	t.Logf("kill -9: DNS answered again after %v (meanwhile %d queries refused, %d unanswered while the new instance started, %d unanswered with no listener)", recovered.Round(time.Millisecond), refused, late, timeouts)
+	if timeouts > 0 {
+		t.Errorf("%d queries vanished while no daemon listened: something black-holed them", timeouts)
+	}
+	// The kubelet restarted the container (not a new pod), in the
+	// liveness probe's period: 10 s.
+	if recovered > 10*time.Second {
+		t.Errorf("recovery took %v, more than the liveness probe period (10 s)", recovered)
+	}
+	poll(t, 30*time.Second, func() error {
+		if r := restarts(); r == r0 {
+			return fmt.Errorf("restartCount still %s", r)
+		}
+		return nil
+	})
+	mustKubectl(t, "-n", "kube-system", "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=60s")
+}
+
+func TestStubDomainFromConfigMap(t *testing.T) {
+	if got, err := getent(stubName); err == nil {
+		t.Fatalf("%s resolves before the stub domain is set: %s", stubName, got)
+	}
+	cm := `apiVersion: v1
+kind: ConfigMap
+metadata: {name: kube-dns, namespace: kube-system}
+data:
+  stubDomains: |
+    {"stub.e2e.example": ["` + stubIP + `"]}
+`
+	if out, err := kubectlIn(cm, "apply", "-f", "-"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	start := time.Now()
+	// The kubelet updates the ConfigMap volume on its sync (syncFrequency
+	// 10s in run.sh), the daemon watches the file.
+	poll(t, 120*time.Second, func() error {
+		got, err := getent(stubName)
+		if err != nil {
+			return err
+		}
+		if got != stubAnswer {
+			return fmt.Errorf("%s: %s, want %s", stubName, got, stubAnswer)
+		}
+		return nil
+	})
+	t.Logf("stub domain in effect %v after the ConfigMap was applied", time.Since(start).Round(time.Millisecond))
+}
+
+// TestDeleteDaemonSetCleansUp runs last: it deletes the DaemonSet.
+func TestDeleteDaemonSetCleansUp(t *testing.T) {
+	mustKubectl(t, "-n", "kube-system", "delete", "daemonset/nodelocaldns", "--wait=true", "--timeout=120s")
+	poll(t, 90*time.Second, func() error {
+		if p := nldPods(t); len(p) != 0 {
+			return fmt.Errorf("pods left: %v", p)
+		}
+		return nil
+	})
+	// The daemon's rules (each with a nodelocaldns comment), in either backend.
+	for _, save := range []string{"iptables-legacy-save", "iptables-nft-save"} {
+		out, err := exec.Command(save).CombinedOutput()
+		if err != nil {
+			t.Logf("%s: %v (backend not usable here)", save, err)
+			continue
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "nodelocaldns") {
+				t.Errorf("%s: rule left: %s", save, line)
+			}
+		}
+	}
+	// run.sh made the link (no dummy type on this kernel) and the daemon
+	// adopted it: its addresses go, the link stays. With a dummy link the
+	// daemon made, the link itself goes.
+	if noDummy := os.Getenv("NLD_E2E_NODUMMY"); noDummy != "" {
+		t.Run("LinkDeleted", func(t *testing.T) {
+			t.Skipf("cannot run on this kernel: ip link add nodelocaldns type dummy: %s; the daemon adopted the node's link, so only its addresses are removed (checked below)", noDummy)
+		})
+	} else if out, err := exec.Command("ip", "link", "show", "nodelocaldns").CombinedOutput(); err == nil {
+		t.Errorf("link nodelocaldns left: %s", out)
+	}
+	out, err := exec.Command("ip", "-o", "addr", "show", "dev", "nodelocaldns").CombinedOutput()
+	if err == nil {
+		for _, a := range []string{localDNS, kubeDNSIP} {
+			if strings.Contains(string(out), " "+a+"/") {
+				t.Errorf("address %s left on the link: %s", a, out)
+			}
+		}
+	} else if !strings.Contains(string(out), "does not exist") {
+		t.Errorf("ip addr show dev nodelocaldns: %v: %s", err, out)
+	}
+	// The kube-dns ClusterIP reaches kube-dns again, through kube-proxy.
+	want := serviceIP(t, "default", "hello")
+	poll(t, 30*time.Second, func() error {
+		got, err := dig(kubeDNSIP, "hello.default.svc.cluster.local", 2*time.Second)
+		if err != nil {
+			return err
+		}
+		if got != want {
+			return fmt.Errorf("got %s, want %s", got, want)
+		}
+		return nil
+	})
+}
