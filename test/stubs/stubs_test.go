@@ -198,6 +198,7 @@ type env struct {
 	musl     string
 	self     string
 	kdig     string
+	node     string // Node.js, for its c-ares resolver
 	daemonRC chan error
 }
 
@@ -227,6 +228,7 @@ func setup(t *testing.T, bin string) *env {
 		t.Fatal(err)
 	}
 	e.kdig, _ = exec.LookPath("kdig")
+	e.node, _ = exec.LookPath("node")
 
 	for which, ip := range e.server {
 		for _, ns := range nss {
@@ -301,6 +303,13 @@ func (e *env) client(kind, ns, which, mode, name string) string {
 		argv = []string{e.musl, mode, name}
 	case "go":
 		argv = []string{e.self, mode, name}
+	case "cares":
+		// c-ares's query functions take no search list: short names are
+		// written out, as for kdig.
+		if !strings.Contains(name, ".") {
+			name += "." + ns + ".svc.cluster.local."
+		}
+		argv = []string{e.node, "testdata/cares.js", mode, name}
 	case "kdig", "kdig-4096":
 		// kdig has no search list: short names are written out.
 		qtype := "A"
@@ -512,7 +521,7 @@ func exchangeUDP(t *testing.T, name string, edns uint16) (*dns.Msg, int) {
 // with a Kubernetes namespace of its own (its own names, so it starts from
 // an empty cache).
 var clientKinds = []struct{ kind, ns string }{
-	{"glibc", "glibc"}, {"musl", "musl"}, {"go", "go"}, {"kdig", "kdig"}, {"kdig-4096", "kdig4096"},
+	{"glibc", "glibc"}, {"musl", "musl"}, {"go", "go"}, {"kdig", "kdig"}, {"kdig-4096", "kdig4096"}, {"cares", "cares"},
 }
 
 // transparencyNames is the table: what a pod asks, by the name it
@@ -542,6 +551,9 @@ func TestTransparentToStubResolvers(t *testing.T) {
 		e := setup(t, bin)
 		if e.kdig == "" {
 			need(t, "kdig") // fails in CI, skips elsewhere
+		}
+		if e.node == "" {
+			need(t, "node") // fails in CI, skips elsewhere
 		}
 		for _, k := range clientKinds {
 			for _, n := range transparencyNames {
