@@ -206,7 +206,7 @@ func (d *Daemon) forward(ctx context.Context, qname string, query []byte) ([]byt
 // Start brings the daemon up in the order that keeps the node's DNS
 // working: join the twins in the state directory, interface, listeners
 // (the twin's own sockets when one serves the same addresses: see
-// handover.go), a health query through every listen address, rules, the
+// handover.go), rules, a health query through every listen address, the
 // control socket, HTTP, readiness. On error what was set up is undone
 // (unless -skipteardown, or a twin serves the same addresses).
 func (d *Daemon) Start(ctx context.Context) (err error) {
