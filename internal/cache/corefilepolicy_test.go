@@ -86,3 +86,35 @@ func TestPolicyKeepTTL(t *testing.T) {
 		}
 	}
 }
+
+// An entry with its own prefetch rule is refreshed on its own terms: after
+// AMOUNT hits with PERCENT % of its life left, or never when AMOUNT is 0.
+func TestPolicyPrefetch(t *testing.T) {
+	_, q := query(t, "x.example.", dns.TypeA, 0, false)
+	resp := answer(t, "x.example.", dns.TypeA, dns.RcodeSuccess, []string{"x.example. 100 IN A 10.0.0.1"}, nil, false)
+	for _, tc := range []struct {
+		name     string
+		pol      Policy
+		at       time.Duration // when the hits come
+		hits     int
+		prefetch bool
+	}{
+		{"off in block", Policy{SuccessMax: time.Hour, PrefetchSet: true}, 95 * time.Second, 5, false},
+		{"amount 1 at 50%", Policy{SuccessMax: time.Hour, PrefetchSet: true, PrefetchHits: 1, PrefetchPercent: 50}, 55 * time.Second, 1, true},
+		{"amount 1 too early", Policy{SuccessMax: time.Hour, PrefetchSet: true, PrefetchHits: 1, PrefetchPercent: 50}, 45 * time.Second, 1, false},
+		{"amount 3 needs 3 hits", Policy{SuccessMax: time.Hour, PrefetchSet: true, PrefetchHits: 3, PrefetchPercent: 10}, 95 * time.Second, 2, false},
+		{"cache default", Policy{SuccessMax: time.Hour}, 95 * time.Second, 2, true},
+	} {
+		c := New(Config{PrefetchHits: 2})
+		e, _ := Build(resp, q, tc.pol, 0, t0)
+		c.Put(e)
+		got := false
+		for i := 0; i < tc.hits; i++ {
+			_, p := c.Get(q, t0+int64(tc.at))
+			got = got || p
+		}
+		if got != tc.prefetch {
+			t.Errorf("%s: prefetch %v, want %v", tc.name, got, tc.prefetch)
+		}
+	}
+}

@@ -91,6 +91,10 @@ type Entry struct {
 	prefetching  bool
 	refreshAfter int64
 	keepTTL      bool // Policy.KeepTTL: no countdown
+	// Policy.PrefetchSet: the entry's own prefetch rule.
+	pfSet  bool
+	pfPct  uint8
+	pfHits uint32
 }
 
 // Kind reports what the entry answers.
@@ -138,6 +142,14 @@ type Policy struct {
 	// KeepTTL shows the stored TTLs without counting down (a Corefile's
 	// `keepttl`).
 	KeepTTL bool
+	// PrefetchSet gives the entry its own prefetch rule instead of the
+	// cache's (Config.PrefetchHits, last 10 %): refreshed once hit
+	// PrefetchHits times (0: never) when PrefetchPercent % of its
+	// lifetime or less is left (a Corefile's `prefetch AMOUNT [DURATION
+	// [PERCENT%]]`).
+	PrefetchSet     bool
+	PrefetchHits    int
+	PrefetchPercent int
 }
 
 // Build makes an entry from the upstream response resp to the query q,
@@ -198,6 +210,9 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 		e.kind = Uncacheable
 	}
 	e.keepTTL = pol.KeepTTL
+	if pol.PrefetchSet {
+		e.pfSet, e.pfHits, e.pfPct = true, uint32(max(0, pol.PrefetchHits)), uint8(min(100, max(0, pol.PrefetchPercent)))
+	}
 	if a.Rcode > 0xF || a.Flags&wire.FlagTC != 0 || e.expires <= now {
 		// Extended rcodes live in the OPT we drop; a truncated answer is
 		// not the whole answer; a lifetime of 0 means do not cache.
