@@ -24,6 +24,9 @@ type CorefileConfig struct {
 	Mapping []string
 	// Policies are the per-block cache policies, by zone.
 	Policies corefile.Policies
+	// ZonePolicies are the resolver's per-zone cache policies built from
+	// the blocks (corefilepolicy.go).
+	ZonePolicies []ZonePolicy
 
 	// What Reload needs to do it again: the Config before the Corefile was
 	// applied, the flags, the environment.

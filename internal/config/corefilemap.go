@@ -258,7 +258,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	if haveCache {
 		c.mapCacheTTLs(set, succCap, denCap)
 	}
-	return nil
+	return c.zonePolicies(cc, set)
 }
 
 // nodeCacheMetricsDefault is node-cache's -metrics-listen-address default.

@@ -33,6 +33,8 @@ type corefileState struct {
 	static    map[string]staticRoute // by zone
 	servers   map[string][]netip.AddrPort
 	tcp       map[string]bool
+	// zonePolicies are the blocks' cache policies applied (corefilepolicy.go).
+	zonePolicies []config.ZonePolicy
 }
 
 func (d *Daemon) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }
@@ -46,6 +48,7 @@ func (d *Daemon) initCorefile() {
 	r := &d.reload
 	r.cf.seen, _ = os.ReadFile(cc.Source())
 	r.cf.kubeZones = d.cfg.DropIn.KubeDNSZones
+	r.cf.zonePolicies = cc.ZonePolicies
 	r.cf.static, r.cf.servers, r.cf.tcp = map[string]staticRoute{}, map[string][]netip.AddrPort{}, map[string]bool{}
 	for _, sr := range r.static {
 		r.cf.static[sr.zone] = sr
@@ -84,6 +87,7 @@ func (d *Daemon) readCorefile() bool {
 		}
 	}
 	changed := false
+	d.swapPolicies(n) // the blocks' cache settings: applied now, no route change
 	if !slices.Equal(n.DropIn.KubeDNSZones, r.cf.kubeZones) {
 		r.cf.kubeZones, changed = n.DropIn.KubeDNSZones, true
 	}

@@ -213,13 +213,7 @@ func ask(t *testing.T, addr, name string, qtype uint16) answer {
 
 // knownGaps are differences from CoreDNS not wired yet, with the reason.
 // The test fails when one disappears, so the entry is removed with the fix.
-var knownGaps = map[string]string{
-	"ttl0.default.svc.cluster.local. A": "CoreDNS floors TTL 0 to the cache's min TTL (5 s); our cache does not cache TTL 0 (resolution policy)",
-	"ttl0.example.org. A":               "as above",
-	"ttl2.example.org. A":               "our min TTL lengthens the entry's life but clients see the upstream's TTL 2; CoreDNS rewrites it to the floor (5 s) (resolution policy)",
-	"host.corp.example. A":              "per-block cache caps (cache 10 in the stub block) wait for the resolution package's policy by question name",
-	"nx3.corp.example. A":               "as above",
-}
+var knownGaps = map[string]string{}
 
 // Same Corefile, same upstreams, same queries: same rcode, same records,
 // same TTL caps (within a second of countdown) from nodelocaldns and from
