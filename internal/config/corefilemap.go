@@ -140,6 +140,8 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 					return err
 				}
 				c.Nameservers, c.ResolvConf = ns, ""
+				// upstreamNameservers do not replace literal targets (as stock).
+				cc.RootLiteral = !slices.ContainsFunc(f.To, func(u corefile.Upstream) bool { return u.ResolvConf != "" })
 				mapped(s, "forward . %v: every other name goes to %v", upstreams(f), ns)
 			}
 			if f.ForceTCP {

@@ -35,6 +35,7 @@ type corefileState struct {
 	tcp       map[string]bool
 	// zonePolicies are the blocks' cache policies applied (corefilepolicy.go).
 	zonePolicies []config.ZonePolicy
+	rewriteErr   string // last failure to rewrite -conf logged
 }
 
 func (d *Daemon) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"reflect"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
@@ -44,4 +45,34 @@ func (d *Daemon) swapPolicies(n *config.Config) bool {
 	d.reload.cf.zonePolicies = next.ZonePolicies
 	d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(next.ZonePolicies))
 	return true
+}
+
+// stubConflict refuses a kube-dns ConfigMap whose stub domain duplicates a
+// Corefile block: node-cache would append a second block for the zone and
+// CoreDNS's reload would fail on it, keeping the last good configuration;
+// so do we (the caller logs it once and counts it).
+func (d *Daemon) stubConflict(k config.KubeDNSConfigMap) error {
+	cc := d.corefile()
+	if cc == nil {
+		return nil
+	}
+	for _, z := range k.Zones() {
+		if at := cc.StubConflict(z); at != "" {
+			return fmt.Errorf("stubDomains %s duplicates the Corefile block at %s (CoreDNS refuses the same zone twice: stock's reload fails the same way)", z, at)
+		}
+	}
+	return nil
+}
+
+// rewriteCorefile writes -conf again after a ConfigMap change, as
+// node-cache does, when it is rendered from a template and writable.
+func (d *Daemon) rewriteCorefile() {
+	cc := d.corefile()
+	if cc == nil {
+		return
+	}
+	if _, err := cc.Rewrite(d.cfg); err != nil && err.Error() != d.reload.cf.rewriteErr {
+		d.reload.cf.rewriteErr = err.Error()
+		d.log.Warn("the rendered Corefile was not rewritten; running from memory (node-cache logs the same and goes on)", "file", cc.Path, "err", err)
+	}
 }

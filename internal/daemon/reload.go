@@ -227,7 +227,11 @@ func (d *Daemon) readConfigMap(startup bool) bool {
 		r.cmSeen, r.cmSeenOK = data, true
 		var k config.KubeDNSConfigMap
 		if k, err = d.cfg.ParseKubeDNSConfigMap(data); err == nil {
+			err = d.stubConflict(k) // Corefile mode: as stock's failed reload
+		}
+		if err == nil {
 			r.cmErr = ""
+			d.rewriteCorefile()
 			if equalConfigMap(k, r.cm) {
 				return false
 			}
@@ -267,7 +271,7 @@ func equalConfigMap(a, b config.KubeDNSConfigMap) bool {
 func (d *Daemon) apply() error {
 	r := &d.reload
 	servers, source := r.resolv, "resolv.conf"
-	if len(r.cm.UpstreamNameservers) > 0 {
+	if len(r.cm.UpstreamNameservers) > 0 && (d.corefile() == nil || !d.corefile().RootLiteral) {
 		servers, source = r.cm.UpstreamNameservers, "upstreamNameservers"
 	}
 	retired := r.retireLater

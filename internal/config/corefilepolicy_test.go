@@ -1,0 +1,134 @@
+package config
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func corefileConfig(t *testing.T, text string, more ...string) (*Config, error) {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "Corefile")
+	text = strings.ReplaceAll(text, "DIR/", dir+"/")
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return Parse(base(t, dir, append([]string{"-localip", "169.254.20.10", "-conf", conf}, more...)...), stockEnv(), io.Discard)
+}
+
+func zonePolicy(t *testing.T, c *Config, zone string) ZonePolicy {
+	t.Helper()
+	for _, zp := range c.DropIn.Corefile.ZonePolicies {
+		if zp.Zone == zone {
+			return zp
+		}
+	}
+	t.Fatalf("no policy for %s in %+v", zone, c.DropIn.Corefile.ZonePolicies)
+	return ZonePolicy{}
+}
+
+// Each block's cache directive becomes the policy of its zones, with
+// CoreDNS's semantics; a block without cache caches nothing.
+func TestZonePoliciesFromBlocks(t *testing.T) {
+	c, err := corefileConfig(t, `cluster.local:53 {
+    cache {
+        success 9984 30
+        denial 9984 5
+    }
+    forward . 10.96.0.11
+}
+corp.example:53 {
+    cache 10 {
+        success 100 60 2
+        denial 50 20 30
+        prefetch 3 1m 20%
+        serve_stale 10m verify
+        servfail 1m
+        disable denial
+        keepttl
+    }
+    forward . 10.150.0.9
+}
+nocache.example:53 {
+    forward . 10.150.0.9
+}
+.:53 {
+    cache 30
+    forward . 10.0.0.2
+}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := zonePolicy(t, c, "cluster.local.")
+	if cl.TTL.SuccessMax != 30*time.Second || cl.TTL.DenialMax != 5*time.Second || cl.TTL.MinTTL != 5*time.Second || cl.TTL.DenialMinTTL != 5*time.Second ||
+		!cl.TTL.Uniform || !cl.TTL.PrefetchSet || cl.TTL.PrefetchHits != 0 || cl.StaleWindow != 0 || cl.ServFailTTL != 5*time.Second {
+		t.Errorf("cluster.local: %+v", cl)
+	}
+	corp := zonePolicy(t, c, "corp.example.")
+	if corp.TTL.SuccessMax != 60*time.Second || corp.TTL.MinTTL != 2*time.Second ||
+		corp.TTL.DenialMax != 20*time.Second || corp.TTL.DenialMinTTL != 20*time.Second || // floor under the cap, as CoreDNS's min(max(ttl, MINTTL), TTL)
+		corp.TTL.PrefetchHits != 3 || corp.TTL.PrefetchPercent != 20 ||
+		corp.StaleWindow != 10*time.Minute || corp.StaleClientTimeout != c.ForwardTimeout ||
+		corp.ServFailTTL != 5*time.Second || !corp.TTL.NoDenial || corp.TTL.NoSuccess || !corp.TTL.KeepTTL {
+		t.Errorf("corp.example: %+v", corp)
+	}
+	if !strings.Contains(strings.Join(c.DropIn.Notes, "\n"), "cache servfail 1m0s: SERVFAIL is cached 5s at most") {
+		t.Errorf("servfail note missing: %v", c.DropIn.Notes)
+	}
+	if nc := zonePolicy(t, c, "nocache.example."); !nc.TTL.NoSuccess || !nc.TTL.NoDenial || nc.ServFailTTL != 0 || nc.StaleWindow != 0 {
+		t.Errorf("nocache.example: %+v", nc)
+	}
+	if root := zonePolicy(t, c, "."); root.TTL.SuccessMax != 30*time.Second || root.TTL.DenialMax != 30*time.Second {
+		t.Errorf(".: %+v", root)
+	}
+	if c.Cache.SuccessCapacity != 9984+100+10000 || c.Cache.DenialCapacity != 9984+50+10000 {
+		t.Errorf("capacities do not add up: %d %d", c.Cache.SuccessCapacity, c.Cache.DenialCapacity)
+	}
+}
+
+// A flag given explicitly wins over every block.
+func TestZonePoliciesFlagsWin(t *testing.T) {
+	c, err := corefileConfig(t, ".:53 {\n cache 300 {\n  prefetch 5\n  serve_stale 1h immediate\n }\n forward . 10.0.0.2\n}\n",
+		"-success-ttl", "20s", "-min-ttl", "1s", "-prefetch", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := zonePolicy(t, c, ".")
+	if root.TTL.SuccessMax != 20*time.Second || root.TTL.DenialMax != 300*time.Second || root.TTL.MinTTL != time.Second || root.TTL.PrefetchSet ||
+		root.StaleWindow != time.Hour || root.StaleClientTimeout != immediateStale {
+		t.Errorf(".: %+v", root)
+	}
+}
+
+// The same zone on two binds with other settings would need the block
+// chosen by arrival address: refused with one line, not half applied.
+func TestZonePoliciesBindConflict(t *testing.T) {
+	_, err := corefileConfig(t, ".:53 {\n bind 169.254.20.10\n cache 30\n forward . 10.0.0.2\n}\n.:53 {\n bind 169.254.20.11\n cache 60\n forward . 10.0.0.2\n}\n")
+	if err == nil || !strings.Contains(err.Error(), "not by the address a query arrived on") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("err %v", err)
+	}
+	if _, err := corefileConfig(t, ".:53 {\n bind 169.254.20.10\n cache 30\n forward . 10.0.0.2\n}\n.:53 {\n bind 169.254.20.11\n cache 30\n forward . 10.0.0.2\n}\n"); err != nil {
+		t.Fatalf("same settings on two binds: %v", err)
+	}
+}
+
+// The "." block's literal targets are not replaced by upstreamNameservers.
+func TestRootLiteral(t *testing.T) {
+	for text, want := range map[string]bool{
+		".:53 {\n forward . 10.0.0.2 10.0.0.3\n}\n": true,
+		".:53 {\n forward . DIR/resolv.conf\n}\n":   false,
+	} {
+		c, err := corefileConfig(t, text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.DropIn.Corefile.RootLiteral != want {
+			t.Errorf("%q: RootLiteral %v", text, !want)
+		}
+	}
+}
