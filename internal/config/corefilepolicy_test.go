@@ -132,3 +132,44 @@ func TestRootLiteral(t *testing.T) {
 		}
 	}
 }
+
+// After a ConfigMap change -conf is written again with the new stub
+// domains (as node-cache does); a stub that duplicates a block is named.
+func TestRewriteAndStubConflict(t *testing.T) {
+	dir := t.TempDir()
+	baseFile, conf, cm := filepath.Join(dir, "Corefile.base"), filepath.Join(dir, "Corefile"), filepath.Join(dir, "kube-dns")
+	if err := os.WriteFile(baseFile, []byte("corp.example:53 {\n    forward . 10.150.0.9\n}\n.:53 {\n    bind 169.254.20.10\n    forward . __PILLAR__UPSTREAM__SERVERS__\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(cm, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := base(t, dir, "-localip", "169.254.20.10", "-conf", conf)
+	args = append(args, "-basecorefile", baseFile, "-kubednscm", cm)
+	c, err := Parse(args, stockEnv(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.DropIn.Corefile
+	if cc.RootLiteral {
+		t.Error("the . block's placeholder is not a literal target")
+	}
+	if changed, err := cc.Rewrite(c); changed || err != nil {
+		t.Fatalf("unchanged ConfigMap rewrote: %v %v", changed, err)
+	}
+	if err := os.WriteFile(filepath.Join(cm, "stubDomains"), []byte(`{"acme.local": ["1.2.3.4"]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := cc.Rewrite(c); !changed || err != nil {
+		t.Fatalf("rewrite: %v %v", changed, err)
+	}
+	if written, _ := os.ReadFile(conf); !strings.Contains(string(written), "acme.local:53 {") {
+		t.Fatalf("written:\n%s", written)
+	}
+	if at := cc.StubConflict("corp.example."); !strings.HasSuffix(at, "Corefile:1") {
+		t.Errorf("StubConflict(corp.example.) = %q", at)
+	}
+	if at := cc.StubConflict("acme.local."); at != "" {
+		t.Errorf("StubConflict(acme.local.) = %q", at)
+	}
+}
