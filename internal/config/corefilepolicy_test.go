@@ -173,3 +173,52 @@ func TestRewriteAndStubConflict(t *testing.T) {
 		t.Errorf("StubConflict(acme.local.) = %q", at)
 	}
 }
+
+// A block's forward options become its group's; max_fails 0 means never
+// down; except is accepted only where another block takes the names.
+func TestForwardOptionsMapped(t *testing.T) {
+	c, err := corefileConfig(t, `cluster.local:53 {
+    forward . 10.96.0.11 {
+        force_tcp
+        max_fails 0
+        expire 30s
+    }
+}
+corp.example:53 {
+    forward . 10.150.0.9 10.150.0.10 {
+        policy sequential
+        max_fails 4
+        health_check 2s no_rec
+        max_concurrent 100
+    }
+}
+.:53 {
+    forward . 10.0.0.2 10.0.0.3 {
+        except cluster.local
+    }
+}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := c.DropIn.KubeForward; k == nil || k.MaxFails != -1 || k.IdleTimeout != 30*time.Second || !k.Spread {
+		t.Errorf("kube-dns options %+v", k)
+	}
+	if len(c.DropIn.Routes) != 1 {
+		t.Fatalf("routes %+v", c.DropIn.Routes)
+	}
+	if o := c.DropIn.Routes[0].Opts; o.Spread || o.MaxFails != 4 || o.ProbeInterval != 2*time.Second || o.MaxInflight != 100 || o.IdleTimeout != 10*time.Second {
+		t.Errorf("corp.example options %+v", o)
+	}
+	if n := c.DropIn.NodeForward; n == nil || !n.Spread || n.MaxFails != 2 || n.ProbeInterval != 500*time.Millisecond || n.MaxInflight != c.MaxInflight {
+		t.Errorf(". options %+v", n)
+	}
+	_, err = corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  except corp.example\n }\n}\n")
+	if err == nil || !strings.Contains(err.Error(), "forward except corp.example.") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("except without a block: %v", err)
+	}
+	_, err = corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  health_check 1s domain example.org\n }\n}\n")
+	if err == nil || !strings.Contains(err.Error(), "domain is not supported") {
+		t.Errorf("health_check domain: %v", err)
+	}
+}

@@ -35,7 +35,8 @@ type corefileState struct {
 	tcp       map[string]bool
 	// zonePolicies are the blocks' cache policies applied (corefilepolicy.go).
 	zonePolicies []config.ZonePolicy
-	rewriteErr   string // last failure to rewrite -conf logged
+	rewriteErr   string                           // last failure to rewrite -conf logged
+	opts         map[string]config.ForwardOptions // by zone: the route's forward options
 }
 
 func (d *Daemon) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }
@@ -54,8 +55,9 @@ func (d *Daemon) initCorefile() {
 	for _, sr := range r.static {
 		r.cf.static[sr.zone] = sr
 	}
+	r.cf.opts = map[string]config.ForwardOptions{}
 	for _, zr := range d.cfg.DropIn.Routes {
-		r.cf.servers[zr.Zone], r.cf.tcp[zr.Zone] = zr.Servers, zr.ForceTCP
+		r.cf.servers[zr.Zone], r.cf.tcp[zr.Zone], r.cf.opts[zr.Zone] = zr.Servers, zr.ForceTCP, zr.Opts
 	}
 }
 
@@ -108,7 +110,7 @@ func (d *Daemon) readCorefile() bool {
 		want[zr.Zone] = zr
 	}
 	for zone, zr := range want {
-		if old, ok := r.cf.static[zone]; ok && slices.Equal(r.cf.servers[zone], zr.Servers) && r.cf.tcp[zone] == zr.ForceTCP {
+		if old, ok := r.cf.static[zone]; ok && slices.Equal(r.cf.servers[zone], zr.Servers) && r.cf.tcp[zone] == zr.ForceTCP && r.cf.opts[zone] == zr.Opts {
 			_ = old
 			continue
 		}
@@ -120,7 +122,7 @@ func (d *Daemon) readCorefile() bool {
 		if old, ok := r.cf.static[zone]; ok {
 			r.retireLater = append(r.retireLater, old.g)
 		}
-		r.cf.static[zone], r.cf.servers[zone], r.cf.tcp[zone] = staticRoute{zone: zone, g: g}, zr.Servers, zr.ForceTCP
+		r.cf.static[zone], r.cf.servers[zone], r.cf.tcp[zone], r.cf.opts[zone] = staticRoute{zone: zone, g: g}, zr.Servers, zr.ForceTCP, zr.Opts
 		r.changedZones = append(r.changedZones, zone)
 		changed = true
 	}
@@ -130,6 +132,7 @@ func (d *Daemon) readCorefile() bool {
 			delete(r.cf.static, zone)
 			delete(r.cf.servers, zone)
 			delete(r.cf.tcp, zone)
+			delete(r.cf.opts, zone)
 			r.changedZones = append(r.changedZones, zone)
 			changed = true
 		}
@@ -180,17 +183,21 @@ func (d *Daemon) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
 	if zr.ForceTCP {
 		cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
 	}
+	withOptions(&cfg, &zr.Opts)
 	return forward.NewGroup(cfg, d.Metrics)
 }
 
 func (d *Daemon) kubeGroup(addr netip.AddrPort) (*forward.Group, error) {
-	return forward.NewGroup(forward.GroupConfig{
-		Name:     "kube-dns",
-		Servers:  []netip.AddrPort{addr},
-		Proto:    forward.TCP,
-		PoolSize: d.cfg.TCPPoolSize,
-		Logger:   d.log.With("group", "kube-dns"),
-	}, d.Metrics)
+	cfg := forward.GroupConfig{
+		Name:        "kube-dns",
+		Servers:     []netip.AddrPort{addr},
+		Proto:       forward.TCP,
+		PoolSize:    d.cfg.TCPPoolSize,
+		MaxInflight: d.cfg.MaxInflight,
+		Logger:      d.log.With("group", "kube-dns"),
+	}
+	withOptions(&cfg, d.cfg.DropIn.KubeForward)
+	return forward.NewGroup(cfg, d.Metrics)
 }
 
 // kubeAddr is the kube-dns address routed to now.

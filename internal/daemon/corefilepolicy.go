@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"reflect"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
@@ -74,5 +75,20 @@ func (d *Daemon) rewriteCorefile() {
 	if _, err := cc.Rewrite(d.cfg); err != nil && err.Error() != d.reload.cf.rewriteErr {
 		d.reload.cf.rewriteErr = err.Error()
 		d.log.Warn("the rendered Corefile was not rewritten; running from memory (node-cache logs the same and goes on)", "file", cc.Path, "err", err)
+	}
+}
+
+// withOptions applies a Corefile forward's options to a group's config
+// (nil: not in Corefile mode, or no such block).
+func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) {
+	if o == nil {
+		return
+	}
+	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread = o.MaxFails, o.ProbeInterval, o.Spread
+	if o.MaxInflight > 0 {
+		cfg.MaxInflight = o.MaxInflight
+	}
+	if o.IdleTimeout > 0 {
+		cfg.IdleTimeout = o.IdleTimeout
 	}
 }
