@@ -105,3 +105,34 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 	zp.StaleClientTimeout = pick("stale-client-timeout", c.Cache.StaleClientTimeout, wait)
 	return zp, note
 }
+
+// String says what a zone's policy does, for -check-config.
+func (zp ZonePolicy) String() string {
+	t := zp.TTL
+	if t.NoSuccess && t.NoDenial {
+		return "not cached (no cache directive or disable success and denial)"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "success cap %v floor %v, denial cap %v floor %v", t.SuccessMax, t.MinTTL, t.DenialMax, t.DenialMinTTL)
+	if t.NoSuccess {
+		b.WriteString(", success not cached")
+	}
+	if t.NoDenial {
+		b.WriteString(", denial not cached")
+	}
+	fmt.Fprintf(&b, ", SERVFAIL %v", zp.ServFailTTL)
+	if zp.StaleWindow > 0 {
+		fmt.Fprintf(&b, ", serve_stale %v (client waits %v for the refresh)", zp.StaleWindow, zp.StaleClientTimeout)
+	}
+	switch {
+	case !t.PrefetchSet:
+		b.WriteString(", prefetch by -prefetch")
+	case t.PrefetchHits > 0:
+		fmt.Fprintf(&b, ", prefetch after %d hits with %d%% of the life left", t.PrefetchHits, t.PrefetchPercent)
+	}
+	if t.KeepTTL {
+		b.WriteString(", keepttl")
+	}
+	b.WriteString(", clients see the entry's lifetime on every record")
+	return b.String()
+}
