@@ -37,7 +37,8 @@ func TestPolicyUniformFloor(t *testing.T) {
 		{"ttl0 flags mode", Policy{SuccessMax: time.Hour}, []string{"x.example. 0 IN A 10.0.0.1"}, []uint32{0}, Uncacheable},
 		{"uniform min of records", Policy{SuccessMax: time.Hour, Uniform: true}, []string{"x.example. 300 IN CNAME y.example.", "y.example. 120 IN A 10.0.0.1"}, []uint32{120, 120}, Success},
 		{"capped", Policy{SuccessMax: 30 * time.Second, Uniform: true}, []string{"x.example. 300 IN A 10.0.0.1"}, []uint32{30}, Success},
-		{"disable success", Policy{SuccessMax: time.Hour, NoSuccess: true}, []string{"x.example. 300 IN A 10.0.0.1"}, []uint32{300}, Uncacheable},
+		{"disable success: capped, not stored", Policy{SuccessMax: time.Minute, NoSuccess: true, Uniform: true}, []string{"x.example. 300 IN A 10.0.0.1"}, []uint32{60}, Uncacheable},
+		{"no cache: passed through", Policy{SuccessMax: time.Second, NoSuccess: true, NoDenial: true, Pass: true}, []string{"x.example. 300 IN CNAME y.example.", "y.example. 120 IN A 10.0.0.1"}, []uint32{300, 120}, Uncacheable},
 	} {
 		e, err := Build(answer(t, "x.example.", dns.TypeA, dns.RcodeSuccess, tc.ans, nil, false), q, tc.pol, 0, t0)
 		if err != nil {

@@ -134,6 +134,9 @@ type Policy struct {
 	// cache (a Corefile's `disable success|denial`); they are still
 	// answered.
 	NoSuccess, NoDenial bool
+	// Pass keeps every answer out of the cache and its TTLs as the
+	// upstream gave them (a Corefile block without `cache`).
+	Pass bool
 	// Uniform shows every record the entry's lifetime, as CoreDNS's cache
 	// does: a TTL under the floor is shown raised to it, one over the cap
 	// lowered to it, and all records of an answer count down together.
@@ -206,7 +209,10 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 	}
 	e.hash = hashQuestion(q.Name, q.Type, q.Class, e.flags)
 	e.kind, e.expires = classify(&a, pol, servfailTTL, now)
-	if (e.kind == Success && pol.NoSuccess) || (e.kind == Denial && pol.NoDenial) {
+	// A disabled kind is not stored but shown as if cached, as CoreDNS
+	// applies its caps to every answer passing its cache.
+	shown := e.kind != Uncacheable && !pol.Pass && a.Rcode <= 0xF && a.Flags&wire.FlagTC == 0
+	if (e.kind == Success && pol.NoSuccess) || (e.kind == Denial && pol.NoDenial) || pol.Pass {
 		e.kind = Uncacheable
 	}
 	e.keepTTL = pol.KeepTTL
@@ -235,7 +241,7 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 			continue
 		}
 		t := rr.TTL
-		if e.kind != Uncacheable && (t > life || pol.Uniform) {
+		if shown && e.expires > now && (t > life || pol.Uniform) {
 			t = life
 		}
 		f := rrField{off: uint16(rr.TTLOff), ttl: t, end: uint16(rr.End)}

@@ -67,7 +67,7 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 	zp := ZonePolicy{Zone: z, Block: s.Pos.String()}
 	ca := s.Cache
 	if ca == nil {
-		zp.TTL = cache.Policy{SuccessMax: time.Second, DenialMax: time.Second, NoSuccess: true, NoDenial: true}
+		zp.TTL = cache.Policy{SuccessMax: time.Second, DenialMax: time.Second, NoSuccess: true, NoDenial: true, Pass: true}
 		return zp, ""
 	}
 	cluster := z == c.ClusterDomain || strings.HasSuffix(z, "."+c.ClusterDomain)
@@ -109,8 +109,8 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 // String says what a zone's policy does, for -check-config.
 func (zp ZonePolicy) String() string {
 	t := zp.TTL
-	if t.NoSuccess && t.NoDenial {
-		return "not cached (no cache directive or disable success and denial)"
+	if t.Pass {
+		return "not cached, TTLs as the upstream gave them (no cache directive)"
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "success cap %v floor %v, denial cap %v floor %v", t.SuccessMax, t.MinTTL, t.DenialMax, t.DenialMinTTL)

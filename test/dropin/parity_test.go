@@ -219,6 +219,59 @@ var knownGaps = map[string]string{}
 // same TTL caps (within a second of countdown) from nodelocaldns and from
 // CoreDNS 1.15.
 func TestParityWithCoreDNS(t *testing.T) {
+	parity(t, parityCorefile)
+}
+
+// tunedCorefile sets every cache and forward option a block may have that
+// changes answers: floors above the upstream's TTLs, own caps per block,
+// disable denial, keepttl, servfail, forward policies and health options.
+func tunedCorefile(p int, kube, node, stub, health, metrics string) string {
+	return fmt.Sprintf(`cluster.local:%[1]d {
+    cache {
+        success 100 60 10
+        denial 100 20 8
+    }
+    bind 127.0.0.1
+    forward . %[2]s {
+        force_tcp
+        policy sequential
+        max_fails 3
+        expire 30s
+    }
+    health %[5]s
+}
+corp.example:%[1]d {
+    cache 10 {
+        disable denial
+    }
+    bind 127.0.0.1
+    forward . %[4]s {
+        policy round_robin
+        health_check 1s no_rec
+        max_concurrent 50
+    }
+}
+.:%[1]d {
+    cache 300 {
+        success 1000 300 3
+        keepttl
+        servfail 2s
+        prefetch 2 1m 20%%
+    }
+    bind 127.0.0.1
+    forward . %[3]s {
+        max_fails 0
+    }
+    prometheus %[6]s
+}
+`, p, kube, node, stub, health, metrics)
+}
+
+func TestParityTunedCorefile(t *testing.T) {
+	parity(t, tunedCorefile)
+}
+
+func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics string) string) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
@@ -230,8 +283,8 @@ func TestParityWithCoreDNS(t *testing.T) {
 	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
 	for f, text := range map[string]string{
-		confOurs: parityCorefile(pOurs, kube, node, stub, hOurs, mOurs),
-		confCore: parityCorefile(pCore, kube, node, stub, hCore, mCore),
+		confOurs: corefile(pOurs, kube, node, stub, hOurs, mOurs),
+		confCore: corefile(pCore, kube, node, stub, hCore, mCore),
 	} {
 		if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
