@@ -167,7 +167,14 @@ func restartFields(a, b *config.Config) []string {
 	}
 	cmp("listen addresses (bind)", a.LocalIPs, b.LocalIPs)
 	cmp("port", a.Port, b.Port)
-	cmp("cache", a.Cache, b.Cache)
+	// The blocks' cache policies apply live (swapPolicies); the sizes and
+	// the recheck interval do not.
+	cmp("cache sizes", [4]int64{int64(a.Cache.SuccessCapacity), int64(a.Cache.DenialCapacity), a.Cache.MaxBytes, int64(a.Cache.StaleRecheck)},
+		[4]int64{int64(b.Cache.SuccessCapacity), int64(b.Cache.DenialCapacity), b.Cache.MaxBytes, int64(b.Cache.StaleRecheck)})
+	cmp("forward options of the kube-dns and . blocks", [2]any{a.DropIn.KubeForward, a.DropIn.NodeForward}, [2]any{b.DropIn.KubeForward, b.DropIn.NodeForward})
+	if a.DropIn.Corefile != nil && b.DropIn.Corefile != nil {
+		cmp("the . block's literal targets (upstreamNameservers apply or not)", a.DropIn.Corefile.RootLiteral, b.DropIn.Corefile.RootLiteral)
+	}
 	cmp("health address", a.HealthAddr, b.HealthAddr)
 	cmp("metrics address (prometheus)", a.MetricsAddr, b.MetricsAddr)
 	cmp("log", a.QueryLog, b.QueryLog)

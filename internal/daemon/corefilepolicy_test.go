@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"fmt"
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"io"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -47,5 +50,62 @@ func TestCorefileBlockCachePolicy(t *testing.T) {
 	e.firstTTL(t, "b0.corp.example.")
 	if corp.count() != before {
 		t.Fatal("a cached name was asked again")
+	}
+}
+
+// startCorefileCM is startCorefile with a kube-dns ConfigMap directory.
+func startCorefileCM(t *testing.T, conf, text, cm string) *env {
+	t.Helper()
+	dir := filepath.Dir(conf)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rc := filepath.Join(dir, "resolv.conf")
+	if err := os.WriteFile(rc, []byte("nameserver 127.0.0.2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := config.Parse([]string{"-conf", conf, "-basecorefile", filepath.Join(dir, "none"), "-kubednscm", cm,
+		"-localip", "127.0.0.1", "-kube-dns", "127.0.0.1:9", "-resolv-conf", rc}, config.Getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, func(c *config.Config) {
+		c.KubeDNS = parsed.KubeDNS
+		c.DropIn = parsed.DropIn
+		c.DropIn.NodeCacheMetricsAddr = "127.0.0.1:0"
+		c.KubeDNSConfigMap = cm
+		c.Nameservers, c.ResolvConf = parsed.Nameservers, parsed.ResolvConf
+	})
+}
+
+// The "." block's literal targets stay when the ConfigMap names
+// upstreamNameservers (as stock); a stub domain that duplicates a Corefile
+// block is refused like stock's failed reload: last good kept, counted once.
+func TestCorefileRootLiteralAndStubConflict(t *testing.T) {
+	node := startUpstream(t, answerA("10.0.0.1"))
+	other := startUpstream(t, answerA("10.0.0.2"))
+	corp := startUpstream(t, answerA("10.0.0.3"))
+	stub := startUpstream(t, answerA("10.0.0.4"))
+	dir := t.TempDir()
+	cm := filepath.Join(dir, "kube-dns")
+	if err := os.MkdirAll(cm, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kubeletWrite(t, cm, map[string]string{config.KeyUpstreamNameservers: fmt.Sprintf(`[%q]`, other.addr.Addr())})
+	text := fmt.Sprintf("corp.example:53 {\n  bind 127.0.0.1\n  forward . %s\n}\n.:53 {\n  bind 127.0.0.1\n  forward . %s\n}\n", corp.addr, node.addr)
+	e := startCorefileCM(t, filepath.Join(dir, "Corefile"), text, cm)
+	if got := e.firstA(t, "www.example.org."); got != "10.0.0.1" {
+		t.Fatalf("upstreamNameservers replaced the . block's literal target: %s", got)
+	}
+	errs := e.setupErrors(t)
+	kubeletWrite(t, cm, stubs("corp.example", stub))
+	e.waitSetupErrors(t, errs+1)
+	if got := e.firstA(t, "a.corp.example."); got != "10.0.0.3" {
+		t.Fatalf("a stub duplicating a block was routed: %s", got)
+	}
+	kubeletWrite(t, cm, stubs("acme.example", stub))
+	e.eventually(t, "s", "acme.example.", "10.0.0.4")
+	if got := e.setupErrors(t); got != errs+1 {
+		t.Fatalf("setup errors %d, want %d", got, errs+1)
 	}
 }
