@@ -147,8 +147,12 @@ func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 	s.stats.hits[e.kind]++
 	e.hits++
 	e.lastUsed = now
-	if c.prefetchHits > 0 && e.hits >= c.prefetchHits && !e.prefetching &&
-		(e.expires-now)*10 <= e.expires-e.stored {
+	need, pct := c.prefetchHits, int64(10)
+	if e.pfSet {
+		need, pct = e.pfHits, int64(e.pfPct)
+	}
+	if need > 0 && e.hits >= need && !e.prefetching &&
+		(e.expires-now)*100 <= (e.expires-e.stored)*pct {
 		e.prefetching = true
 		prefetch = true
 		s.stats.prefetches++

@@ -90,6 +90,11 @@ type Entry struct {
 	lastUsed     int64 // unix ns of the last hit (eviction tie-break)
 	prefetching  bool
 	refreshAfter int64
+	keepTTL      bool // Policy.KeepTTL: no countdown
+	// Policy.PrefetchSet: the entry's own prefetch rule.
+	pfSet  bool
+	pfPct  uint8
+	pfHits uint32
 }
 
 // Kind reports what the entry answers.
@@ -120,6 +125,34 @@ type Policy struct {
 	SuccessMax time.Duration // cap on positive answers
 	DenialMax  time.Duration // cap on NXDOMAIN / NODATA (RFC 2308 §5)
 	MinTTL     time.Duration // floor for both; 0 honours a TTL of 0 (not cached)
+	// DenialMinTTL, when not negative, is the floor of denials instead of
+	// MinTTL (a Corefile's `denial CAP TTL MINTTL`); the zero value keeps
+	// MinTTL for both.
+	DenialMinTTL time.Duration
+	DenialMinSet bool
+	// NoSuccess and NoDenial keep positive answers or denials out of the
+	// cache (a Corefile's `disable success|denial`); they are still
+	// answered.
+	NoSuccess, NoDenial bool
+	// Pass keeps every answer out of the cache and its TTLs as the
+	// upstream gave them (a Corefile block without `cache`).
+	Pass bool
+	// Uniform shows every record the entry's lifetime, as CoreDNS's cache
+	// does: a TTL under the floor is shown raised to it, one over the cap
+	// lowered to it, and all records of an answer count down together.
+	// Off, each record keeps its own TTL, capped at the lifetime.
+	Uniform bool
+	// KeepTTL shows the stored TTLs without counting down (a Corefile's
+	// `keepttl`).
+	KeepTTL bool
+	// PrefetchSet gives the entry its own prefetch rule instead of the
+	// cache's (Config.PrefetchHits, last 10 %): refreshed once hit
+	// PrefetchHits times (0: never) when PrefetchPercent % of its
+	// lifetime or less is left (a Corefile's `prefetch AMOUNT [DURATION
+	// [PERCENT%]]`).
+	PrefetchSet     bool
+	PrefetchHits    int
+	PrefetchPercent int
 }
 
 // Build makes an entry from the upstream response resp to the query q,
@@ -176,6 +209,16 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 	}
 	e.hash = hashQuestion(q.Name, q.Type, q.Class, e.flags)
 	e.kind, e.expires = classify(&a, pol, servfailTTL, now)
+	// A disabled kind is not stored but shown as if cached, as CoreDNS
+	// applies its caps to every answer passing its cache.
+	shown := e.kind != Uncacheable && !pol.Pass && a.Rcode <= 0xF && a.Flags&wire.FlagTC == 0
+	if (e.kind == Success && pol.NoSuccess) || (e.kind == Denial && pol.NoDenial) || pol.Pass {
+		e.kind = Uncacheable
+	}
+	e.keepTTL = pol.KeepTTL
+	if pol.PrefetchSet {
+		e.pfSet, e.pfHits, e.pfPct = true, uint32(max(0, pol.PrefetchHits)), uint8(min(100, max(0, pol.PrefetchPercent)))
+	}
 	if a.Rcode > 0xF || a.Flags&wire.FlagTC != 0 || e.expires <= now {
 		// Extended rcodes live in the OPT we drop; a truncated answer is
 		// not the whole answer; a lifetime of 0 means do not cache.
@@ -198,7 +241,7 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 			continue
 		}
 		t := rr.TTL
-		if e.kind != Uncacheable && t > life {
+		if shown && e.expires > now && (t > life || pol.Uniform) {
 			t = life
 		}
 		f := rrField{off: uint16(rr.TTLOff), ttl: t, end: uint16(rr.End)}
@@ -248,7 +291,11 @@ func classify(a *wire.Answer, pol Policy, servfailTTL time.Duration, now int64) 
 		return Uncacheable, now
 	}
 	ttl := min(soa.TTL, soa.SOAMinimum)
-	return Denial, now + int64(clamp(time.Duration(ttl)*time.Second, pol.MinTTL, pol.DenialMax))
+	floor := pol.MinTTL
+	if pol.DenialMinSet {
+		floor = pol.DenialMinTTL
+	}
+	return Denial, now + int64(clamp(time.Duration(ttl)*time.Second, floor, pol.DenialMax))
 }
 
 func clamp(d, lo, hi time.Duration) time.Duration {
@@ -328,7 +375,7 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 	wire.SetFlags(out, flags)
 	copy(out[wire.HeaderLen:], q.Name)
 	age := now - e.stored
-	if age < 0 {
+	if age < 0 || e.keepTTL {
 		age = 0
 	}
 	ageSec := uint32(age / int64(time.Second))

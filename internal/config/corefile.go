@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -24,6 +25,16 @@ type CorefileConfig struct {
 	Mapping []string
 	// Policies are the per-block cache policies, by zone.
 	Policies corefile.Policies
+	// ZonePolicies are the resolver's per-zone cache policies built from
+	// the blocks (corefilepolicy.go).
+	ZonePolicies []ZonePolicy
+	// RootLiteral: the "." block forwards to literal addresses, so the
+	// kube-dns ConfigMap's upstreamNameservers do not replace them (in
+	// node-cache they only fill __PILLAR__UPSTREAM__SERVERS__).
+	RootLiteral bool
+
+	base   []byte                // the template, when rendered
+	params corefile.RenderParams // its substitutions without the ConfigMap
 
 	// What Reload needs to do it again: the Config before the Corefile was
 	// applied, the flags, the environment.
@@ -83,6 +94,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 			p.ClusterDNS = c.KubeDNS.Addr().String()
 		}
 		cc.Base, cc.Text = s.basecorefile, corefile.Render(base, p)
+		cc.base, cc.params = base, p
 		if stubs, ups, ok := c.rawConfigMap(); ok {
 			p.StubDomains, p.UpstreamNameservers = stubs, ups
 		}
@@ -106,6 +118,46 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 	}
 	c.DropIn.Corefile = cc
 	return c.mapCorefile(cc, set)
+}
+
+// Rewrite renders the template again with the kube-dns ConfigMap as it is
+// now and writes -conf when the result differs from what was written (as
+// node-cache does on a ConfigMap change). It does nothing when -conf is
+// used as it is, or the ConfigMap is invalid; an unwritable -conf is an
+// error the caller logs (the daemon runs from memory either way).
+func (cc *CorefileConfig) Rewrite(c *Config) (bool, error) {
+	if cc.Base == "" {
+		return false, nil
+	}
+	stubs, ups, ok := c.rawConfigMap()
+	if !ok {
+		return false, nil
+	}
+	p := cc.params
+	p.StubDomains, p.UpstreamNameservers = stubs, ups
+	out := corefile.Render(cc.base, p)
+	if bytes.Equal(out, cc.Written) {
+		return false, nil
+	}
+	if err := os.WriteFile(cc.Path, out, 0o644); err != nil {
+		return false, err
+	}
+	cc.Written = out
+	return true, nil
+}
+
+// StubConflict names the Corefile block serving zone, "" when none: a stub
+// domain that duplicates a block makes the rendered Corefile invalid in
+// CoreDNS (the same zone and port twice), so stock's reload fails.
+func (cc *CorefileConfig) StubConflict(zone string) string {
+	for _, s := range cc.Servers {
+		for _, z := range s.Zones {
+			if z == zone {
+				return s.Pos.String()
+			}
+		}
+	}
+	return ""
 }
 
 // rawConfigMap reads the kube-dns ConfigMap's keys as written, when valid.

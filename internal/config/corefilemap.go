@@ -116,6 +116,10 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		case f.From != "." && !slices.Contains(s.Zones, f.From):
 			return usage("%s: forward %s: FROM must be \".\" or one of the block's zones %v", s.Pos, f.From, s.Zones)
 		case isKube(f):
+			if c.DropIn.KubeForward == nil { // the cluster domain's block first
+				o := forwardOptions(f, c.MaxInflight)
+				c.DropIn.KubeForward = &o
+			}
 			for _, z := range s.Zones {
 				if z != "." && !slices.Contains(c.DropIn.KubeDNSZones, z) {
 					c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
@@ -127,6 +131,8 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 			mapped(s, "forward . %v: zones %v go to kube-dns %s over %s", upstreams(f), s.Zones, c.KubeDNS, how)
 		case slices.Contains(s.Zones, "."):
+			o := forwardOptions(f, c.MaxInflight)
+			c.DropIn.NodeForward = &o
 			if len(f.To) == 1 && f.To[0].ResolvConf != "" {
 				if set["resolv-conf"] && c.ResolvConf != f.To[0].ResolvConf {
 					flagWins("resolv-conf", "forward .", f.To[0].ResolvConf, c.ResolvConf)
@@ -140,6 +146,8 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 					return err
 				}
 				c.Nameservers, c.ResolvConf = ns, ""
+				// upstreamNameservers do not replace literal targets (as stock).
+				cc.RootLiteral = !slices.ContainsFunc(f.To, func(u corefile.Upstream) bool { return u.ResolvConf != "" })
 				mapped(s, "forward . %v: every other name goes to %v", upstreams(f), ns)
 			}
 			if f.ForceTCP {
@@ -151,15 +159,18 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				return err
 			}
 			for _, z := range s.Zones {
-				c.DropIn.Routes = append(c.DropIn.Routes, ZoneRoute{Zone: z, Servers: ns, ForceTCP: f.ForceTCP, From: s.Pos.String()})
+				c.DropIn.Routes = append(c.DropIn.Routes, ZoneRoute{Zone: z, Servers: ns, ForceTCP: f.ForceTCP, Opts: forwardOptions(f, c.MaxInflight), From: s.Pos.String()})
 			}
 			mapped(s, "forward . %v: zones %v routed to their own group %v (like a stub domain)%s", upstreams(f), s.Zones, ns, map[bool]string{true: " over TCP", false: ""}[f.ForceTCP])
 		}
 		if f != nil {
-			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: read and shown, not mapped one to one: our forward groups' own failover and health checks apply (internal/forward), concurrency is bounded by -max-inflight",
-				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent)
+			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: the group's %s",
+				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent, forwardOptions(f, c.MaxInflight))
 			if len(f.Except) > 0 {
-				mapped(s, "forward except %v: those names are routed by the longest other zone", f.Except)
+				if err := checkExcept(s, f, srv); err != nil {
+					return err
+				}
+				mapped(s, "forward except %v: each has a block of its own, which CoreDNS picks for those names: no effect", f.Except)
 			}
 		}
 		// cache
@@ -258,7 +269,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	if haveCache {
 		c.mapCacheTTLs(set, succCap, denCap)
 	}
-	return nil
+	return c.zonePolicies(cc, set)
 }
 
 // nodeCacheMetricsDefault is node-cache's -metrics-listen-address default.

@@ -22,7 +22,16 @@ func describeDropIn(p func(string, ...any), c *Config) {
 		}
 		p("kube-dns zones:   %s", strings.Join(c.DropIn.KubeDNSZones, " "))
 		for _, r := range c.DropIn.Routes {
-			p("zone route:       %s -> %v (tcp %v) from %s", r.Zone, r.Servers, r.ForceTCP, r.From)
+			p("zone route:       %s -> %v (tcp %v) from %s; %s", r.Zone, r.Servers, r.ForceTCP, r.From, r.Opts)
+		}
+		if o := c.DropIn.KubeForward; o != nil {
+			p("kube-dns group:   %s", o)
+		}
+		if o := c.DropIn.NodeForward; o != nil {
+			p("node group:       %s", o)
+		}
+		for _, zp := range cc.ZonePolicies {
+			p("zone %-12s served by the block at %s: %s", zp.Zone, zp.Block, zp)
 		}
 		for _, s := range cc.Servers {
 			var names []string

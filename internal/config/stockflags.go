@@ -33,6 +33,9 @@ type DropIn struct {
 	// Routes are the Corefile's other forward blocks, routed like stub
 	// domains (static for the daemon's life).
 	Routes []ZoneRoute
+	// KubeForward and NodeForward are the forward options of the blocks
+	// that go to kube-dns and of the "." block (corefileforward.go).
+	KubeForward, NodeForward *ForwardOptions
 	// NodeCacheMetricsAddr is node-cache's own metrics endpoint in Corefile
 	// mode (-metrics-listen-address, default 0.0.0.0:9353 as node-cache's),
 	// served besides the Corefile's prometheus address; "" when it is the
@@ -49,7 +52,8 @@ type ZoneRoute struct {
 	Zone     string
 	Servers  []netip.AddrPort
 	ForceTCP bool
-	From     string // file:line of the block, for logs
+	Opts     ForwardOptions // the block's forward options
+	From     string         // file:line of the block, for logs
 }
 
 // stockFlags holds the stock image's flags that Parse does not define

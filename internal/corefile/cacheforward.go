@@ -236,8 +236,13 @@ func setupForward(s *Server, d *Directive) error {
 				return badOpt(d, o, "expire: %q is not a duration", v)
 			}
 		case "health_check":
+			// no_rec: our probe never asks for recursion (". IN NS", RD
+			// clear), so it is what we do anyway; domain is not supported.
+			if len(a) == 2 && a[1] == "no_rec" {
+				a = a[:1]
+			}
 			if len(a) != 1 {
-				return badOpt(d, o, "health_check takes one duration (no_rec and domain are not supported)")
+				return badOpt(d, o, "health_check takes DURATION [no_rec] (domain is not supported: our probe asks \". IN NS\" without recursion)")
 			}
 			if f.HealthCheck, err = time.ParseDuration(a[0]); err != nil || f.HealthCheck < 0 {
 				return badOpt(d, o, "health_check: %q is not a duration", a[0])

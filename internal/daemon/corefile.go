@@ -33,6 +33,10 @@ type corefileState struct {
 	static    map[string]staticRoute // by zone
 	servers   map[string][]netip.AddrPort
 	tcp       map[string]bool
+	// zonePolicies are the blocks' cache policies applied (corefilepolicy.go).
+	zonePolicies []config.ZonePolicy
+	rewriteErr   string                           // last failure to rewrite -conf logged
+	opts         map[string]config.ForwardOptions // by zone: the route's forward options
 }
 
 func (d *Daemon) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }
@@ -46,12 +50,14 @@ func (d *Daemon) initCorefile() {
 	r := &d.reload
 	r.cf.seen, _ = os.ReadFile(cc.Source())
 	r.cf.kubeZones = d.cfg.DropIn.KubeDNSZones
+	r.cf.zonePolicies = cc.ZonePolicies
 	r.cf.static, r.cf.servers, r.cf.tcp = map[string]staticRoute{}, map[string][]netip.AddrPort{}, map[string]bool{}
 	for _, sr := range r.static {
 		r.cf.static[sr.zone] = sr
 	}
+	r.cf.opts = map[string]config.ForwardOptions{}
 	for _, zr := range d.cfg.DropIn.Routes {
-		r.cf.servers[zr.Zone], r.cf.tcp[zr.Zone] = zr.Servers, zr.ForceTCP
+		r.cf.servers[zr.Zone], r.cf.tcp[zr.Zone], r.cf.opts[zr.Zone] = zr.Servers, zr.ForceTCP, zr.Opts
 	}
 }
 
@@ -84,6 +90,7 @@ func (d *Daemon) readCorefile() bool {
 		}
 	}
 	changed := false
+	d.swapPolicies(n) // the blocks' cache settings: applied now, no route change
 	if !slices.Equal(n.DropIn.KubeDNSZones, r.cf.kubeZones) {
 		r.cf.kubeZones, changed = n.DropIn.KubeDNSZones, true
 	}
@@ -103,7 +110,7 @@ func (d *Daemon) readCorefile() bool {
 		want[zr.Zone] = zr
 	}
 	for zone, zr := range want {
-		if old, ok := r.cf.static[zone]; ok && slices.Equal(r.cf.servers[zone], zr.Servers) && r.cf.tcp[zone] == zr.ForceTCP {
+		if old, ok := r.cf.static[zone]; ok && slices.Equal(r.cf.servers[zone], zr.Servers) && r.cf.tcp[zone] == zr.ForceTCP && r.cf.opts[zone] == zr.Opts {
 			_ = old
 			continue
 		}
@@ -115,7 +122,7 @@ func (d *Daemon) readCorefile() bool {
 		if old, ok := r.cf.static[zone]; ok {
 			r.retireLater = append(r.retireLater, old.g)
 		}
-		r.cf.static[zone], r.cf.servers[zone], r.cf.tcp[zone] = staticRoute{zone: zone, g: g}, zr.Servers, zr.ForceTCP
+		r.cf.static[zone], r.cf.servers[zone], r.cf.tcp[zone], r.cf.opts[zone] = staticRoute{zone: zone, g: g}, zr.Servers, zr.ForceTCP, zr.Opts
 		r.changedZones = append(r.changedZones, zone)
 		changed = true
 	}
@@ -125,6 +132,7 @@ func (d *Daemon) readCorefile() bool {
 			delete(r.cf.static, zone)
 			delete(r.cf.servers, zone)
 			delete(r.cf.tcp, zone)
+			delete(r.cf.opts, zone)
 			r.changedZones = append(r.changedZones, zone)
 			changed = true
 		}
@@ -159,7 +167,14 @@ func restartFields(a, b *config.Config) []string {
 	}
 	cmp("listen addresses (bind)", a.LocalIPs, b.LocalIPs)
 	cmp("port", a.Port, b.Port)
-	cmp("cache", a.Cache, b.Cache)
+	// The blocks' cache policies apply live (swapPolicies); the sizes and
+	// the recheck interval do not.
+	cmp("cache sizes", [4]int64{int64(a.Cache.SuccessCapacity), int64(a.Cache.DenialCapacity), a.Cache.MaxBytes, int64(a.Cache.StaleRecheck)},
+		[4]int64{int64(b.Cache.SuccessCapacity), int64(b.Cache.DenialCapacity), b.Cache.MaxBytes, int64(b.Cache.StaleRecheck)})
+	cmp("forward options of the kube-dns and . blocks", [2]any{a.DropIn.KubeForward, a.DropIn.NodeForward}, [2]any{b.DropIn.KubeForward, b.DropIn.NodeForward})
+	if a.DropIn.Corefile != nil && b.DropIn.Corefile != nil {
+		cmp("the . block's literal targets (upstreamNameservers apply or not)", a.DropIn.Corefile.RootLiteral, b.DropIn.Corefile.RootLiteral)
+	}
 	cmp("health address", a.HealthAddr, b.HealthAddr)
 	cmp("metrics address (prometheus)", a.MetricsAddr, b.MetricsAddr)
 	cmp("log", a.QueryLog, b.QueryLog)
@@ -175,17 +190,21 @@ func (d *Daemon) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
 	if zr.ForceTCP {
 		cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
 	}
+	withOptions(&cfg, &zr.Opts)
 	return forward.NewGroup(cfg, d.Metrics)
 }
 
 func (d *Daemon) kubeGroup(addr netip.AddrPort) (*forward.Group, error) {
-	return forward.NewGroup(forward.GroupConfig{
-		Name:     "kube-dns",
-		Servers:  []netip.AddrPort{addr},
-		Proto:    forward.TCP,
-		PoolSize: d.cfg.TCPPoolSize,
-		Logger:   d.log.With("group", "kube-dns"),
-	}, d.Metrics)
+	cfg := forward.GroupConfig{
+		Name:        "kube-dns",
+		Servers:     []netip.AddrPort{addr},
+		Proto:       forward.TCP,
+		PoolSize:    d.cfg.TCPPoolSize,
+		MaxInflight: d.cfg.MaxInflight,
+		Logger:      d.log.With("group", "kube-dns"),
+	}
+	withOptions(&cfg, d.cfg.DropIn.KubeForward)
+	return forward.NewGroup(cfg, d.Metrics)
 }
 
 // kubeAddr is the kube-dns address routed to now.

@@ -70,6 +70,11 @@ type Daemon struct {
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 
+	// The resolver's policy lookup, swapped when a Corefile reload
+	// changes a block's cache settings (corefilepolicy.go).
+	policy        atomic.Pointer[resolve.PolicyFunc]
+	policyDefault resolve.Policy
+
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
 	stopPodWatch context.CancelFunc
@@ -120,20 +125,23 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 			StaleRecheck:       cfg.Cache.StaleRecheck,
 		}
 	}
-	policy, err := resolve.Zones(
-		pol(cache.Policy{SuccessMax: cfg.Cache.SuccessTTL, DenialMax: cfg.Cache.DenialTTL, MinTTL: cfg.Cache.MinTTL}),
-		resolve.Zone{Name: cfg.ClusterDomain, Policy: pol(cache.Policy{
-			SuccessMax: cfg.Cache.ClusterSuccessTTL, DenialMax: cfg.Cache.ClusterDenialTTL, MinTTL: cfg.Cache.MinTTL,
-		})},
-	)
+	zones := []resolve.Zone{{Name: cfg.ClusterDomain, Policy: pol(cache.Policy{
+		SuccessMax: cfg.Cache.ClusterSuccessTTL, DenialMax: cfg.Cache.ClusterDenialTTL, MinTTL: cfg.Cache.MinTTL,
+	})}}
+	if cc := cfg.DropIn.Corefile; cc != nil && len(cc.ZonePolicies) > 0 {
+		zones = corefileZones(cfg, cc.ZonePolicies) // each block's cache settings for its zones
+	}
+	d.policyDefault = pol(cache.Policy{SuccessMax: cfg.Cache.SuccessTTL, DenialMax: cfg.Cache.DenialTTL, MinTTL: cfg.Cache.MinTTL})
+	policy, err := resolve.Zones(d.policyDefault, zones...)
 	if err != nil {
 		d.closeGroups()
 		return nil, err
 	}
+	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
 	res, err := resolve.New(resolve.Config{
 		Cache:        d.Cache,
 		Fetch:        d.forward,
-		Policy:       policy,
+		Policy:       d.lookupPolicy,
 		Clock:        opt.Clock,
 		FetchTimeout: cfg.ForwardTimeout,
 		UDPSize:      uint16(cfg.MaxUDPSize),

@@ -96,16 +96,9 @@ func (d *Daemon) buildRoutes() error {
 	r.resolv = d.cfg.Nameservers
 	d.Router = forward.NewRouter(nil)
 	if !d.cfg.LocalMode {
-		kube, err := forward.NewGroup(forward.GroupConfig{
-			Name:     "kube-dns",
-			Servers:  []netip.AddrPort{d.cfg.KubeDNS},
-			Proto:    forward.TCP,
-			PoolSize: d.cfg.TCPPoolSize,
-			// A group can carry every flight the resolver admits: one
-			// bound, -max-inflight, not 1024 here and 1000 there.
-			MaxInflight: d.cfg.MaxInflight,
-			Logger:      d.log.With("group", "kube-dns"),
-		}, d.Metrics)
+		// A group can carry every flight the resolver admits: one bound,
+		// -max-inflight, not 1024 here and 1000 there (kubeGroup).
+		kube, err := d.kubeGroup(d.cfg.KubeDNS)
 		if err != nil {
 			return fmt.Errorf("kube-dns: %w", err)
 		}
@@ -227,7 +220,11 @@ func (d *Daemon) readConfigMap(startup bool) bool {
 		r.cmSeen, r.cmSeenOK = data, true
 		var k config.KubeDNSConfigMap
 		if k, err = d.cfg.ParseKubeDNSConfigMap(data); err == nil {
+			err = d.stubConflict(k) // Corefile mode: as stock's failed reload
+		}
+		if err == nil {
 			r.cmErr = ""
+			d.rewriteCorefile()
 			if equalConfigMap(k, r.cm) {
 				return false
 			}
@@ -267,7 +264,7 @@ func equalConfigMap(a, b config.KubeDNSConfigMap) bool {
 func (d *Daemon) apply() error {
 	r := &d.reload
 	servers, source := r.resolv, "resolv.conf"
-	if len(r.cm.UpstreamNameservers) > 0 {
+	if len(r.cm.UpstreamNameservers) > 0 && (d.corefile() == nil || !d.corefile().RootLiteral) {
 		servers, source = r.cm.UpstreamNameservers, "upstreamNameservers"
 	}
 	retired := r.retireLater
@@ -352,13 +349,17 @@ func (d *Daemon) apply() error {
 }
 
 func (d *Daemon) udpGroup(name string, servers []netip.AddrPort) (*forward.Group, error) {
-	return forward.NewGroup(forward.GroupConfig{
+	cfg := forward.GroupConfig{
 		Name:        name,
 		Servers:     servers,
 		Proto:       forward.UDP,
 		MaxInflight: d.cfg.MaxInflight, // as the kube-dns group
 		Logger:      d.log.With("group", name),
-	}, d.Metrics)
+	}
+	if name == "node" {
+		withOptions(&cfg, d.cfg.DropIn.NodeForward) // the Corefile's "." block
+	}
+	return forward.NewGroup(cfg, d.Metrics)
 }
 
 // retire closes groups after retireGrace and drops the changed zones'

@@ -76,6 +76,13 @@ type GroupConfig struct {
 	// Clock times tries, health probes and the dial backoff; nil: clock.Real. Socket I/O
 	// deadlines (TCP idle close, write timeout) stay on the system clock.
 	Clock clock.Clock
+
+	// A Corefile forward's options (zero values: our defaults).
+	MaxFails      int           // consecutive failures marking a server down (0: 3; <0: never, CoreDNS's max_fails 0)
+	ProbeInterval time.Duration // first wait before probing a down server (0: 500 ms; CoreDNS's health_check)
+	// Spread starts each query at the next server in turn (CoreDNS's policy random or
+	// round_robin) instead of the first healthy one in order (sequential).
+	Spread bool
 }
 
 // Group forwards queries to a list of equivalent upstream servers with health tracking and
@@ -89,6 +96,7 @@ type Group struct {
 	ups      []*upstream
 	inflight atomic.Int64
 	next     atomic.Uint32 // turns among the servers when all are down
+	turn     atomic.Uint32 // GroupConfig.Spread: the next query's first server
 
 	ctx    context.Context // cancelled by Close; parent of health probes
 	cancel context.CancelFunc
@@ -176,6 +184,12 @@ func (c *GroupConfig) setDefaults() {
 	if c.TryTimeout == 0 {
 		c.TryTimeout = DefaultTryTimeout
 	}
+	if c.MaxFails == 0 {
+		c.MaxFails = maxFails
+	}
+	if c.ProbeInterval <= 0 {
+		c.ProbeInterval = probeInterval
+	}
 	c.Servers = append([]netip.AddrPort(nil), c.Servers...)
 }
 
@@ -213,7 +227,13 @@ func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 	var fallback []byte // a SERVFAIL or REFUSED answer, kept while later servers are tried
 	for pass := 0; pass < maxPasses && ctx.Err() == nil; pass++ {
 		tried := 0
-		for i, u := range g.ups {
+		start, n := 0, len(g.ups)
+		if g.cfg.Spread && n > 1 {
+			start = int(g.turn.Add(1)-1) % n
+		}
+		for k := range n {
+			i := (start + k) % n
+			u := g.ups[i]
 			if u.down.Load() {
 				continue
 			}
@@ -229,7 +249,7 @@ func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 				lastErr = err
 				continue
 			}
-			if rc := wire.Rcode(ans); (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(i) {
+			if rc := wire.Rcode(ans); (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(start, k) {
 				fallback = ans
 				continue
 			}
@@ -343,10 +363,10 @@ func release(cancel context.CancelCauseFunc, t clock.Timer) {
 	}
 }
 
-// healthyAfter reports whether a server after index i is up.
-func (g *Group) healthyAfter(i int) bool {
-	for _, u := range g.ups[i+1:] {
-		if !u.down.Load() {
+// healthyAfter reports whether a server after the k-th of this pass (which began at start) is up.
+func (g *Group) healthyAfter(start, k int) bool {
+	for j := k + 1; j < len(g.ups); j++ {
+		if !g.ups[(start+j)%len(g.ups)].down.Load() {
 			return true
 		}
 	}

@@ -26,7 +26,7 @@ func (g *Group) failed(u *upstream, kind string, seen uint64) {
 	if kind == KindTimeout && u.answers.Load() != seen {
 		return
 	}
-	if u.fails.Add(1) < maxFails || !u.down.CompareAndSwap(false, true) {
+	if g.cfg.MaxFails < 0 || u.fails.Add(1) < int32(g.cfg.MaxFails) || !u.down.CompareAndSwap(false, true) {
 		return
 	}
 	g.obs.Health(g.name, u.name, false)
@@ -65,7 +65,7 @@ func (g *Group) startProbe(u *upstream) {
 // pooled connection that stopped delivering answers cannot keep it down.
 func (g *Group) probe(u *upstream) {
 	defer g.wg.Done()
-	interval := probeInterval
+	interval := g.cfg.ProbeInterval
 	t := g.clk.NewTimer(interval)
 	defer t.Stop()
 	for {
@@ -90,9 +90,9 @@ func (g *Group) probe(u *upstream) {
 			if !u.down.Load() || !u.probing.CompareAndSwap(false, true) {
 				return
 			}
-			interval = probeInterval
+			interval = g.cfg.ProbeInterval
 		} else {
-			interval = min(2*interval, probeIntervalMax)
+			interval = min(2*interval, max(probeIntervalMax, g.cfg.ProbeInterval))
 		}
 		t.Reset(interval)
 	}

@@ -213,18 +213,65 @@ func ask(t *testing.T, addr, name string, qtype uint16) answer {
 
 // knownGaps are differences from CoreDNS not wired yet, with the reason.
 // The test fails when one disappears, so the entry is removed with the fix.
-var knownGaps = map[string]string{
-	"ttl0.default.svc.cluster.local. A": "CoreDNS floors TTL 0 to the cache's min TTL (5 s); our cache does not cache TTL 0 (resolution policy)",
-	"ttl0.example.org. A":               "as above",
-	"ttl2.example.org. A":               "our min TTL lengthens the entry's life but clients see the upstream's TTL 2; CoreDNS rewrites it to the floor (5 s) (resolution policy)",
-	"host.corp.example. A":              "per-block cache caps (cache 10 in the stub block) wait for the resolution package's policy by question name",
-	"nx3.corp.example. A":               "as above",
-}
+var knownGaps = map[string]string{}
 
 // Same Corefile, same upstreams, same queries: same rcode, same records,
 // same TTL caps (within a second of countdown) from nodelocaldns and from
 // CoreDNS 1.15.
 func TestParityWithCoreDNS(t *testing.T) {
+	parity(t, parityCorefile)
+}
+
+// tunedCorefile sets every cache and forward option a block may have that
+// changes answers: floors above the upstream's TTLs, own caps per block,
+// disable denial, keepttl, servfail, forward policies and health options.
+func tunedCorefile(p int, kube, node, stub, health, metrics string) string {
+	return fmt.Sprintf(`cluster.local:%[1]d {
+    cache {
+        success 100 60 10
+        denial 100 20 8
+    }
+    bind 127.0.0.1
+    forward . %[2]s {
+        force_tcp
+        policy sequential
+        max_fails 3
+        expire 30s
+    }
+    health %[5]s
+}
+corp.example:%[1]d {
+    cache 10 {
+        disable denial
+    }
+    bind 127.0.0.1
+    forward . %[4]s {
+        policy round_robin
+        health_check 1s no_rec
+        max_concurrent 50
+    }
+}
+.:%[1]d {
+    cache 300 {
+        success 1000 300 3
+        keepttl
+        servfail 2s
+        prefetch 2 1m 20%%
+    }
+    bind 127.0.0.1
+    forward . %[3]s {
+        max_fails 0
+    }
+    prometheus %[6]s
+}
+`, p, kube, node, stub, health, metrics)
+}
+
+func TestParityTunedCorefile(t *testing.T) {
+	parity(t, tunedCorefile)
+}
+
+func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics string) string) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
@@ -236,8 +283,8 @@ func TestParityWithCoreDNS(t *testing.T) {
 	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
 	for f, text := range map[string]string{
-		confOurs: parityCorefile(pOurs, kube, node, stub, hOurs, mOurs),
-		confCore: parityCorefile(pCore, kube, node, stub, hCore, mCore),
+		confOurs: corefile(pOurs, kube, node, stub, hOurs, mOurs),
+		confCore: corefile(pCore, kube, node, stub, hCore, mCore),
 	} {
 		if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
 			t.Fatal(err)

@@ -1,0 +1,138 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+)
+
+// ZonePolicy is the cache policy of the names of one Corefile block's zone:
+// the resolver gives a question the policy of its longest matching zone, as
+// CoreDNS picks the block.
+type ZonePolicy struct {
+	Zone  string
+	Block string // file:line of the block
+	TTL   cache.Policy
+	// As resolve.Policy: how long SERVFAIL is cached, the serve-stale
+	// window, and how long a client with a stale answer waits for the
+	// refresh.
+	ServFailTTL, StaleWindow, StaleClientTimeout time.Duration
+}
+
+// immediateStale is the wait of a client whose answer is stale under
+// `serve_stale DURATION immediate` (CoreDNS's default): CoreDNS answers
+// stale at once and refreshes behind; a millisecond lets a refresh that is
+// already in flight win, and is otherwise not felt.
+const immediateStale = time.Millisecond
+
+// maxServFailTTL: we never cache SERVFAIL past 5 s (an upstream blip must
+// not outlive itself), whatever a block's `servfail` says (CoreDNS allows
+// 5 m).
+const maxServFailTTL = 5 * time.Second
+
+// zonePolicies builds each block's cache policy from its `cache` directive
+// (CoreDNS 1.15's semantics: caps, floors under the caps, every record shown
+// the entry's lifetime, servfail, serve_stale, prefetch, disable, keepttl).
+// A block without `cache` caches nothing, as in CoreDNS. A flag given
+// explicitly wins over every block (noted by mapCacheTTLs). A zone served
+// by two blocks on different binds with different settings is refused:
+// we pick a block by zone only.
+func (c *Config) zonePolicies(cc *CorefileConfig, set map[string]bool) error {
+	first := map[string]*corefile.Server{}
+	cc.ZonePolicies = cc.ZonePolicies[:0]
+	for _, s := range cc.Servers {
+		for _, z := range s.Zones {
+			if o := first[z]; o != nil {
+				if !reflect.DeepEqual(o.Cache, s.Cache) || !reflect.DeepEqual(o.Forward, s.Forward) {
+					return usage("%s: zone %s is also served by the block at %s (another bind) with other cache or forward settings: nodelocaldns picks a block by zone, not by the address a query arrived on; give both blocks the same settings", s.Pos, z, o.Pos)
+				}
+				continue
+			}
+			first[z] = s
+			zp, note := c.zonePolicy(s, z, set)
+			if note != "" {
+				c.note("%s", note)
+			}
+			cc.ZonePolicies = append(cc.ZonePolicies, zp)
+		}
+	}
+	return nil
+}
+
+func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (ZonePolicy, string) {
+	zp := ZonePolicy{Zone: z, Block: s.Pos.String()}
+	ca := s.Cache
+	if ca == nil {
+		zp.TTL = cache.Policy{SuccessMax: time.Second, DenialMax: time.Second, NoSuccess: true, NoDenial: true, Pass: true}
+		return zp, ""
+	}
+	cluster := z == c.ClusterDomain || strings.HasSuffix(z, "."+c.ClusterDomain)
+	pick := func(flag string, flagVal, v time.Duration) time.Duration {
+		if set[flag] {
+			return flagVal
+		}
+		return v
+	}
+	sMax, dMax := pick("success-ttl", c.Cache.SuccessTTL, ca.SuccessTTL), pick("denial-ttl", c.Cache.DenialTTL, ca.DenialTTL)
+	if cluster {
+		sMax, dMax = pick("cluster-success-ttl", c.Cache.ClusterSuccessTTL, ca.SuccessTTL), pick("cluster-denial-ttl", c.Cache.ClusterDenialTTL, ca.DenialTTL)
+	}
+	sMin, dMin := pick("min-ttl", c.Cache.MinTTL, ca.SuccessMinTTL), pick("min-ttl", c.Cache.MinTTL, ca.DenialMinTTL)
+	zp.TTL = cache.Policy{
+		SuccessMax: sMax, DenialMax: dMax,
+		// CoreDNS: min(max(ttl, MINTTL), TTL): the cap wins over the floor.
+		MinTTL: min(sMin, sMax), DenialMinSet: true, DenialMinTTL: min(dMin, dMax),
+		NoSuccess: ca.DisableSuccess, NoDenial: ca.DisableDenial,
+		Uniform: true, KeepTTL: ca.KeepTTL,
+	}
+	if !set["prefetch"] {
+		zp.TTL.PrefetchSet, zp.TTL.PrefetchHits, zp.TTL.PrefetchPercent = true, ca.Prefetch, ca.PrefetchPercent
+	}
+	var note string
+	zp.ServFailTTL = pick("servfail-ttl", c.Cache.ServFailTTL, min(ca.ServFail, maxServFailTTL))
+	if ca.ServFail > maxServFailTTL && !set["servfail-ttl"] {
+		note = fmt.Sprintf("%s: cache servfail %v: SERVFAIL is cached %v at most", s.Pos, ca.ServFail, maxServFailTTL)
+	}
+	zp.StaleWindow = pick("serve-stale", c.Cache.StaleWindow, ca.ServeStale)
+	wait := immediateStale
+	if ca.ServeStaleVerify {
+		wait = c.ForwardTimeout // verify: the refresh first, stale only if it fails
+	}
+	zp.StaleClientTimeout = pick("stale-client-timeout", c.Cache.StaleClientTimeout, wait)
+	return zp, note
+}
+
+// String says what a zone's policy does, for -check-config.
+func (zp ZonePolicy) String() string {
+	t := zp.TTL
+	if t.Pass {
+		return "not cached, TTLs as the upstream gave them (no cache directive)"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "success cap %v floor %v, denial cap %v floor %v", t.SuccessMax, t.MinTTL, t.DenialMax, t.DenialMinTTL)
+	if t.NoSuccess {
+		b.WriteString(", success not cached")
+	}
+	if t.NoDenial {
+		b.WriteString(", denial not cached")
+	}
+	fmt.Fprintf(&b, ", SERVFAIL %v", zp.ServFailTTL)
+	if zp.StaleWindow > 0 {
+		fmt.Fprintf(&b, ", serve_stale %v (client waits %v for the refresh)", zp.StaleWindow, zp.StaleClientTimeout)
+	}
+	switch {
+	case !t.PrefetchSet:
+		b.WriteString(", prefetch by -prefetch")
+	case t.PrefetchHits > 0:
+		fmt.Fprintf(&b, ", prefetch after %d hits with %d%% of the life left", t.PrefetchHits, t.PrefetchPercent)
+	}
+	if t.KeepTTL {
+		b.WriteString(", keepttl")
+	}
+	b.WriteString(", clients see the entry's lifetime on every record")
+	return b.String()
+}

@@ -1,0 +1,94 @@
+package daemon
+
+import (
+	"fmt"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"reflect"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+)
+
+// corefileZones turns the Corefile blocks' cache policies into the
+// resolver's zones (the longest zone wins, as CoreDNS picks the block).
+func corefileZones(cfg *config.Config, zps []config.ZonePolicy) []resolve.Zone {
+	out := make([]resolve.Zone, 0, len(zps))
+	for _, zp := range zps {
+		out = append(out, resolve.Zone{Name: zp.Zone, Policy: resolve.Policy{
+			TTL:                zp.TTL,
+			ServFailTTL:        zp.ServFailTTL,
+			StaleWindow:        zp.StaleWindow,
+			StaleClientTimeout: zp.StaleClientTimeout,
+			StaleRecheck:       cfg.Cache.StaleRecheck,
+		}})
+	}
+	return out
+}
+
+// lookupPolicy is the resolver's PolicyFunc: the current one (misses only).
+func (d *Daemon) lookupPolicy(name []byte) *resolve.Policy {
+	return (*d.policy.Load())(name)
+}
+
+// swapPolicies applies a reloaded Corefile's cache policies, and reports
+// whether they changed.
+func (d *Daemon) swapPolicies(n *config.Config) bool {
+	cur, next := d.corefile(), n.DropIn.Corefile
+	if cur == nil || next == nil || reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
+		return false
+	}
+	f, err := resolve.Zones(d.policyDefault, corefileZones(n, next.ZonePolicies)...)
+	if err != nil {
+		d.log.Error("Corefile's cache policies not applied; keeping the old ones", "err", err)
+		return false
+	}
+	d.policy.Store(&f)
+	d.reload.cf.zonePolicies = next.ZonePolicies
+	d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(next.ZonePolicies))
+	return true
+}
+
+// stubConflict refuses a kube-dns ConfigMap whose stub domain duplicates a
+// Corefile block: node-cache would append a second block for the zone and
+// CoreDNS's reload would fail on it, keeping the last good configuration;
+// so do we (the caller logs it once and counts it).
+func (d *Daemon) stubConflict(k config.KubeDNSConfigMap) error {
+	cc := d.corefile()
+	if cc == nil {
+		return nil
+	}
+	for _, z := range k.Zones() {
+		if at := cc.StubConflict(z); at != "" {
+			return fmt.Errorf("stubDomains %s duplicates the Corefile block at %s (CoreDNS refuses the same zone twice: stock's reload fails the same way)", z, at)
+		}
+	}
+	return nil
+}
+
+// rewriteCorefile writes -conf again after a ConfigMap change, as
+// node-cache does, when it is rendered from a template and writable.
+func (d *Daemon) rewriteCorefile() {
+	cc := d.corefile()
+	if cc == nil {
+		return
+	}
+	if _, err := cc.Rewrite(d.cfg); err != nil && err.Error() != d.reload.cf.rewriteErr {
+		d.reload.cf.rewriteErr = err.Error()
+		d.log.Warn("the rendered Corefile was not rewritten; running from memory (node-cache logs the same and goes on)", "file", cc.Path, "err", err)
+	}
+}
+
+// withOptions applies a Corefile forward's options to a group's config
+// (nil: not in Corefile mode, or no such block).
+func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) {
+	if o == nil {
+		return
+	}
+	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread = o.MaxFails, o.ProbeInterval, o.Spread
+	if o.MaxInflight > 0 {
+		cfg.MaxInflight = o.MaxInflight
+	}
+	if o.IdleTimeout > 0 {
+		cfg.IdleTimeout = o.IdleTimeout
+	}
+}
