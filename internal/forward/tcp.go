@@ -133,13 +133,13 @@ func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question) ([
 		return nil, err
 	}
 	sent := p.clk.Now()
-	frame := make([]byte, 2+len(query))
-	binary.BigEndian.PutUint16(frame, uint16(len(query)))
-	copy(frame[2:], query)
-	wire.SetID(frame[2:], id)
-	c.write(frame)
+	c.writeQuery(query, id)
 	select {
 	case r := <-ch:
+		// Each channel gets exactly one send (dispatch or fail, after taking it out of
+		// pending under the lock): once received, it is free. A cancelled one may still
+		// get its late answer: it is not reused.
+		resultChans.Put(ch)
 		if r.err != nil {
 			return nil, r.err
 		}
@@ -291,6 +291,10 @@ func (p *tcpPool) heldBack() error {
 	return nil
 }
 
+// resultChans recycles the one-slot channels a query waits on: one allocation less per miss
+// (two for a channel whose element holds pointers).
+var resultChans = sync.Pool{New: func() any { return make(chan tcpResult, 1) }}
+
 // reserve takes a free wire ID on c. Called with pool.mu held on a live, non-draining conn.
 func (c *tcpConn) reserve() (uint16, chan tcpResult) {
 	id := c.nextID
@@ -301,7 +305,7 @@ func (c *tcpConn) reserve() (uint16, chan tcpResult) {
 		id++
 	}
 	c.nextID = id + 1
-	ch := make(chan tcpResult, 1)
+	ch := resultChans.Get().(chan tcpResult)
 	c.pending[id] = ch
 	c.outstanding++
 	c.sent++
@@ -373,11 +377,15 @@ func (p *tcpPool) wake() {
 	}
 }
 
-// write queues frame for the writer goroutine. A write error closes the
-// connection, which fails every query pending on it, this one included.
-func (c *tcpConn) write(frame []byte) {
+// writeQuery queues query's frame (length prefix, the query with wire ID id) for the writer
+// goroutine, built in place in its buffer. A write error closes the connection, which fails
+// every query pending on it, this one included.
+func (c *tcpConn) writeQuery(query []byte, id uint16) {
 	c.wmu.Lock()
-	c.wbuf = append(c.wbuf, frame...)
+	start := len(c.wbuf)
+	c.wbuf = binary.BigEndian.AppendUint16(c.wbuf, uint16(len(query)))
+	c.wbuf = append(c.wbuf, query...)
+	wire.SetID(c.wbuf[start+2:], id)
 	c.wmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
