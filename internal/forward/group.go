@@ -303,12 +303,12 @@ var errTryTimeout = fmt.Errorf("try timed out: %w", context.DeadlineExceeded)
 // probe of a TCP upstream uses a connection of its own, never a pooled one.
 func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
 	if g.cfg.Proto == TCP {
+		if !probe {
+			return u.tcp.exchange(ctx, query, q) // bounded by the pool's try timer
+		}
 		tctx, cancel, timer := g.tryContext(ctx)
 		defer release(cancel, timer)
-		if probe {
-			return exchangeTCPOnce(tctx, u.name, query, q)
-		}
-		return u.tcp.exchange(tctx, query, q)
+		return exchangeTCPOnce(tctx, u.name, query, q)
 	}
 	// UDP: the try is bounded by its socket's deadline (see exchangeOn), without a context and
 	// timer of its own (5 allocations per miss).
