@@ -322,22 +322,23 @@ var errTryTimeout = fmt.Errorf("try timed out: %w", context.DeadlineExceeded)
 // try is one attempt on one server, bounded by TryTimeout. The answer keeps the wire ID. A
 // probe of a TCP upstream uses a connection of its own, never a pooled one.
 func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
-	tctx, cancel, timer := g.tryContext(ctx)
-	defer release(cancel, timer)
 	if g.cfg.Proto == TCP {
-		if probe {
-			return exchangeTCPOnce(tctx, u.name, query, q)
+		if !probe {
+			return u.tcp.exchange(ctx, query, q) // bounded by the pool's try timer
 		}
-		return u.tcp.exchange(tctx, query, q)
+		tctx, cancel, timer := g.tryContext(ctx)
+		defer release(cancel, timer)
+		return exchangeTCPOnce(tctx, u.name, query, q)
 	}
-	ans, err := g.exchangeUDP(tctx, u, query, q)
+	// UDP: the try is bounded by its socket's deadline (see exchangeOn), without a context and
+	// timer of its own (5 allocations per miss).
+	ans, err := g.exchangeUDP(ctx, u, query, q)
 	if err != nil && !errors.Is(err, errOversized) || err == nil && !truncated(ans) {
 		return ans, err
 	}
 	// Truncated, or larger than the size we advertised: the full answer over TCP from the
 	// same server, with a try of its own.
-	release(cancel, timer)
-	tctx, cancel, timer = g.tryContext(ctx)
+	tctx, cancel, timer := g.tryContext(ctx)
 	defer release(cancel, timer)
 	return exchangeTCPOnce(tctx, u.name, query, q)
 }

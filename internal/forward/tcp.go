@@ -65,6 +65,10 @@ type tcpPool struct {
 	dialErr   error
 	heldErr   error          // what a query gets while dialling is held back (made once per failed dial)
 	wg        sync.WaitGroup // reader goroutines
+
+	// timers recycles the try timers (on clk) of exchange: a query's try is bounded by one
+	// of them instead of a context and timer of its own (5 allocations per miss).
+	timers sync.Pool
 }
 
 // tcpConn is one pipelined connection. It has one reader goroutine; writers take wmu.
@@ -116,30 +120,42 @@ func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, clk clock.Clock, obs Obse
 }
 
 // exchange sends query (whose parsed question is q) and returns the validated answer with the
-// wire ID still in it. When the connection closed before answering (by the peer, or by us
-// because it stalled), the query is sent once more on another connection.
+// wire ID still in it. The try ends at ctx's end or after the pool's try timeout, whichever
+// comes first. When the connection closed before answering (by the peer, or by us because it
+// stalled), the query is sent once more on another connection, within the same try.
 func (p *tcpPool) exchange(ctx context.Context, query []byte, q question) ([]byte, error) {
-	ans, err := p.exchangeOnce(ctx, query, q)
+	t, _ := p.timers.Get().(clock.Timer)
+	if t == nil {
+		t = p.clk.NewTimer(p.try)
+	} else {
+		t.Reset(p.try) // no stale value after Reset (Go 1.23 timers; clock.Fake alike)
+	}
+	defer func() {
+		t.Stop()
+		p.timers.Put(t)
+	}()
+	ans, err := p.exchangeOnce(ctx, t.C(), query, q)
 	if err != nil && (errors.Is(err, errPeerClosed) || errors.Is(err, errStalled)) && ctx.Err() == nil {
 		p.obs.Failure(p.group, p.upstream, KindClosed)
-		ans, err = p.exchangeOnce(ctx, query, q)
+		ans, err = p.exchangeOnce(ctx, t.C(), query, q)
 	}
 	return ans, err
 }
 
-func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question) ([]byte, error) {
-	c, id, ch, frames, err := p.acquire(ctx)
+// exchangeOnce is one send of the query; expired fires when the try's time is up.
+func (p *tcpPool) exchangeOnce(ctx context.Context, expired <-chan time.Time, query []byte, q question) ([]byte, error) {
+	c, id, ch, frames, err := p.acquire(ctx, expired)
 	if err != nil {
 		return nil, err
 	}
 	sent := p.clk.Now()
-	frame := make([]byte, 2+len(query))
-	binary.BigEndian.PutUint16(frame, uint16(len(query)))
-	copy(frame[2:], query)
-	wire.SetID(frame[2:], id)
-	c.write(frame)
+	c.writeQuery(query, id)
 	select {
 	case r := <-ch:
+		// Each channel gets exactly one send (dispatch or fail, after taking it out of
+		// pending under the lock): once received, it is free. A cancelled one may still
+		// get its late answer: it is not reused.
+		resultChans.Put(ch)
 		if r.err != nil {
 			return nil, r.err
 		}
@@ -147,6 +163,9 @@ func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question) ([
 			return nil, fmt.Errorf("answer from %s: %w", p.upstream, err)
 		}
 		return r.msg, nil
+	case <-expired:
+		p.cancel(c, id, true, frames)
+		return nil, fmt.Errorf("wait for answer from %s: %w", p.upstream, errTryTimeout)
 	case <-ctx.Done():
 		wholeTry := errors.Is(context.Cause(ctx), errTryTimeout) || p.clk.Now().Sub(sent) >= p.try
 		p.cancel(c, id, wholeTry, frames)
@@ -158,7 +177,7 @@ func (p *tcpPool) exchangeOnce(ctx context.Context, query []byte, q question) ([
 // full and every open one already has queries outstanding, to spread queries: an upstream built
 // on miekg/dns (CoreDNS) answers one connection's queries one at a time, in order.
 // It also returns the connection's count of frames read so far.
-func (p *tcpPool) acquire(ctx context.Context) (*tcpConn, uint16, chan tcpResult, uint64, error) {
+func (p *tcpPool) acquire(ctx context.Context, expired <-chan time.Time) (*tcpConn, uint16, chan tcpResult, uint64, error) {
 	p.mu.Lock()
 	for {
 		if p.closed {
@@ -196,13 +215,19 @@ func (p *tcpPool) acquire(ctx context.Context) (*tcpConn, uint16, chan tcpResult
 		wait := p.changed
 		p.waiters++
 		p.mu.Unlock()
+		var cause error
 		select {
 		case <-wait:
+		case <-expired:
+			cause = errTryTimeout
 		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		}
+		if cause != nil {
 			p.mu.Lock()
 			p.waiters--
 			p.mu.Unlock()
-			return nil, 0, nil, 0, fmt.Errorf("wait for a connection to %s: %w", p.upstream, context.Cause(ctx))
+			return nil, 0, nil, 0, fmt.Errorf("wait for a connection to %s: %w", p.upstream, cause)
 		}
 		p.mu.Lock()
 		p.waiters--
@@ -224,11 +249,12 @@ func (p *tcpPool) leastLoaded() *tcpConn {
 }
 
 // dialLocked dials a connection with p.mu held on entry and on return (it is released while
-// dialling), adds it to the pool and starts its reader.
+// dialling), adds it to the pool and starts its reader. The dial ends with ctx or after the
+// try timeout (real time: the dial is the kernel's).
 func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 	p.dialing++
 	p.mu.Unlock()
-	var d net.Dialer
+	d := net.Dialer{Timeout: p.try}
 	nc, err := d.DialContext(ctx, "tcp", p.upstream)
 	p.mu.Lock()
 	p.dialing--
@@ -291,6 +317,10 @@ func (p *tcpPool) heldBack() error {
 	return nil
 }
 
+// resultChans recycles the one-slot channels a query waits on: one allocation less per miss
+// (two for a channel whose element holds pointers).
+var resultChans = sync.Pool{New: func() any { return make(chan tcpResult, 1) }}
+
 // reserve takes a free wire ID on c. Called with pool.mu held on a live, non-draining conn.
 func (c *tcpConn) reserve() (uint16, chan tcpResult) {
 	id := c.nextID
@@ -301,7 +331,7 @@ func (c *tcpConn) reserve() (uint16, chan tcpResult) {
 		id++
 	}
 	c.nextID = id + 1
-	ch := make(chan tcpResult, 1)
+	ch := resultChans.Get().(chan tcpResult)
 	c.pending[id] = ch
 	c.outstanding++
 	c.sent++
@@ -373,11 +403,15 @@ func (p *tcpPool) wake() {
 	}
 }
 
-// write queues frame for the writer goroutine. A write error closes the
-// connection, which fails every query pending on it, this one included.
-func (c *tcpConn) write(frame []byte) {
+// writeQuery queues query's frame (length prefix, the query with wire ID id) for the writer
+// goroutine, built in place in its buffer. A write error closes the connection, which fails
+// every query pending on it, this one included.
+func (c *tcpConn) writeQuery(query []byte, id uint16) {
 	c.wmu.Lock()
-	c.wbuf = append(c.wbuf, frame...)
+	start := len(c.wbuf)
+	c.wbuf = binary.BigEndian.AppendUint16(c.wbuf, uint16(len(query)))
+	c.wbuf = append(c.wbuf, query...)
+	wire.SetID(c.wbuf[start+2:], id)
 	c.wmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:

@@ -8,9 +8,12 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -104,29 +107,45 @@ func (g *Group) exchangeUDP(ctx context.Context, u *upstream, query []byte, q qu
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", u.name, err)
 	}
-	ans, err := g.exchangeOn(ctx, sock.nc, u, query, q)
-	if err != nil {
+	ans, reuse, err := g.exchangeOn(ctx, sock.nc, u, query, q)
+	if err != nil || !reuse {
 		_ = sock.nc.Close()
-		return nil, err
+		return ans, err
 	}
 	u.udp.put(sock)
 	return ans, nil
 }
 
-func (g *Group) exchangeOn(ctx context.Context, nc net.Conn, u *upstream, query []byte, q question) ([]byte, error) {
-	dl, _ := ctx.Deadline() // zero: none
-	if err := nc.SetDeadline(dl); err != nil {
-		return nil, fmt.Errorf("set deadline: %w", err)
+// The try ends at ctx's deadline or after the group's TryTimeout, whichever comes first, or
+// when ctx is cancelled. On the real clock the try's bound is the socket's deadline; on another
+// clock (tests) a timer on that clock ends the read. reuse, decided on the way out, says whether
+// the socket may serve another query: not while a timer may still move its deadline.
+func (g *Group) exchangeOn(ctx context.Context, nc net.Conn, u *upstream, query []byte, q question) (ans []byte, reuse bool, err error) {
+	dl, hasDL := ctx.Deadline()
+	var tryTimer clock.Timer
+	var timedOut atomic.Bool // set by tryTimer
+	if !hasDL || time.Until(dl) > g.cfg.TryTimeout {
+		if g.clk == clock.Real {
+			dl = time.Now().Add(g.cfg.TryTimeout)
+		} else {
+			tryTimer = g.clk.AfterFunc(g.cfg.TryTimeout, func() {
+				timedOut.Store(true)
+				nc.SetReadDeadline(time.Now())
+			})
+		}
 	}
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) }) // cancellation before the deadline
-	defer stop()
-
-	out := append([]byte(nil), query...)
-	id := uint16(rand.Uint32())
-	wire.SetID(out, id)
-	if _, err := nc.Write(out); err != nil {
-		return nil, fmt.Errorf("send to %s: %w", u.name, err)
+	defer func() {
+		// A socket whose deadline a timer may still move is not reused.
+		reuse = stop()
+		if tryTimer != nil && !tryTimer.Stop() {
+			reuse = false
+		}
+	}()
+	if err := nc.SetDeadline(dl); err != nil {
+		return nil, false, fmt.Errorf("set deadline: %w", err)
 	}
+
 	var buf []byte
 	if q.size+1 <= udpBufSize {
 		bp := udpBufs.Get().(*[]byte)
@@ -135,21 +154,31 @@ func (g *Group) exchangeOn(ctx context.Context, nc net.Conn, u *upstream, query 
 	} else {
 		buf = make([]byte, q.size+1)
 	}
+	// The query goes out from the receive buffer, free until the answer comes.
+	out := append(buf[:0], query...)
+	id := uint16(rand.Uint32())
+	wire.SetID(out, id)
+	if _, err := nc.Write(out); err != nil {
+		return nil, false, fmt.Errorf("send to %s: %w", u.name, err)
+	}
 	for {
 		n, err := nc.Read(buf)
 		if err != nil {
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				err = context.Cause(ctx)
+			case timedOut.Load() || errors.Is(err, os.ErrDeadlineExceeded):
+				err = errTryTimeout // the try's own bound, as when it had a context
 			}
-			return nil, fmt.Errorf("read from %s: %w", u.name, err)
+			return nil, false, fmt.Errorf("read from %s: %w", u.name, err)
 		}
 		msg := buf[:n]
 		if n == len(buf) && wire.ID(msg) == id && wire.Flags(msg)&wire.FlagQR != 0 {
-			return nil, fmt.Errorf("answer from %s: %w (%d)", u.name, errOversized, q.size)
+			return nil, false, fmt.Errorf("answer from %s: %w (%d)", u.name, errOversized, q.size)
 		}
 		if err := matchAnswer(msg, id, q); err != nil {
 			if truncatedWithoutQuestion(msg, id) {
-				return append([]byte(nil), msg...), nil
+				return append([]byte(nil), msg...), false, nil
 			}
 			// Not the answer to this query (spoofed, stray or garbage): count it and keep
 			// listening for the real one.
@@ -158,9 +187,9 @@ func (g *Group) exchangeOn(ctx context.Context, nc net.Conn, u *upstream, query 
 		}
 		// The answer: if it is malformed inside, the try fails (the next server is asked).
 		if err := wire.CheckMessage(msg); err != nil {
-			return nil, fmt.Errorf("answer from %s: %w: %w", u.name, errMalformed, err)
+			return nil, false, fmt.Errorf("answer from %s: %w: %w", u.name, errMalformed, err)
 		}
-		return append([]byte(nil), msg...), nil
+		return append([]byte(nil), msg...), false, nil
 	}
 }
 

@@ -1,6 +1,7 @@
 package resolve
 
 import (
+	"encoding/binary"
 	"sync"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
@@ -14,69 +15,97 @@ import (
 //
 // It is also admission: at most max questions are in flight, and at most
 // maxWaiters clients wait on one of them.
+//
+// A miss that nobody joins costs two allocations here: the call (which
+// holds the query's copy and its lower-cased name) and the map key.
 type flights struct {
 	mu         sync.Mutex
-	calls      map[flightKey]*call
+	calls      map[string]*call // key: see appendFlightKey
 	max        int
 	maxWaiters int
 }
 
-type flightKey struct {
-	name   string // lower-cased wire name
-	qtype  uint16
-	qclass uint16
-	flags  uint8
+// maxFlightKey is the longest key: a wire name (255 bytes at most, RFC 1035
+// 3.1) and 5 bytes of type, class and flags.
+const maxFlightKey = 255 + 5
+
+// appendFlightKey appends q's key to dst: the lower-cased wire name (self-
+// delimiting, so nothing after it can be mistaken for part of it), type,
+// class and the cache key flags (DO, CD).
+func appendFlightKey(dst []byte, q *wire.Query) []byte {
+	dst = wire.AppendLower(dst, q.Name)
+	dst = binary.BigEndian.AppendUint16(dst, q.Type)
+	dst = binary.BigEndian.AppendUint16(dst, q.Class)
+	return append(dst, cache.KeyFlags(q))
 }
 
-// call is one upstream resolution. done is closed when entry and err are
-// set.
+// call is one upstream resolution. done, when made, is closed once entry
+// and err are set.
 type call struct {
+	// done is made only for a call someone waits on while another
+	// goroutine runs it (a second asker, or the first asker of a stale
+	// refresh): the first asker of a miss runs it itself and needs no
+	// channel, and most misses have no second asker. Set under flights.mu,
+	// before the call is in the map or while it is.
 	done    chan struct{}
 	entry   *cache.Entry
 	err     error
 	waiters int // clients waiting on it (under flights.mu)
-}
 
-// flightRun is what a new call needs to run: its key and a private copy of
-// the query (it may outlive the client that started it).
-type flightRun struct {
-	key flightKey
-	q   wire.Query
+	// What the run needs, private to the call (it may outlive the client
+	// that started it): the key, and the query with its name lower-cased
+	// into name.
+	key  string
+	q    wire.Query
+	name [255]byte
 }
 
 // join returns the call in flight for q's question, or registers a new one
 // (joined false). A waiting client (wait) counts against the question's
-// waiter cap until it calls leave. ok is false when the call cannot be
-// had: a new question over the flight bound, or a client over the waiter
-// cap.
-func (f *flights) join(q *wire.Query, wait bool) (c *call, own flightRun, joined, ok bool) {
-	lower := wire.AppendLower(make([]byte, 0, len(q.Name)), q.Name)
-	k := flightKey{name: string(lower), qtype: q.Type, qclass: q.Class, flags: cache.KeyFlags(q)}
+// waiter cap until it calls leave. A call returned joined, or new with
+// needDone, has its done channel. ok is false when the call cannot be had:
+// a new question over the flight bound, or a client over the waiter cap.
+func (f *flights) join(q *wire.Query, wait, needDone bool) (c *call, joined, ok bool) {
+	var kb [maxFlightKey]byte
+	k := kb[:0]
+	if len(q.Name) > 255 {
+		k = make([]byte, 0, len(q.Name)+5) // the parser never lets one through
+	}
+	k = appendFlightKey(k, q)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.calls == nil {
-		f.calls = make(map[flightKey]*call)
+		f.calls = make(map[string]*call)
 	}
-	if c, found := f.calls[k]; found {
+	if c, found := f.calls[string(k)]; found { // no allocation for the lookup
 		if wait {
 			if c.waiters >= f.maxWaiters {
-				return nil, flightRun{}, true, false
+				return nil, true, false
 			}
 			c.waiters++
 		}
-		return c, flightRun{}, true, true
+		if c.done == nil {
+			c.done = make(chan struct{})
+		}
+		return c, true, true
 	}
 	if len(f.calls) >= f.max {
-		return nil, flightRun{}, false, false
+		return nil, false, false
 	}
-	c = &call{done: make(chan struct{})}
+	c = &call{key: string(k), q: *q}
+	if needDone {
+		c.done = make(chan struct{})
+	}
 	if wait {
 		c.waiters = 1
 	}
-	f.calls[k] = c
-	own = flightRun{key: k, q: *q}
-	own.q.Name = lower
-	return c, own, false, true
+	if len(q.Name) <= len(c.name) {
+		c.q.Name = wire.AppendLower(c.name[:0], q.Name)
+	} else {
+		c.q.Name = wire.AppendLower(nil, q.Name)
+	}
+	f.calls[c.key] = c
+	return c, false, true
 }
 
 // leave ends a client's wait on c.
@@ -87,12 +116,15 @@ func (f *flights) leave(c *call) {
 }
 
 // finish publishes the result of c and removes it from the flights.
-func (f *flights) finish(c *call, own flightRun, e *cache.Entry, err error) {
+func (f *flights) finish(c *call, e *cache.Entry, err error) {
 	c.entry, c.err = e, err
 	f.mu.Lock()
-	delete(f.calls, own.key)
+	delete(f.calls, c.key)
+	done := c.done // no one can join (and make it) once the call is out of the map
 	f.mu.Unlock()
-	close(c.done)
+	if done != nil {
+		close(done)
+	}
 }
 
 // inFlight reports how many distinct questions are being resolved.

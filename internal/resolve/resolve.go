@@ -174,7 +174,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	if status != cache.Stale {
 		e = nil
 	}
-	c, own, joined, ok := r.flights.join(q, true)
+	c, joined, ok := r.flights.join(q, true, status == cache.Stale)
 	if !ok {
 		if e != nil {
 			r.stats.Stale.Add(1)
@@ -193,7 +193,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 		// goroutine, the others wait for it.
 		r.stats.Misses.Add(1)
 		if !joined {
-			r.runMiss(c, own)
+			r.runMiss(c)
 		} else {
 			select {
 			case <-c.done:
@@ -207,7 +207,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 		return c.entry, false, nil
 	}
 	if !joined {
-		go r.runMiss(c, own)
+		go r.runMiss(c)
 	}
 	timeout := r.policy(q.Name).StaleClientTimeout
 	if timeout <= 0 {
@@ -257,31 +257,31 @@ func refreshed(e *cache.Entry) bool {
 // through the flights so a concurrent miss shares it. Over the flight bound
 // it is skipped: the entry is then fetched on its first miss.
 func (r *Resolver) prefetch(q *wire.Query) {
-	if c, own, joined, ok := r.flights.join(q, false); ok && !joined {
-		go r.run(c, own)
+	if c, joined, ok := r.flights.join(q, false, false); ok && !joined {
+		go r.run(c)
 	}
 }
 
 func (r *Resolver) policy(name []byte) *Policy { return r.cfg.Policy(name) }
 
-// run fetches the question of own and finishes c.
+// run fetches the question of c and finishes it.
 // runMiss is run for a client's miss. A flight for the same question that
 // finished between the client's cache lookup and its join has put its
 // answer in the cache already (fetch puts before finish removes the
 // flight), so it is taken from there instead of asked again: one upstream
 // query per question, however the askers interleave. A prefetch does not
 // come here: its entry is still fresh by design.
-func (r *Resolver) runMiss(c *call, own flightRun) {
-	if e, status, _ := r.cfg.Cache.Lookup(&own.q, r.clk.Now().UnixNano()); status == cache.Fresh {
-		r.flights.finish(c, own, e, nil)
+func (r *Resolver) runMiss(c *call) {
+	if e, status, _ := r.cfg.Cache.Lookup(&c.q, r.clk.Now().UnixNano()); status == cache.Fresh {
+		r.flights.finish(c, e, nil)
 		return
 	}
-	r.run(c, own)
+	r.run(c)
 }
 
-func (r *Resolver) run(c *call, own flightRun) {
-	e, err := r.fetch(&own.q)
-	r.flights.finish(c, own, e, err)
+func (r *Resolver) run(c *call) {
+	e, err := r.fetch(&c.q)
+	r.flights.finish(c, e, err)
 }
 
 // fetch asks the upstream for q, builds the entry and caches it when it may

@@ -233,11 +233,11 @@ func TestLateAskerTakesTheFinishedFlightsAnswer(t *testing.T) {
 		t.Fatalf("%d upstream queries for the first asker", c)
 	}
 	// The late client looked before the answer was put, then joined.
-	c, own, joined, ok := e.r.flights.join(q, true)
+	c, joined, ok := e.r.flights.join(q, true, false)
 	if joined || !ok {
 		t.Fatalf("join: joined %v ok %v", joined, ok)
 	}
-	e.r.runMiss(c, own)
+	e.r.runMiss(c)
 	e.r.flights.leave(c)
 	if c.err != nil || c.entry == nil {
 		t.Fatalf("late client got %v, %v", c.entry, c.err)
@@ -489,5 +489,37 @@ func BenchmarkHit(b *testing.B) {
 		if r.Hit(q, now) == nil {
 			b.Fatal("miss")
 		}
+	}
+}
+
+// A miss nobody joins costs the flights two allocations (the call and its
+// key), and a joined call is found without allocating.
+func TestFlightsAllocs(t *testing.T) {
+	f := flights{max: 10, maxWaiters: 10}
+	q := question(t, "Alloc.Example.com.")
+	allocs := testing.AllocsPerRun(100, func() {
+		c, joined, ok := f.join(q, true, false)
+		if joined || !ok || c.done != nil {
+			t.Fatalf("join: joined %v ok %v", joined, ok)
+		}
+		f.leave(c)
+		f.finish(c, nil, nil)
+	})
+	if allocs > 2 {
+		t.Fatalf("%v allocations per unjoined flight, want <= 2", allocs)
+	}
+	c, _, _ := f.join(q, true, false)
+	if string(c.q.Name) != "\x05alloc\x07example\x03com\x00" {
+		t.Fatalf("call name %q, want it lower-cased", c.q.Name)
+	}
+	c2, joined, ok := f.join(q, true, false)
+	if c2 != c || !joined || !ok || c.done == nil {
+		t.Fatal("a second asker must join the call and get its done channel")
+	}
+	f.finish(c, nil, nil)
+	select {
+	case <-c.done:
+	default:
+		t.Fatal("finish must close done for the waiters")
 	}
 }

@@ -168,6 +168,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		s.wg.Wait()
+		s.stopOnce.Do(func() { close(s.missStop) }) // no more misses come: idle workers exit
 		s.missWG.Wait()
 		close(done)
 	}()

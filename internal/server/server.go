@@ -119,7 +119,12 @@ type Server struct {
 	closing atomic.Bool
 	serving atomic.Bool
 	wg      sync.WaitGroup // serving goroutines
-	missWG  sync.WaitGroup // miss goroutines
+	missWG  sync.WaitGroup // miss workers
+	// missQ hands a miss to an idle miss worker (unbuffered: taken only by
+	// one waiting for it); missStop, closed at shutdown, ends idle ones.
+	missQ    chan *missReq
+	missStop chan struct{}
+	stopOnce sync.Once
 	// Sockets handed over by a twin (Adopt), used by Listen.
 	adoptedUDP map[netip.AddrPort][]*udpListener
 	adoptedTCP map[netip.AddrPort]*tcpListener
@@ -135,10 +140,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("server: no listen address")
 	}
 	return &Server{
-		cfg:     cfg,
-		res:     cfg.Resolver,
-		waiting: make(chan struct{}, cfg.MaxWaiting),
-		conns:   make(map[net.Conn]*tcpConn),
+		cfg:      cfg,
+		res:      cfg.Resolver,
+		waiting:  make(chan struct{}, cfg.MaxWaiting),
+		missQ:    make(chan *missReq),
+		missStop: make(chan struct{}),
+		conns:    make(map[net.Conn]*tcpConn),
 	}, nil
 }
 

@@ -320,7 +320,10 @@ func NameString(name []byte) string {
 	if len(name) <= 1 {
 		return "."
 	}
-	out := make([]byte, 0, len(name)+4)
+	// Built on the stack (255 bytes of name, each at most 4 characters as
+	// \DDD: 1020), so the string is the one allocation.
+	var b [1024]byte
+	out := b[:0]
 	off := 0
 	for off < len(name) {
 		l := int(name[off])

@@ -1,0 +1,460 @@
+package memory
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+const (
+	// maxInflight is the daemon's default -max-inflight (config.DefaultMaxInflight).
+	maxInflight = 1024
+	// hostileConns client TCP connections announce a 65,535-byte query and
+	// send nothing more: 10 under the default -max-tcp-conns (1000), so the
+	// test's own TCP clients get in.
+	hostileConns = 990
+	// bigAnswer is the size of the large answers kube-dns sends (close to
+	// the 65,535 a TCP frame can hold).
+	bigAnswer = 60000
+	// The budgets, MiB of peak RSS (VmHWM), with the measured peaks and
+	// the arithmetic in docs/design.md ("Memory per query in flight"):
+	// the misses alone, per path, and everything hostile at once. The
+	// manifest's 256 MiB limit holds the last with its kernel-side margin.
+	budgetMisses  = 64
+	budgetHostile = 128
+	// bigClients TCP clients fetch large answers, bigPipeline at a time.
+	bigClients  = 8
+	bigPipeline = 8
+)
+
+// binary builds cmd/nodelocaldns once for the package's tests.
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+func daemonBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "nld-mem")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "nodelocaldns")
+		if out, err := exec.Command("go", "build", "-o", builtBin, "../../cmd/nodelocaldns").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
+func loopback() string {
+	return fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), rand.IntN(250)+1, rand.IntN(250)+1)
+}
+
+func freePort(t *testing.T, ip string) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return port
+}
+
+// silentUDP is a node resolver on ip:53 that reads every query and never
+// answers. It returns the count of queries read.
+func silentUDP(t *testing.T, ip string) *atomic.Int64 {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", ip+":53")
+	if err != nil {
+		t.Skipf("cannot listen on %s:53 (%v): needs root", ip, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	var n atomic.Int64
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			if _, _, err := pc.ReadFrom(buf); err != nil {
+				return
+			}
+			n.Add(1)
+		}
+	}()
+	return &n
+}
+
+// kubeDNS is a TCP upstream on addr: questions whose name holds "silent"
+// are read and never answered; others get an answer of about bigAnswer
+// bytes (TXT records). It returns the count of queries read.
+func kubeDNS(t *testing.T, addr string) *atomic.Int64 {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	var conns sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				defer c.Close()
+				go func() { <-t.Context().Done(); c.Close() }()
+				r := bufio.NewReader(c)
+				var wmu sync.Mutex
+				for {
+					var size [2]byte
+					if _, err := io.ReadFull(r, size[:]); err != nil {
+						return
+					}
+					q := make([]byte, binary.BigEndian.Uint16(size[:]))
+					if _, err := io.ReadFull(r, q); err != nil {
+						return
+					}
+					n.Add(1)
+					m := new(dns.Msg)
+					if m.Unpack(q) != nil || len(m.Question) != 1 || strings.Contains(m.Question[0].Name, "silent") {
+						continue
+					}
+					ans := bigReply(m)
+					wmu.Lock()
+					_, _ = c.Write(binary.BigEndian.AppendUint16(nil, uint16(len(ans))))
+					_, _ = c.Write(ans)
+					wmu.Unlock()
+				}
+			}()
+		}
+	}()
+	return &n
+}
+
+func bigReply(q *dns.Msg) []byte {
+	m := new(dns.Msg)
+	m.SetReply(q)
+	m.Compress = true
+	chunk := strings.Repeat("x", 250)
+	for m.Len() < bigAnswer-300 {
+		m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 60}, Txt: []string{chunk}})
+	}
+	b, _ := m.Pack()
+	return b
+}
+
+// daemon is a running nodelocaldns binary.
+type daemon struct {
+	cmd     *exec.Cmd
+	addr    string // ip:port it serves
+	metrics string
+	stderr  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDaemon runs the binary with the manifest's memory-relevant settings
+// (-cache-max-bytes 64Mi, -udp-sockets 4, GOMEMLIMIT 160MiB) against the
+// node resolver nodeIP:53 and kube-dns at kube, with a forward timeout long
+// enough that misses stay outstanding while the test measures.
+func startDaemon(t *testing.T, nodeIP, kube string) *daemon {
+	t.Helper()
+	bin := daemonBinary(t)
+	rc := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(rc, []byte("nameserver "+nodeIP+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ip := loopback()
+	port := freePort(t, ip)
+	metrics := fmt.Sprintf("%s:%d", ip, freePort(t, ip))
+	cmd := exec.Command(bin, "-localip", ip, "-port", fmt.Sprint(port),
+		"-kube-dns", kube, "-resolv-conf", rc,
+		"-setupinterface=false", "-setupiptables=false", "-metrics-listen-address", metrics,
+		"-state-dir", t.TempDir(), "-lameduck", "100ms",
+		"-cache-max-bytes", "64Mi", "-udp-sockets", "4", "-forward-timeout", "60s",
+		"-max-inflight", strconv.Itoa(maxInflight))
+	cmd.Env = append(os.Environ(), "GOMEMLIMIT=160MiB")
+	d := &daemon{cmd: cmd, addr: fmt.Sprintf("%s:%d", ip, port), metrics: metrics, stderr: &syncBuffer{}}
+	cmd.Stderr = d.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			t.Fatalf("daemon exited: %v\n%s", err, d.stderr.String())
+		default:
+		}
+		if resp, err := http.Get("http://" + metrics + "/ready"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return d
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready within 20s\n%s", d.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// status returns a field of /proc/PID/status in KiB.
+func (d *daemon) status(t *testing.T, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb
+		}
+	}
+	t.Fatalf("no %s in /proc/PID/status", field)
+	return 0
+}
+
+// inflight returns the daemon's upstream queries in flight, summed over groups.
+func (d *daemon) inflight(t *testing.T) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + d.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "nodelocaldns_upstream_inflight_queries{") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// sendMisses sends n distinct questions under suffix over UDP from one
+// socket, without waiting for answers (there are none). It returns the socket.
+func sendMisses(t *testing.T, addr, suffix string, n int) net.Conn {
+	t.Helper()
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	for i := range n {
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("q%d.%s", i, suffix), dns.TypeA)
+		m.SetEdns0(1232, false)
+		b, _ := m.Pack()
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		if i%64 == 63 {
+			time.Sleep(time.Millisecond) // within the daemon's socket buffers
+		}
+	}
+	return c
+}
+
+// holdMisses makes -max-inflight misses outstanding against a silent
+// upstream (the metric of upstream queries in flight says when).
+func holdMisses(t *testing.T, d *daemon, suffix string) {
+	t.Helper()
+	sendMisses(t, d.addr, suffix, maxInflight)
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d misses in flight", maxInflight), func() bool {
+		return d.inflight(t) >= maxInflight
+	})
+}
+
+func report(t *testing.T, d *daemon, ready int64, budgetMiB int64) {
+	t.Helper()
+	hwm := d.status(t, "VmHWM")
+	t.Logf("RSS when ready %.1f MiB; peak RSS (VmHWM) %.1f MiB; RSS now %.1f MiB; budget %d MiB",
+		float64(ready)/1024, float64(hwm)/1024, float64(d.status(t, "VmRSS"))/1024, budgetMiB)
+	if hwm > budgetMiB*1024 {
+		t.Errorf("peak RSS %.1f MiB over the budget of %d MiB", float64(hwm)/1024, budgetMiB)
+	}
+}
+
+// -max-inflight misses to external names, outstanding against a node
+// resolver that never answers (UDP).
+func TestPeakRSSMissesUDP(t *testing.T) {
+	nodeIP := loopback()
+	seen := silentUDP(t, nodeIP)
+	kube := fmt.Sprintf("%s:%d", loopback(), 0)
+	kubeIP := strings.Split(kube, ":")[0]
+	kube = fmt.Sprintf("%s:%d", kubeIP, freePort(t, kubeIP))
+	kubeDNS(t, kube)
+	d := startDaemon(t, nodeIP, kube)
+	ready := d.status(t, "VmRSS")
+	holdMisses(t, d, "silent.example.com.")
+	t.Logf("node resolver read %d queries", seen.Load())
+	report(t, d, ready, budgetMisses)
+}
+
+// -max-inflight misses to cluster names, outstanding against kube-dns that
+// reads them over TCP and never answers.
+func TestPeakRSSMissesTCP(t *testing.T) {
+	nodeIP := loopback()
+	silentUDP(t, nodeIP)
+	kubeIP := loopback()
+	kube := fmt.Sprintf("%s:%d", kubeIP, freePort(t, kubeIP))
+	seen := kubeDNS(t, kube)
+	d := startDaemon(t, nodeIP, kube)
+	ready := d.status(t, "VmRSS")
+	holdMisses(t, d, "silent.default.svc.cluster.local.")
+	t.Logf("kube-dns read %d queries", seen.Load())
+	report(t, d, ready, budgetMisses)
+}
+
+// Everything hostile at once: -max-inflight misses outstanding (half to a
+// silent node resolver over UDP, half to a silent kube-dns over TCP),
+// 990 client TCP connections each announcing a 65,535-byte query and
+// sending 2 bytes of it, and clients fetching ~60 KB answers from kube-dns
+// over TCP.
+func TestPeakRSSEverythingHostile(t *testing.T) {
+	nodeIP := loopback()
+	silentUDP(t, nodeIP)
+	kubeIP := loopback()
+	kube := fmt.Sprintf("%s:%d", kubeIP, freePort(t, kubeIP))
+	kubeDNS(t, kube)
+	d := startDaemon(t, nodeIP, kube)
+	ready := d.status(t, "VmRSS")
+
+	// The hostile TCP clients.
+	for i := range hostileConns {
+		c, err := net.Dial("tcp", d.addr)
+		if err != nil {
+			t.Fatalf("hostile connection %d: %v", i, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := c.Write([]byte{0xff, 0xff, 0x12, 0x34}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The misses: -max-inflight less the 64 the large answers use, half
+	// each way, so the flight bound is full while large answers flow.
+	silent := maxInflight - bigClients*bigPipeline
+	sendMisses(t, d.addr, "silent.example.com.", silent/2)
+	sendMisses(t, d.addr, "silent.default.svc.cluster.local.", silent/2)
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d misses in flight", silent), func() bool {
+		return d.inflight(t) >= float64(silent)
+	})
+
+	// Large answers: bigClients TCP clients (within -max-tcp-conns with
+	// the hostile ones) each fetch distinct ~60 KB answers from kube-dns,
+	// bigPipeline at a time, for 8 rounds.
+	var got atomic.Int64
+	var wg sync.WaitGroup
+	for c := range bigClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := net.Dial("tcp", d.addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+			r := bufio.NewReader(conn)
+			for round := range 8 {
+				for i := range bigPipeline {
+					m := new(dns.Msg)
+					m.SetQuestion(fmt.Sprintf("big%d-%d-%d.default.svc.cluster.local.", c, round, i), dns.TypeTXT)
+					b, _ := m.Pack()
+					if _, err := conn.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...)); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				for range bigPipeline {
+					var size [2]byte
+					if _, err := io.ReadFull(r, size[:]); err != nil {
+						t.Error(err)
+						return
+					}
+					if _, err := io.CopyN(io.Discard, r, int64(binary.BigEndian.Uint16(size[:]))); err != nil {
+						t.Error(err)
+						return
+					}
+					got.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d large answers read", got.Load())
+	if got.Load() != bigClients*bigPipeline*8 {
+		t.Errorf("%d large answers read, want %d", got.Load(), bigClients*bigPipeline*8)
+	}
+	report(t, d, ready, budgetHostile)
+}
