@@ -1,0 +1,87 @@
+package server
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// TestCoreDNSCounters: queries over UDP and TCP count under the longest
+// Corefile zone of their name, with CoreDNS's type and rcode cells, hits
+// and misses, and a malformed query under "dropped".
+func TestCoreDNSCounters(t *testing.T) {
+	s, _ := startServer(t, func(c *Config) {
+		c.CoreDNSZones = []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "svc.cluster.local.", Plugin: "cache"}, {Name: ".", Plugin: "errors"}}
+	})
+	ask := func(network, name string, qtype uint16) {
+		t.Helper()
+		c := &dns.Client{Net: network, Timeout: 5 * time.Second}
+		m := new(dns.Msg)
+		m.SetQuestion(name, qtype)
+		addr := s.Addr().String()
+		if network == "tcp" {
+			addr = s.TCPAddr().String()
+		}
+		if _, _, err := c.Exchange(m, addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask("udp", "a.default.svc.cluster.local.", dns.TypeA) // miss
+	ask("udp", "A.default.SVC.cluster.local.", dns.TypeA) // hit
+	ask("udp", "x.cluster.local.", dns.TypeMX)
+	ask("tcp", "example.com.", dns.TypeAAAA)
+	ask("udp", "example.com.", dns.TypeNAPTR) // "other"
+	c, err := net.Dial("udp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte{0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0}) // two questions promised, none there: FORMERR
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 512)); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[string]func(b CDBlock) bool{
+		"svc.cluster.local.": func(b CDBlock) bool {
+			return b.Requests[0][0][0] == 2 && b.Responses[0][0] == 2 && b.HitsSuccess == 1 && b.CacheMisses == 1 &&
+				b.Duration[len(b.Duration)-1] == 0 && sum(b.Duration[:]) == 2 && sum(b.ReqSize[0][:]) == 2 && b.Plugin == "cache"
+		},
+		"cluster.local.": func(b CDBlock) bool { return b.Requests[0][0][5] == 1 && b.Plugin == "errors" },
+		".": func(b CDBlock) bool {
+			return b.Requests[1][0][7] == 1 && b.Requests[0][0][len(CDTypes)-1] == 1 && sum(b.RespSize[1][:]) == 1
+		},
+		CDDropped: func(b CDBlock) bool { return b.Responses[1][1] == 1 && b.Plugin == "" },
+	}
+	// The miss path counts its answer after sending it: poll.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		bad := ""
+		got := map[string]bool{}
+		for _, b := range s.CDSnapshot() {
+			if b.Server != "dns://"+s.Addr().String() {
+				t.Fatalf("server %q", b.Server)
+			}
+			got[b.Zone] = true
+			if f := want[b.Zone]; f == nil || !f(b) {
+				bad = b.Zone
+			}
+		}
+		if bad == "" && len(got) == len(want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zone %q wrong or missing: %+v", bad, s.CDSnapshot())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func sum(v []uint64) (n uint64) {
+	for _, x := range v {
+		n += x
+	}
+	return
+}
