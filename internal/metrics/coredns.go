@@ -286,6 +286,9 @@ func (c *cdCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, srv := range servers {
 		for _, b := range c.cfg.Blocks {
+			if !b.Prometheus {
+				continue // CoreDNS's prometheus plugin lists its own block's plugins only
+			}
 			for _, z := range b.Zones {
 				for _, p := range b.Plugins {
 					if !slices.Contains(nonHandlers, p) {
