@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/netip"
+	"slices"
 	"sync/atomic"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -179,9 +180,17 @@ func cdTimeBucket(ns int64) int {
 	return len(cdTimeBucketsNs)
 }
 
+// cdSizeBounds are CDSizeBuckets as ints (all whole numbers).
+var cdSizeBounds = func() (b [len(CDSizeBuckets)]int) {
+	for i, v := range CDSizeBuckets {
+		b[i] = int(v)
+	}
+	return
+}()
+
 func cdSizeBucket(n int) int {
-	for i, le := range CDSizeBuckets {
-		if float64(n) <= le {
+	for i, le := range cdSizeBounds {
+		if n <= le {
 			return i
 		}
 	}
@@ -281,6 +290,7 @@ type cdZones struct {
 	zones []CDZone
 	wire  [][]byte // lower-case wire form of each zone
 	root  int      // index of ".", -1 without
+	byLen []int    // indexes of the zones but the root, longest first
 	n     int      // len(zones)+1: the last index is "dropped"
 }
 
@@ -294,27 +304,36 @@ func newCDZones(zs []CDZone) cdZones {
 		z.wire = append(z.wire, wire.AppendLower(nil, w))
 		if c.Name == "." {
 			z.root = i
+		} else if len(w) > 1 {
+			z.byLen = append(z.byLen, i)
 		}
 	}
+	slices.SortStableFunc(z.byLen, func(a, b int) int { return len(z.wire[b]) - len(z.wire[a]) })
 	return z
 }
 
 // match returns the index of the longest zone containing name (wire
-// form), or -1. It walks the labels once and compares at each label
-// boundary whose remaining length equals a zone's: no allocation.
+// form), or -1. Zones are tried longest first (byLen): a zone matches when
+// the name ends with it and it starts at a label boundary, which one walk
+// over the labels confirms. No allocation.
 func (z *cdZones) match(name []byte) int {
-	for off := 0; off < len(name); {
-		rest := name[off:]
-		for i, w := range z.wire {
-			if len(w) == len(rest) && len(w) > 1 && wire.EqualNameFold(rest, w) {
-				return i
+	for _, i := range z.byLen {
+		w := z.wire[i]
+		p := len(name) - len(w)
+		if p < 0 || name[p] != w[0] || !wire.EqualNameFold(name[p:], w) {
+			continue
+		}
+		off := 0
+		for off < p {
+			l := int(name[off])
+			if l == 0 || l&0xC0 != 0 {
+				break
 			}
+			off += l + 1
 		}
-		l := int(name[off])
-		if l == 0 || l&0xC0 != 0 {
-			break
+		if off == p {
+			return i
 		}
-		off += l + 1
 	}
 	return z.root
 }
