@@ -31,16 +31,13 @@ func coreDNSBlocks(cfg *config.Config) []metrics.CDBlock {
 	return out
 }
 
-// coreDNSZones are the zones the server counts: those of the blocks with
-// a prometheus directive, each with its block's plugin label.
+// coreDNSZones are the zones of every block, each with its block's plugin
+// label; those of blocks without a prometheus directive are not counted.
 func coreDNSZones(blocks []metrics.CDBlock) []server.CDZone {
 	var out []server.CDZone
 	for _, b := range blocks {
-		if !b.Prometheus {
-			continue
-		}
 		for _, z := range b.Zones {
-			out = append(out, server.CDZone{Name: z, Plugin: metrics.PluginLabel(b.Plugins)})
+			out = append(out, server.CDZone{Name: z, Plugin: metrics.PluginLabel(b.Plugins), Off: !b.Prometheus})
 		}
 	}
 	return out

@@ -16,7 +16,8 @@ import (
 // and misses, and a malformed query under "dropped".
 func TestCoreDNSCounters(t *testing.T) {
 	s, _ := startServer(t, func(c *Config) {
-		c.CoreDNSZones = []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "svc.cluster.local.", Plugin: "cache"}, {Name: ".", Plugin: "errors"}}
+		c.CoreDNSZones = []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "svc.cluster.local.", Plugin: "cache"}, {Name: ".", Plugin: "errors"},
+			{Name: "corp.example.", Off: true}}
 	})
 	ask := func(network, name string, qtype uint16) {
 		t.Helper()
@@ -36,6 +37,7 @@ func TestCoreDNSCounters(t *testing.T) {
 	ask("udp", "x.cluster.local.", dns.TypeMX)
 	ask("tcp", "example.com.", dns.TypeAAAA)
 	ask("udp", "example.com.", dns.TypeNAPTR) // "other"
+	ask("udp", "host.corp.example.", dns.TypeA) // a block without prometheus: not counted, not under "."
 	c, err := net.Dial("udp", s.Addr().String())
 	if err != nil {
 		t.Fatal(err)

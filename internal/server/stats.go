@@ -129,6 +129,10 @@ func RcodeLabel(i int) string {
 type CDZone struct {
 	Name   string // lower-case FQDN, "." for the root
 	Plugin string
+	// Off: the block has no prometheus directive, so its queries are not
+	// counted (CoreDNS counts only in blocks that have one). It is listed
+	// all the same so that its names do not count under a shorter zone.
+	Off bool
 }
 
 // CDTypes are the query types CoreDNS's metrics name (plugin/metrics/vars
@@ -352,7 +356,7 @@ func (s *Server) cdKey(srv int, name []byte, tcp bool) cdKey {
 	}
 	z := len(s.cdz.zones) // dropped
 	if name != nil {
-		if z = s.cdz.match(name); z < 0 {
+		if z = s.cdz.match(name); z < 0 || s.cdz.zones[z].Off {
 			return k
 		}
 	}
