@@ -78,6 +78,7 @@ func (d *Daemon) readCorefile() bool {
 		if err.Error() != r.cf.err {
 			r.cf.err = err.Error()
 			d.Metrics.SetupError("configmap") // node-cache counts Corefile errors under this kind too
+			d.Metrics.ReloadFailed()
 			d.log.Error("Corefile invalid; keeping the last good configuration", "file", cc.Source(), "err", err)
 		}
 		return false

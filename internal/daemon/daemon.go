@@ -151,6 +151,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		d.closeGroups()
 		return nil, err
 	}
+	cdBlocks := coreDNSBlocks(cfg)
 	srv, err = server.New(server.Config{
 		Addrs:            cfg.LocalIPs,
 		Port:             cfg.Port,
@@ -163,12 +164,17 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		TCPIdleTimeout:   cfg.TCPIdleTimeout,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
+		CoreDNSZones:     coreDNSZones(cdBlocks),
 	})
 	if err != nil {
 		d.closeGroups()
 		return nil, err
 	}
 	d.Server = srv
+	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
+		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,
+		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks),
+	})
 
 	if cfg.SetupInterface || cfg.SetupIPTables {
 		d.net, err = netsetup.New(netsetup.Config{

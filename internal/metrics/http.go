@@ -73,7 +73,7 @@ func (m *Metrics) Serve(ctx context.Context, cfg HTTPConfig) (net.Addr, error) {
 	if !cfg.HealthOnly {
 		mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	}
-	mux.HandleFunc("/health", probeHandler(cfg.Health, http.StatusInternalServerError))
+	mux.HandleFunc("/health", probeHandler(m.cd.timedHealth(cfg.Health), http.StatusInternalServerError))
 	mux.HandleFunc("/ready", probeHandler(cfg.Ready, http.StatusServiceUnavailable))
 	if cfg.PProf {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

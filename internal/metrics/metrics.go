@@ -35,6 +35,11 @@ type Metrics struct {
 	upstreamHealthy  *prometheus.GaugeVec
 	upstreamConns    *prometheus.GaugeVec
 	upstreamInflight *prometheus.GaugeVec
+
+	// CoreDNS's names (coredns.go): the event-driven ones, and the
+	// directives' counters (directives.go).
+	cd         *cdMetrics
+	Directives *Directives
 }
 
 // New registers every collector. srv and c may be nil (their metrics are
@@ -50,6 +55,8 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(version, revision, goVersion()).Set(1)
 	r.MustRegister(buildInfo)
+	m.cd = newCDMetrics(r, version, revision)
+	m.Directives = &Directives{}
 
 	m.setupErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "setup_errors_total", Help: "Errors setting up or checking the node: interface, iptables, configmap.",
@@ -93,7 +100,17 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 }
 
 // SetupError counts a node setup error (netsetup.Observer).
-func (m *Metrics) SetupError(kind string) { m.setupErrors.WithLabelValues(kind).Inc() }
+func (m *Metrics) SetupError(kind string) {
+	m.setupErrors.WithLabelValues(kind).Inc()
+	m.cd.setupErrors.WithLabelValues(kind).Inc()
+}
+
+// CoreDNS registers the per-query and cache series under CoreDNS's names
+// (coredns.go). Call it once; without it only the event-driven coredns_*
+// series are served.
+func (m *Metrics) CoreDNS(cfg CoreDNSConfig) {
+	m.Registry.MustRegister(&cdCollector{cfg: cfg, dir: m.Directives})
+}
 
 // Backend records the chosen iptables backend (netsetup.Observer).
 func (m *Metrics) Backend(name string) {
@@ -104,11 +121,13 @@ func (m *Metrics) Backend(name string) {
 // Exchange records an upstream answer (forward.Observer).
 func (m *Metrics) Exchange(group, upstream string, rcode int, d time.Duration) {
 	m.upstreamDuration.WithLabelValues(group, upstream, server.RcodeLabel(rcode)).Observe(d.Seconds())
+	m.cd.exchange(upstream, rcode, d)
 }
 
 // Failure counts a failed upstream try (forward.Observer).
 func (m *Metrics) Failure(group, upstream, kind string) {
 	m.upstreamFailures.WithLabelValues(group, upstream, kind).Inc()
+	m.cd.failure(kind)
 }
 
 // Health records an upstream's health (forward.Observer).
@@ -118,11 +137,13 @@ func (m *Metrics) Health(group, upstream string, healthy bool) {
 		v = 1
 	}
 	m.upstreamHealthy.WithLabelValues(group, upstream).Set(v)
+	m.cd.health(group, upstream, healthy)
 }
 
 // Conns moves the open-connections gauge (forward.Observer).
 func (m *Metrics) Conns(group, upstream string, delta int) {
 	m.upstreamConns.WithLabelValues(group, upstream).Add(float64(delta))
+	m.cd.conns(upstream, delta)
 }
 
 // Inflight moves the in-flight gauge (forward.Observer).

@@ -31,6 +31,10 @@ type missReq struct {
 	nlen uint32
 	// TCP: the connection.
 	tc *tcpConn
+	// cdk: the query's CoreDNS-named counters (stats.go); cdSelf: the
+	// answer is our SERVFAIL, not the block's.
+	cdk    cdKey
+	cdSelf bool
 }
 
 var missPool = sync.Pool{New: func() any {
@@ -60,6 +64,7 @@ func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
 	// Re-parse on the copy so the query's slices point into m.raw.
 	_ = wire.ParseQuery(m.raw, &m.q)
 	m.tcp, m.t0 = tcp, t0
+	m.cdk, m.cdSelf = cdKey{zone: -1}, false
 	m.out = m.out[:0]
 	if tcp {
 		m.out = append(m.out, 0, 0)
@@ -124,6 +129,18 @@ func (s *Server) missWorker(m *missReq) {
 // finishMiss logs the query and hands the answer to its transport, which
 // returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
+	if s.cd != nil && m.cdk.zone >= 0 {
+		resp := m.out
+		if m.tcp {
+			resp = resp[2:]
+		}
+		if m.source == fromStale {
+			s.cd.cache(m.cdk, cdServedStale)
+		}
+		if len(resp) > 3 {
+			s.cd.response(m.cdk, int(resp[3]&0xF), !m.cdSelf, len(resp), s.cfg.Clock.Now().Sub(m.t0).Nanoseconds())
+		}
+	}
 	if s.cfg.QueryLog != nil {
 		resp := m.out
 		if m.tcp {
@@ -168,6 +185,7 @@ func (s *Server) shed(m *missReq) []byte {
 }
 
 func (s *Server) servfail(m *missReq) []byte {
+	m.cdSelf = true
 	s.stats.countRcode(wire.RcodeServFail)
 	return wire.AppendError(m.out, m.raw, &m.q, wire.RcodeServFail, s.cfg.MaxUDPSize)
 }

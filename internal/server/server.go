@@ -71,6 +71,10 @@ type Config struct {
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
+	// CoreDNSZones are the Corefile zones whose queries count under
+	// CoreDNS's metric names (the blocks with a prometheus directive);
+	// nil counts none (stats.go).
+	CoreDNSZones []CDZone
 }
 
 func (c *Config) setDefaults() {
@@ -110,6 +114,10 @@ type Server struct {
 	res     *resolve.Resolver
 	waiting chan struct{} // one token per client waiting for a miss
 	stats   Stats
+	// CoreDNS-named counters (stats.go): cd is shared by TCP and the miss
+	// path; each UDP loop has its own (udpListener.cd).
+	cd  *cdCounters
+	cdz cdZones
 
 	mu      sync.Mutex
 	udp     []*udpListener
@@ -139,14 +147,19 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("server: no listen address")
 	}
-	return &Server{
+	s := &Server{
 		cfg:      cfg,
 		res:      cfg.Resolver,
 		waiting:  make(chan struct{}, cfg.MaxWaiting),
 		missQ:    make(chan *missReq),
 		missStop: make(chan struct{}),
 		conns:    make(map[net.Conn]*tcpConn),
-	}, nil
+	}
+	if len(cfg.CoreDNSZones) > 0 {
+		s.cdz = newCDZones(cfg.CoreDNSZones)
+		s.cd = newCDCounters(len(cfg.Addrs), s.cdz.n, false)
+	}
+	return s, nil
 }
 
 // Result of answering a query from what is at hand.
@@ -161,29 +174,80 @@ const (
 // answerLocal parses raw into q and appends the response to out when it
 // can be given without an upstream: a cache hit or an error. maxSize is the
 // transport's limit (0 for UDP: the client's advertised size).
-func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats) ([]byte, verdict) {
+//
+// cd (nil: not counted) gets the CoreDNS-named counts of the query as
+// arriving on server index srv (stats.go); *k is set to its cells, which
+// the miss path counts the answer in. A UDP loop's durations are added per
+// batch (cdCounters.flush), TCP's here.
+func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats, cd *cdCounters, srv int, k *cdKey) ([]byte, verdict) {
+	start := len(out)
+	out, v, how := s.answer(raw, q, out, tcp, now, st)
+	if cd == nil || how == ansHealth || how == ansBadVers || v == dropped {
+		// Health checks are the daemon's own probes; CoreDNS answers
+		// BADVERS before counting anything; drops are no queries.
+		return out, v
+	}
+	var name []byte
+	if how != ansMalformed {
+		name = q.Name
+	}
+	*k = s.cdKey(srv, name, tcp)
+	if k.zone < 0 {
+		return out, v
+	}
+	cd.request(*k, q, len(raw))
+	if how == ansHit {
+		switch {
+		case v == miss:
+			cd.cache(*k, cdCacheMiss)
+		case out[start+3]&0xF == 0 && (out[start+6] != 0 || out[start+7] != 0):
+			cd.cache(*k, cdHitSuccess)
+		default:
+			cd.cache(*k, cdHitDenial)
+		}
+	}
+	if v == answered {
+		dur := int64(-1)
+		if tcp {
+			dur = s.cfg.Clock.Now().UnixNano() - now
+		}
+		cd.response(*k, int(out[start+3]&0xF), how == ansHit, len(out)-start, dur)
+	}
+	return out, v
+}
+
+// How answer answered.
+const (
+	ansHit       = iota // from the cache (or a miss)
+	ansLocal            // an error of our own: REFUSED zone transfers
+	ansMalformed        // FORMERR, NOTIMP
+	ansBadVers
+	ansHealth
+)
+
+func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats) ([]byte, verdict, int) {
 	err := wire.ParseQuery(raw, q)
 	st.countRequest(tcp)
 	if err != nil {
-		rcode := wire.RcodeFormErr
+		rcode, how := wire.RcodeFormErr, ansMalformed
 		switch {
 		case errors.Is(err, wire.ErrDrop):
 			st.Dropped.Add(1)
-			return out, dropped
+			return out, dropped, how
 		case errors.Is(err, wire.ErrNotImp):
 			rcode = wire.RcodeNotImp
 		case errors.Is(err, wire.ErrBadVers):
-			rcode = wire.RcodeBadVers
+			rcode, how = wire.RcodeBadVers, ansBadVers
 		}
 		st.Malformed.Add(1)
 		out = wire.AppendError(out, raw, q, rcode, s.cfg.MaxUDPSize)
 		st.countRcode(rcode)
-		return out, answered
+		return out, answered, how
 	}
 	if q.Type == 251 || q.Type == 252 { // IXFR, AXFR: zone transfers are not a cache's job
 		out = wire.AppendError(out, raw, q, wire.RcodeRefused, s.cfg.MaxUDPSize)
 		st.countRcode(wire.RcodeRefused)
-		return out, answered
+		return out, answered, ansLocal
 	}
 	if isHealth(q.Name) {
 		// Answered here, never cached or forwarded, and not counted as a
@@ -191,15 +255,15 @@ func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, no
 		st.HealthChecks.Add(1)
 		out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
 		st.countRcode(wire.RcodeSuccess)
-		return out, answered
+		return out, answered, ansHealth
 	}
 	e := s.res.Hit(q, now)
 	if e == nil {
-		return out, miss
+		return out, miss, ansHit
 	}
 	out = e.Write(out, q, now, s.maxSize(q, tcp), s.cfg.MaxUDPSize)
 	st.countRcode(e.Rcode())
-	return out, answered
+	return out, answered, ansHit
 }
 
 // maxSize is the largest answer the client gets over this transport: over

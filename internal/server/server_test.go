@@ -210,8 +210,20 @@ func TestAdmissionBoundAnswersServfail(t *testing.T) {
 // BenchmarkUDPHit measures cache hits through a real loopback socket: a
 // client sends queries in bursts of 32 and reads the answers. It counts
 // the whole round trip, client included, so compare runs, not absolutes.
-func BenchmarkUDPHit(b *testing.B) {
-	s, _ := startServer(b, nil)
+func BenchmarkUDPHit(b *testing.B) { benchmarkUDPHit(b, nil) }
+
+// BenchmarkUDPHitCoreDNS is BenchmarkUDPHit with the CoreDNS-named
+// counters on (the reference Corefile's four zones), as the daemon runs:
+// compare the two within one run.
+func BenchmarkUDPHitCoreDNS(b *testing.B) {
+	benchmarkUDPHit(b, func(c *Config) {
+		c.CoreDNSZones = []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "in-addr.arpa.", Plugin: "errors"},
+			{Name: "ip6.arpa.", Plugin: "errors"}, {Name: ".", Plugin: "errors"}}
+	})
+}
+
+func benchmarkUDPHit(b *testing.B, mutate func(*Config)) {
+	s, _ := startServer(b, mutate)
 	conn, err := net.Dial("udp", s.Addr().String())
 	if err != nil {
 		b.Fatal(err)

@@ -119,6 +119,12 @@ func (s *Server) serveConn(tc *tcpConn) {
 	pend := make([]byte, 0, 4096)
 	var buf []byte
 	state := connFirst
+	srv, k := -1, cdKey{}
+	if s.cd != nil {
+		if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
+			srv = s.cdServerIndex(la.AddrPort().Addr())
+		}
+	}
 	for {
 		if !buffered(r) {
 			if !tc.flush(&pend) || !s.waitQuery(tc, r, state) {
@@ -132,7 +138,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		t := s.cfg.Clock.Now()
 		start := len(pend)
-		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, t.UnixNano(), &s.stats)
+		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, t.UnixNano(), &s.stats, s.cd, srv, &k)
 		switch v {
 		case dropped:
 			continue
@@ -156,6 +162,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		m := newMiss(buf, true, t)
 		m.tc = tc
+		m.cdk = k
 		tc.pending.Add(1)
 		s.startMiss(m)
 	}

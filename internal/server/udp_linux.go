@@ -60,6 +60,8 @@ type udpListener struct {
 	fd    int
 	local netip.AddrPort
 	stats Stats
+	// cd: the loop's CoreDNS-named counters (stats.go), nil when not counted.
+	cd atomic.Pointer[cdCounters]
 	// beat is odd while the loop waits in recvmmsg and even while it
 	// handles a batch: two uncontended atomic adds per batch let
 	// CheckLoops tell a waiting loop from a wedged one.
@@ -234,6 +236,15 @@ func newBatch() *batch {
 // timeout or signal so garbage collection can stop it within rcvTimeout.
 func (s *Server) serveUDP(l *udpListener) {
 	b := newBatch()
+	var cd *cdCounters
+	srv := -1
+	if s.cd != nil {
+		srv = s.cdServerIndex(l.local.Addr())
+		cd = newCDCounters(len(s.cfg.Addrs), s.cdz.n, true)
+		cd.srv = max(srv, 0)
+		l.cd.Store(cd)
+	}
+	var k cdKey
 	for !l.stop.Load() {
 		l.beat.Add(1) // odd: waiting
 		n, err := l.recv(b)
@@ -270,13 +281,14 @@ func (s *Server) serveUDP(l *udpListener) {
 				continue
 			}
 			start := len(b.out)
-			out, v := s.answerLocal(raw, &b.q, b.out, false, now, &l.stats)
+			out, v := s.answerLocal(raw, &b.q, b.out, false, now, &l.stats, cd, srv, &k)
 			switch v {
 			case dropped:
 				continue
 			case miss:
 				m := newMiss(raw, false, t)
 				m.l = l
+				m.cdk = k
 				m.nlen = uint32(copy(m.name[:], name))
 				l.ref() // released once the answer is sent (reply)
 				s.startMiss(m)
@@ -294,6 +306,13 @@ func (s *Server) serveUDP(l *udpListener) {
 			b.iovOut[nout].Base = nil
 			o.Len = uint32(start) // remember the offset until then
 			nout++
+		}
+		if cd != nil {
+			var elapsed int64
+			if cd.hasPend {
+				elapsed = s.cfg.Clock.Now().UnixNano() - now
+			}
+			cd.flush(s.cdz.n, elapsed)
 		}
 		if nout == 0 {
 			continue

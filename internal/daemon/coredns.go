@@ -1,0 +1,44 @@
+package daemon
+
+import (
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
+)
+
+// coreDNSBlocks are the server blocks whose metrics are served under
+// CoreDNS's names: the Corefile's, or without one the zones the flags
+// route (the cluster domain and the reverse zones to kube-dns, the rest to
+// the node's resolvers) as the reference Corefile's blocks name them.
+func coreDNSBlocks(cfg *config.Config) []metrics.CDBlock {
+	if cc := cfg.DropIn.Corefile; cc != nil {
+		var out []metrics.CDBlock
+		for _, s := range cc.Servers {
+			b := metrics.CDBlock{Zones: s.Zones, Prometheus: s.Prometheus != ""}
+			for _, p := range s.Plugins {
+				b.Plugins = append(b.Plugins, p.Name)
+			}
+			out = append(out, b)
+		}
+		return out
+	}
+	// The reference Corefile's handlers, in CoreDNS's execution order.
+	plugins := []string{"prometheus", "errors", "cache", "loop", "forward"}
+	var out []metrics.CDBlock
+	for _, z := range []string{cfg.ClusterDomain, "in-addr.arpa.", "ip6.arpa.", "."} {
+		out = append(out, metrics.CDBlock{Zones: []string{z}, Plugins: plugins, Prometheus: true})
+	}
+	return out
+}
+
+// coreDNSZones are the zones of every block, each with its block's plugin
+// label; those of blocks without a prometheus directive are not counted.
+func coreDNSZones(blocks []metrics.CDBlock) []server.CDZone {
+	var out []server.CDZone
+	for _, b := range blocks {
+		for _, z := range b.Zones {
+			out = append(out, server.CDZone{Name: z, Plugin: metrics.PluginLabel(b.Plugins), Off: !b.Prometheus})
+		}
+	}
+	return out
+}
