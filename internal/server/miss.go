@@ -82,7 +82,9 @@ func (s *Server) startMiss(m *missReq) {
 	s.missWG.Add(1)
 	go func() {
 		defer s.missWG.Done()
-		m.out = s.resolve(m)
+		if !s.answerAutopath(m) {
+			m.out = s.resolve(m)
+		}
 		s.release()
 		s.finishMiss(m)
 	}()

@@ -71,6 +71,9 @@ type Config struct {
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
+	// Autopath, when set, answers pods' search-path queries (autopath.go);
+	// nil costs one comparison per query.
+	Autopath Autopath
 }
 
 func (c *Config) setDefaults() {
@@ -185,6 +188,9 @@ func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, no
 		out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
 		st.countRcode(wire.RcodeSuccess)
 		return out, answered
+	}
+	if s.isCandidate(q) {
+		return out, miss // decided off the hot path (autopath.go), before the cache
 	}
 	e := s.res.Hit(q, now)
 	if e == nil {
