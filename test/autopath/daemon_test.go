@@ -48,6 +48,12 @@ func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 func startUpstream(t *testing.T, addr string) *upstream {
 	t.Helper()
 	u := &upstream{z: newZone()}
+	startUpstreamHandler(t, addr, u)
+	return u
+}
+
+func startUpstreamHandler(t *testing.T, addr string, u dns.Handler) {
+	t.Helper()
 	for _, network := range []string{"udp", "tcp"} {
 		s := &dns.Server{Addr: addr, Net: network, Handler: u}
 		var started sync.WaitGroup
@@ -64,12 +70,12 @@ func startUpstream(t *testing.T, addr string) *upstream {
 		}
 		t.Cleanup(func() { _ = s.Shutdown() })
 	}
-	return u
 }
 
 // daemon is the nodelocaldns binary serving the pod's nameserver address.
 type daemon struct {
 	t       *testing.T
+	pid     int
 	metrics string
 	stderr  *syncBuffer
 	cancel  func()
@@ -133,6 +139,7 @@ func startDaemon(t *testing.T, bin string, creds map[string]string, args ...stri
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	d.pid = cmd.Process.Pid // unshare and sh exec the daemon: the same process
 	go func() { d.done <- cmd.Wait() }()
 	d.cancel = func() {
 		cancel()
@@ -225,12 +232,7 @@ func TestStubResolversAgainstTheDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"-localip", p.hostIP.String(), "-kube-dns", upIP, "-resolv-conf", nodeResolv, "-kubednscm", ""}
-	u, _ := netip.ParseAddrPort(strings.TrimPrefix(api.URL, "https://"))
-	creds := map[string]string{"token": filepath.Join(dir, "token"), "ca": filepath.Join(api.Dir, "certs", "apiserver.crt"),
-		"host": u.Addr().String(), "port": strconv.Itoa(int(u.Port()))}
-	if err := os.WriteFile(creds["token"], []byte(api.AdminToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	creds := credentials(t, api, dir)
 
 	type result struct {
 		out string
@@ -321,6 +323,19 @@ func TestStubResolversAgainstTheDaemon(t *testing.T) {
 	if !strings.Contains(on.stderr.String(), "pod watch recovered") {
 		t.Errorf("no log line for the recovered watch:\n%s", on.stderr)
 	}
+}
+
+// credentials are what startDaemon puts where a pod has its service
+// account: the API server's address, a token and its CA.
+func credentials(t *testing.T, api *apiserver.Server, dir string) map[string]string {
+	t.Helper()
+	u, _ := netip.ParseAddrPort(strings.TrimPrefix(api.URL, "https://"))
+	creds := map[string]string{"token": filepath.Join(dir, "token"), "ca": filepath.Join(api.Dir, "certs", "apiserver.crt"),
+		"host": u.Addr().String(), "port": strconv.Itoa(int(u.Port()))}
+	if err := os.WriteFile(creds["token"], []byte(api.AdminToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return creds
 }
 
 // lookup runs one client in the pod's network namespace.
