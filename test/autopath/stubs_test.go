@@ -1,10 +1,10 @@
 // Package autopath_test runs real stub resolvers (glibc's and musl's
 // getaddrinfo, Go's resolver) in a network namespace that stands for a pod, against a DNS
 // server that answers with internal/autopath or without it, and checks that
-// every lookup ends the same way with fewer queries. The server here is a
-// small one in the test (the zone below, autopath in front of it); once
-// autopath is wired into the daemon's miss path, the same table runs
-// against the daemon.
+// every lookup ends the same way with fewer queries. TestStubResolversAgreeWithAutopath
+// puts internal/autopath in front of a small server in the test;
+// TestStubResolversAgainstTheDaemon (daemon_test.go) runs the same table
+// against the nodelocaldns binary with a real kube-apiserver.
 package autopath_test
 
 import (
