@@ -33,6 +33,14 @@
 #   BENCH_NODE_RESOLVER, BENCH_KUBE_DNS  upstream addresses, port 53 [127.0.0.2, 127.0.0.3]
 #   PROFILE_WORKLOADS    workloads of `profile` [unique uniqext]
 #   PROFILE_SECONDS      length of each profile [15]
+#   BENCH_AUTOPATH=1     also the autopath workload (issue 15): a pod-like client
+#                        (bench/podclient: Go's resolver, ndots:5, the kubelet's
+#                        search list) resolving external names without and with
+#                        -autopath; queries received and daemon CPU per lookup,
+#                        appended to RESULTS.md. Needs root, etcd and the cached
+#                        kube-apiserver (test/apiserver). `bench/run.sh autopath`
+#                        runs only it (output in bench/out/autopath.md).
+#   BENCH_AUTOPATH_DURATION, BENCH_AUTOPATH_RATE  [BENCH_CPU_DURATION, 500 lookups/s]
 # Writes bench/RESULTS.md, bench/results.png; raw output in bench/out/.
 set -euo pipefail
 
@@ -738,7 +746,28 @@ bench() {
 	if [[ $QUICK == 1 ]]; then dest=$OUT; fi
 	"$BIN/report" -out "$OUT" -md "$dest/RESULTS.md" -png results.png -profile-dir "$BENCH_DIR" ${BENCH_BASELINE:+-baseline "$BENCH_BASELINE"}
 	"$BIN/chart" -in "$OUT/results.tsv" -status "$OUT/status.tsv" -out "$dest/results.png"
+	if [[ ${BENCH_AUTOPATH:-0} == 1 ]]; then
+		autopath_workload "$dest/RESULTS.md"
+	fi
 	log "done in ${SECONDS}s: ${dest#"$ROOT"/}/RESULTS.md, ${dest#"$ROOT"/}/results.png"
+}
+
+# autopath_workload FILE: issue 15's workload (test/autopath
+# TestAutopathBenchWorkload: a real kube-apiserver knows the pod, a network
+# namespace is the pod, the daemon runs without then with -autopath);
+# appends its result lines to FILE. Not pinned to cores like the rest.
+autopath_workload() {
+	local dur=${BENCH_AUTOPATH_DURATION:-$CPU_DURATION} rate=${BENCH_AUTOPATH_RATE:-500}
+	mkdir -p "$OUT"
+	log "autopath workload: ${dur}s at $rate lookups/s, without and with -autopath"
+	(cd "$ROOT" && NLD_AUTOPATH_BENCH=1 NLD_AUTOPATH_BENCH_DURATION="${dur}s" NLD_AUTOPATH_BENCH_RATE="$rate" \
+		NLD_AUTOPATH_BENCH_OUT="$OUT/autopath.txt" go test -count=1 -run TestAutopathBenchWorkload -v ./test/autopath) \
+		>"$OUT/autopath.log" 2>&1 || die "autopath workload failed: $(tail -5 "$OUT/autopath.log")"
+	{
+		printf '\n## Autopath: a pod resolving external names (ndots:5, the kubelet search list)\n\n'
+		printf '%s\n' '```' "$(cat "$OUT/autopath.txt")" '```'
+	} >>"$1"
+	cat "$OUT/autopath.txt" >&2
 }
 
 # profile_name WORKLOAD: the file name of its profile, bench/cpu-NAME.pprof.
@@ -810,7 +839,11 @@ profile_one() {
 		OUT=$BENCH_DIR/out/profile # keep the last bench's raw output
 		profile
 		;;
-	*) die "usage: $0 [bench|profile]" ;;
+	autopath)
+		mkdir -p "$OUT" && : >"$OUT/autopath.md"
+		autopath_workload "$OUT/autopath.md"
+		;;
+	*) die "usage: $0 [bench|profile|autopath]" ;;
 	esac
 	exit
 }

@@ -3,6 +3,7 @@ package autopath
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -69,11 +70,13 @@ type Config struct {
 
 // Autopath decides and builds autopath answers. Safe for concurrent use.
 type Autopath struct {
-	cfg  Config
-	clk  clock.Clock
-	svc  string // ".svc.<cluster domain>." lower case
-	mu   sync.Mutex
-	memo map[memoKey]*decision
+	cfg Config
+	clk clock.Clock
+	svc string // ".svc.<cluster domain>." lower case
+	// svcWire is "svc.<cluster domain>." in wire form, for CandidateWire.
+	svcWire []byte
+	mu      sync.Mutex
+	memo    map[memoKey]*decision
 	// overflowUntil: the memo was full; every new lookup declines until
 	// then, so both queries of a pair decline alike.
 	overflowUntil time.Time
@@ -101,7 +104,12 @@ func New(cfg Config) (*Autopath, error) {
 	if cfg.MemoEntries <= 0 {
 		cfg.MemoEntries = DefaultMemoEntries
 	}
-	a := &Autopath{cfg: cfg, clk: clock.Or(cfg.Clock), svc: ".svc." + cd, memo: map[memoKey]*decision{}}
+	buf := make([]byte, 256)
+	n, err := dns.PackDomainName("svc."+cd, buf, 0, nil, false)
+	if err != nil {
+		return nil, fmt.Errorf("autopath: cluster domain %q: %w", cfg.ClusterDomain, err)
+	}
+	a := &Autopath{cfg: cfg, clk: clock.Or(cfg.Clock), svc: ".svc." + cd, svcWire: buf[:n:n], memo: map[memoKey]*decision{}}
 	a.metrics = newMetrics(a)
 	return a, nil
 }
@@ -118,6 +126,55 @@ func (a *Autopath) Candidate(qname string, qtype uint16) bool {
 	}
 	// At least "X.ns" before ".svc.": one dot.
 	return strings.IndexByte(qname[:len(qname)-len(a.svc)], '.') > 0
+}
+
+// CandidateWire is Candidate for a query name in wire form (uncompressed
+// labels, as internal/wire parses it): the serving loops' test before the
+// cache lookup. It allocates nothing and reads no shared state.
+func (a *Autopath) CandidateWire(name []byte, qtype uint16) bool {
+	if qtype != dns.TypeA && qtype != dns.TypeAAAA {
+		return false
+	}
+	zone := a.svcWire
+	if len(name) <= len(zone) {
+		return false
+	}
+	// Walk the labels: at least two ("X.ns") before "svc.<cluster domain>.".
+	labels := 0
+	for off := 0; off < len(name); {
+		rest := len(name) - off
+		if rest == len(zone) {
+			return labels >= 2 && equalFold(name[off:], zone)
+		}
+		l := int(name[off])
+		if l == 0 || rest < len(zone) {
+			return false
+		}
+		off += 1 + l
+		labels++
+	}
+	return false
+}
+
+// equalFold compares wire names ignoring ASCII case (length bytes are
+// below 64, so they never change under the folding).
+func equalFold(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 type memoKey struct {

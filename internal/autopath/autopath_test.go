@@ -353,3 +353,29 @@ func TestAutopathMemoBound(t *testing.T) {
 		t.Error("memo never made room again")
 	}
 }
+
+// CandidateWire, the serving loops' test on the wire name, says what
+// Candidate says on the presentation name, and allocates nothing.
+func TestCandidateWireAgreesWithCandidate(t *testing.T) {
+	f := newFixture(t, newZone())
+	for _, name := range []string{
+		"api.example.com.shop.svc.cluster.local.", "Db.Shop.SVC.Cluster.Local.", "db.svc.cluster.local.",
+		"svc.cluster.local.", "cluster.local.", "x.y.svc.cluster.localx.", "x.ysvc.cluster.local.",
+		"a.b.c.d.e.f.shop.svc.cluster.local.", "example.com.", ".", "x.shop.svc.other.local.",
+	} {
+		wireName := make([]byte, 256)
+		n, err := dns.PackDomainName(name, wireName, 0, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeMX} {
+			want := f.ap.Candidate(name, qt)
+			if got := f.ap.CandidateWire(wireName[:n], qt); got != want {
+				t.Errorf("%s %d: CandidateWire %v, Candidate %v", name, qt, got, want)
+			}
+		}
+		if allocs := testing.AllocsPerRun(100, func() { f.ap.CandidateWire(wireName[:n], dns.TypeA) }); allocs != 0 {
+			t.Errorf("%s: %v allocations", name, allocs)
+		}
+	}
+}

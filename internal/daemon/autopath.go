@@ -3,18 +3,121 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"sync/atomic"
 
+	"github.com/miekg/dns"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/autopath"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
+
+// autopathHook joins -autopath's parts for the server (server.Autopath):
+// the decision (internal/autopath), the pod watch (internal/podwatch, set
+// by startPodWatch once it runs) and the Resolver it resolves candidates
+// through. Until the watch is synced no query is a candidate.
+type autopathHook struct {
+	ap    *autopath.Autopath
+	watch atomic.Pointer[podwatch.Watch]
+}
+
+// newAutopath builds the hook around res; nil when -autopath is off.
+func (d *Daemon) newAutopath(res *resolve.Resolver) (*autopathHook, error) {
+	if !d.cfg.Autopath.Enabled {
+		return nil, nil
+	}
+	h := &autopathHook{}
+	ap, err := autopath.New(autopath.Config{
+		Pods: h, Resolve: resolveCandidate(res, d.clock, uint16(d.cfg.MaxUDPSize)),
+		ClusterDomain: d.cfg.ClusterDomain, Clock: d.clock,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("-autopath: %w", err)
+	}
+	h.ap = ap
+	d.Metrics.Registry.MustRegister(ap.Collectors()...)
+	return h, nil
+}
+
+// Lookup is autopath.Pods: nothing is known before the watch runs.
+func (h *autopathHook) Lookup(ip netip.Addr) (*podwatch.Pod, podwatch.State) {
+	w := h.watch.Load()
+	if w == nil {
+		return nil, podwatch.Starting
+	}
+	return w.Lookup(ip)
+}
+
+// Candidate is the serving loops' test: allocation-free, a few loads and
+// a walk over the name's labels.
+func (h *autopathHook) Candidate(q *wire.Query) bool {
+	w := h.watch.Load()
+	return w != nil && w.State() == podwatch.Synced && h.ap.CandidateWire(q.Name, q.Type)
+}
+
+// Answer is the decision, in the miss goroutine.
+func (h *autopathHook) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
+	return h.ap.Answer(ctx, src, qname, qtype)
+}
+
+// resolveCandidate resolves a candidate through the Resolver: the cache,
+// coalescing, admission and serve-stale of any miss, and what it fetches
+// is stored, so the client's follow-up queries (the CNAME's target) are
+// hits. The TTL is the smallest of the answer's records, or the denial's
+// negative TTL (the SOA's TTL, at most its MINIMUM: RFC 2308 §5).
+func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) autopath.Resolve {
+	return func(ctx context.Context, name string, qtype uint16) (autopath.Result, error) {
+		qm := new(dns.Msg)
+		qm.SetQuestion(name, qtype)
+		raw, err := qm.Pack()
+		if err != nil {
+			return autopath.Result{}, err
+		}
+		var q wire.Query
+		if err := wire.ParseQuery(raw, &q); err != nil {
+			return autopath.Result{}, err
+		}
+		e, stale, err := res.Resolve(ctx, &q)
+		if err != nil {
+			return autopath.Result{}, err
+		}
+		var out []byte
+		if stale {
+			out = e.WriteStale(nil, &q, 0xFFFF, udpSize)
+		} else {
+			out = e.Write(nil, &q, clk.Now().UnixNano(), 0xFFFF, udpSize)
+		}
+		var am dns.Msg
+		if err := am.Unpack(out); err != nil {
+			return autopath.Result{}, err
+		}
+		r := autopath.Result{Rcode: am.Rcode, Answer: am.Answer, Ns: am.Ns}
+		if len(am.Answer) > 0 {
+			r.TTL = ^uint32(0)
+			for _, rr := range am.Answer {
+				r.TTL = min(r.TTL, rr.Header().Ttl)
+			}
+			return r, nil
+		}
+		for _, rr := range am.Ns {
+			if soa, ok := rr.(*dns.SOA); ok {
+				r.TTL = min(soa.Hdr.Ttl, soa.Minttl)
+			}
+		}
+		return r, nil
+	}
+}
 
 // startPodWatch starts -autopath's watch of this node's pods and registers
 // its metrics. The watch never stops DNS: a lost API server only turns
 // autopath off (podwatch.State) until it recovers.
 func (d *Daemon) startPodWatch() error {
-	if !d.cfg.Autopath.Enabled {
+	if d.autopath == nil {
 		return nil
 	}
 	rc := d.opt.KubeConfig
@@ -39,6 +142,7 @@ func (d *Daemon) startPodWatch() error {
 	}
 	d.Metrics.Registry.MustRegister(w.Collectors()...)
 	d.PodWatch = w
+	d.autopath.watch.Store(w)
 	ctx, cancel := context.WithCancel(context.Background())
 	d.stopPodWatch = cancel
 	d.bg.Add(1)
@@ -46,7 +150,7 @@ func (d *Daemon) startPodWatch() error {
 		defer d.bg.Done()
 		w.Run(ctx)
 	}()
-	d.log.Warn("-autopath: the pod watch runs; answering from it is wired into the server's miss path after the server refactor (issue 15)",
+	d.log.Info("-autopath: watching this node's pods; autopath answers once the watch is synced",
 		"node", d.cfg.Autopath.NodeName, "node_search", fmt.Sprint(node.Search))
 	return nil
 }

@@ -78,6 +78,7 @@ type Daemon struct {
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
 	stopPodWatch context.CancelFunc
+	autopath     *autopathHook
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -152,6 +153,15 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	cdBlocks := coreDNSBlocks(cfg)
+	d.autopath, err = d.newAutopath(res)
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	var ap server.Autopath
+	if d.autopath != nil {
+		ap = d.autopath // a nil *autopathHook would not be a nil interface
+	}
 	srv, err = server.New(server.Config{
 		Addrs:            cfg.LocalIPs,
 		Port:             cfg.Port,
@@ -165,6 +175,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
 		CoreDNSZones:     coreDNSZones(cdBlocks),
+		Autopath:         ap,
 	})
 	if err != nil {
 		d.closeGroups()

@@ -107,7 +107,9 @@ func (s *Server) missWorker(m *missReq) {
 	defer s.missWG.Done()
 	var idle *time.Timer // real time: when to exit is not what tests observe
 	for {
-		m.out = s.resolve(m)
+		if !s.answerAutopath(m) {
+			m.out = s.resolve(m)
+		}
 		s.release()
 		s.finishMiss(m)
 		if idle == nil {

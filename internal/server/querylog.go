@@ -18,6 +18,7 @@ const (
 	fromStale    = "stale"    // a stale entry (RFC 8767) after a miss
 	fromServer   = "local"    // an error or the health name, answered by the server itself
 	fromOverload = "overload" // not admitted (flight bound, waiters per question, waiting clients)
+	fromAutopath = "autopath" // answered (or dropped) by autopath (autopath.go)
 )
 
 // logQuery writes one query log line. It is only called when

@@ -75,6 +75,9 @@ type Config struct {
 	// CoreDNS's metric names (the blocks with a prometheus directive);
 	// nil counts none (stats.go).
 	CoreDNSZones []CDZone
+	// Autopath, when set, answers pods' search-path queries (autopath.go);
+	// nil costs one comparison per query.
+	Autopath Autopath
 }
 
 func (c *Config) setDefaults() {
@@ -223,6 +226,7 @@ const (
 	ansMalformed        // FORMERR, NOTIMP
 	ansBadVers
 	ansHealth
+	ansAutopath // handed to autopath, answered on the miss path
 )
 
 func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats) ([]byte, verdict, int) {
@@ -256,6 +260,11 @@ func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int
 		out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
 		st.countRcode(wire.RcodeSuccess)
 		return out, answered, ansHealth
+	}
+	if s.isCandidate(q) {
+		// Decided off the hot path (autopath.go), before the cache: a
+		// request, but no cache event of its own (its candidates are).
+		return out, miss, ansAutopath
 	}
 	e := s.res.Hit(q, now)
 	if e == nil {

@@ -244,7 +244,9 @@ func readMsg(r *bufio.Reader, buf []byte) ([]byte, error) {
 // deliver writes a miss's answer, frees its pipeline slot and returns it
 // to the pool.
 func (tc *tcpConn) deliver(m *missReq) {
-	tc.write(m.out)
+	if len(m.out) > 2 { // only the length's room: dropped (autopath.go)
+		tc.write(m.out)
+	}
 	<-tc.slots
 	tc.pending.Done()
 	putMiss(m)

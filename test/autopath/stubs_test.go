@@ -1,10 +1,10 @@
 // Package autopath_test runs real stub resolvers (glibc's and musl's
 // getaddrinfo, Go's resolver) in a network namespace that stands for a pod, against a DNS
 // server that answers with internal/autopath or without it, and checks that
-// every lookup ends the same way with fewer queries. The server here is a
-// small one in the test (the zone below, autopath in front of it); once
-// autopath is wired into the daemon's miss path, the same table runs
-// against the daemon.
+// every lookup ends the same way with fewer queries. TestStubResolversAgreeWithAutopath
+// puts internal/autopath in front of a small server in the test;
+// TestStubResolversAgainstTheDaemon (daemon_test.go) runs the same table
+// against the nodelocaldns binary with a real kube-apiserver.
 package autopath_test
 
 import (
@@ -175,7 +175,10 @@ func setupPod(t *testing.T) (*pod, *podwatch.Pod) {
 	return p, &podwatch.Pod{Namespace: "shop", Name: "web", Search: search, Ndots: 5}
 }
 
-func TestStubResolversAgreeWithAutopath(t *testing.T) {
+// buildClients builds the stub resolvers: glibc's and musl's getaddrinfo
+// and Go's resolver, by name.
+func buildClients(t *testing.T) map[string]string {
+	t.Helper()
 	need(t, "needs root for network namespaces", os.Geteuid() == 0)
 	need(t, "needs ip (iproute2), gcc and musl-gcc (musl-tools)", lookPath("ip") && lookPath("gcc") && lookPath("musl-gcc"))
 	dir := t.TempDir()
@@ -201,7 +204,19 @@ func TestStubResolversAgreeWithAutopath(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build golookup: %v\n%s", err, out)
 	}
+	return clients
+}
+
+// The table: short service names, svc.ns, a headless pod name, external
+// names with A and AAAA, A only, AAAA only, none, as many dots as ndots, a
+// trailing dot, a name found through the node's search domain.
+var names = []string{"db", "db.billing", "host.sub.billing.svc", "api.example.com", "api.example.com.",
+	"aonly.example.com", "v6only.example.com", "nx.example.com", "a.b.c.d.e.f", "intranet"}
+
+func TestStubResolversAgreeWithAutopath(t *testing.T) {
+	clients := buildClients(t)
 	p, podView := setupPod(t)
+	var err error
 	z := newZone()
 	srv := &server{z: z}
 	srv.ap, err = autopath.New(autopath.Config{
@@ -235,8 +250,6 @@ func TestStubResolversAgreeWithAutopath(t *testing.T) {
 		}
 		return strings.Join(lines, "\n"), srv.queries.Load() - before
 	}
-	names := []string{"db", "db.billing", "host.sub.billing.svc", "api.example.com", "api.example.com.",
-		"aonly.example.com", "v6only.example.com", "nx.example.com", "a.b.c.d.e.f", "intranet"}
 	var totalOff, totalOn int64
 	for _, client := range []string{"glibc", "musl", "go"} {
 		for _, name := range names {
