@@ -5,9 +5,12 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -206,7 +209,12 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: reload, bufsize, bind"},
 		{"hosts /etc/hosts", ":2: directive hosts is not supported"},
-		{"template IN AAAA", ":2: directive template is not supported"},
+		{"template IN", ":2: template: CLASS and TYPE are required"},
+		{"template IN FOO", ":2: template: invalid query type FOO"},
+		{"template IN A {\n answer \"{{ .Remote }} IN A 1.1.1.1\"\n}", "uses .Remote"},
+		{"template IN A {\n match (\n}", ":2: template: match: \"(\""},
+		{"template IN A {\n expr true\n}", ":3: template: option expr is not supported"},
+		{"template IN A {\n rcode FOO\n}", ":3: template: unknown rcode FOO"},
 		{"rewrite name a b", ":2: directive rewrite is not supported"},
 		{"dns64", ":2: directive dns64 is not supported"},
 		{"frobnicate", ":2: unknown directive frobnicate"},
@@ -314,5 +322,28 @@ func TestPoliciesLongestZone(t *testing.T) {
 		if !ok || p.Zone != tc.zone || p.SuccessMax != tc.succ || p.Cached != tc.cached {
 			t.Errorf("%s: got %+v", tc.q, p)
 		}
+	}
+}
+
+func TestTemplateForms(t *testing.T) {
+	srv, err := load(t, "example.org:53 {\ntemplate IN AAAA\ntemplate ANY A a.example.org B.Example.Org. {\n match ^x ^y\n answer \"{{ .Name }} 60 IN A 1.2.3.4\"\n additional \"a. IN A 1.1.1.1\"\n authority \"b. IN NS c.\"\n rcode NXDOMAIN\n fallthrough\n}\nforward . 1.1.1.1\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := srv[0].Templates
+	if len(ts) != 2 || ts[0].Type != dns.TypeAAAA || ts[0].Class != dns.ClassINET || !slices.Equal(ts[0].Zones, []string{"example.org."}) || ts[0].Rcode != 0 || ts[0].Fallthrough != nil {
+		t.Fatalf("first: %+v", ts)
+	}
+	b := ts[1]
+	if b.Class != dns.ClassANY || !slices.Equal(b.Zones, []string{"a.example.org.", "b.example.org."}) || len(b.Match) != 2 || len(b.Answer) != 1 ||
+		len(b.Additional) != 1 || len(b.Authority) != 1 || b.Rcode != dns.RcodeNameError || !slices.Equal(b.Fallthrough, []string{"."}) {
+		t.Fatalf("second: %+v", b)
+	}
+	var names []string
+	for _, p := range srv[0].Plugins {
+		names = append(names, p.Name)
+	}
+	if !slices.Equal(names, []string{"template", "template", "forward"}) {
+		t.Fatalf("plugins %v", names)
 	}
 }

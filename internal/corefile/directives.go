@@ -61,6 +61,7 @@ func init() {
 		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
 		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
 		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
+		"template":   {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
 }
 

@@ -84,6 +84,11 @@ func (d *Daemon) readCorefile() bool {
 		}
 	}
 	changed := false
+	if zones, err := d.reloadChain(n); err != nil { // chain.go: template, hosts, rewrite, dns64
+		d.log.Error("Corefile directives not rebuilt; keeping the old ones", "file", cc.Source(), "err", err)
+	} else if len(zones) > 0 {
+		r.changedZones, changed = append(r.changedZones, zones...), true
+	}
 	if !slices.Equal(n.DropIn.KubeDNSZones, r.cf.kubeZones) {
 		r.cf.kubeZones, changed = n.DropIn.KubeDNSZones, true
 	}

@@ -70,6 +70,10 @@ type Daemon struct {
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 
+	// The Corefile's fetch-side directives (chain.go): nil without them.
+	chain     atomic.Pointer[fetchChain]
+	chainNext resolve.FetchFunc
+
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
 	stopPodWatch context.CancelFunc
@@ -130,9 +134,14 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		d.closeGroups()
 		return nil, err
 	}
+	fetch, err := d.chainFetch(d.forward)
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
 	res, err := resolve.New(resolve.Config{
 		Cache:        d.Cache,
-		Fetch:        d.forward,
+		Fetch:        fetch,
 		Policy:       policy,
 		Clock:        opt.Clock,
 		FetchTimeout: cfg.ForwardTimeout,
