@@ -208,7 +208,12 @@ func TestImportGlobRelative(t *testing.T) {
 func TestUnsupportedOneLineErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: reload, bufsize, bind"},
-		{"hosts /etc/hosts", ":2: directive hosts is not supported"},
+		{"hosts /etc {\n}", ":2: hosts: hosts file \"/etc\" is a directory"},
+		{"hosts {\n bogus a.example\n}", ":3: hosts: \"bogus a.example\" is not an option nor an entry"},
+		{"hosts {\n ttl 0\n}", ":3: hosts: ttl takes"},
+		{"hosts {\n fallthrough\n 10.0.0.1 a.example\n}", ":4: hosts: unknown property 10.0.0.1"},
+		{"hosts {\n fallthrough_unsupported\n}", ":2: hosts: fallthrough_unsupported requires fallthrough"},
+		{"hosts\nhosts", ":3: hosts: given twice"},
 		{"template IN", ":2: template: CLASS and TYPE are required"},
 		{"template IN FOO", ":2: template: invalid query type FOO"},
 		{"template IN A {\n answer \"{{ .Remote }} IN A 1.1.1.1\"\n}", "uses .Remote"},
@@ -345,5 +350,24 @@ func TestTemplateForms(t *testing.T) {
 	}
 	if !slices.Equal(names, []string{"template", "template", "forward"}) {
 		t.Fatalf("plugins %v", names)
+	}
+}
+
+func TestHostsForms(t *testing.T) {
+	srv, err := load(t, "example.org:53 {\nhosts /nonexistent/hosts a.example.org {\n 10.0.0.1 x.a.example.org y\n ttl 60\n no_reverse\n reload 0\n fallthrough b.example.org\n fallthrough_unsupported\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := srv[0].Hosts
+	if h == nil || h.Path != "/nonexistent/hosts" || !slices.Equal(h.Zones, []string{"a.example.org."}) || !slices.Equal(h.Inline, []string{"10.0.0.1 x.a.example.org y"}) ||
+		h.TTL != 60 || !h.NoReverse || h.Reload != 0 || !slices.Equal(h.Fallthrough, []string{"b.example.org."}) || !h.FallthroughUnsupported {
+		t.Fatalf("%+v", h)
+	}
+	srv, err = load(t, ".:53 {\nhosts\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := srv[0].Hosts; h.Path != "/etc/hosts" || h.TTL != 3600 || h.Reload != 5*time.Second || h.Fallthrough != nil || !slices.Equal(h.Zones, []string{"."}) {
+		t.Fatalf("defaults %+v", h)
 	}
 }

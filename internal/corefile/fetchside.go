@@ -1,8 +1,15 @@
 package corefile
 
 import (
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
 
@@ -91,5 +98,74 @@ func setupTemplate(s *Server, d *Directive) error {
 		return bad(d, "%v", err)
 	}
 	s.Templates = append(s.Templates, c)
+	return nil
+}
+
+func setupHosts(s *Server, d *Directive) error {
+	c := &hosts.Config{Path: hosts.DefaultPath, TTL: hosts.DefaultTTL, Reload: hosts.DefaultReload}
+	args := d.Args
+	if len(args) > 0 {
+		c.Path, args = args[0].Text, args[1:]
+		if st, err := os.Stat(c.Path); err != nil && !os.IsNotExist(err) {
+			return bad(d, "unable to access hosts file %q: %v", c.Path, err)
+		} else if err == nil && st.IsDir() {
+			return bad(d, "hosts file %q is a directory", c.Path)
+		}
+		// A file that does not exist yet is read when it appears (CoreDNS
+		// warns likewise); the daemon logs it.
+	}
+	var err error
+	if c.Zones, err = zonesOf(s, d, d, args); err != nil {
+		return err
+	}
+	for _, o := range d.Block {
+		a := o.ArgStrings()
+		switch o.Name {
+		case "fallthrough":
+			if c.Fallthrough, err = fallthroughZones(s, d, o); err != nil {
+				return err
+			}
+		case "fallthrough_unsupported":
+			if len(a) != 0 {
+				return badOpt(d, o, "fallthrough_unsupported takes no arguments")
+			}
+			c.FallthroughUnsupported = true
+		case "no_reverse":
+			c.NoReverse = true
+		case "ttl":
+			n, err := strconv.Atoi(strings.Join(a, ""))
+			if len(a) != 1 || err != nil || n <= 0 || n > 65535 {
+				return badOpt(d, o, "ttl takes a number of seconds from 1 to 65535")
+			}
+			c.TTL = uint32(n)
+		case "reload":
+			if len(a) != 1 {
+				return badOpt(d, o, "reload needs a duration (zero seconds to disable)")
+			}
+			t, err := time.ParseDuration(a[0])
+			if err != nil || t < 0 {
+				return badOpt(d, o, "invalid duration for reload %q", a[0])
+			}
+			c.Reload = t
+		default:
+			if c.Fallthrough != nil {
+				return badOpt(d, o, "unknown property %s (entries come before fallthrough)", o.Name)
+			}
+			// An inline entry: ADDRESS NAME... CoreDNS skips a line whose
+			// address does not parse; we refuse it.
+			ip := o.Name
+			if i := strings.IndexByte(ip, '%'); i >= 0 {
+				ip = ip[:i]
+			}
+			if _, err := netip.ParseAddr(ip); err != nil || len(a) == 0 {
+				return badOpt(d, o, "%q is not an option nor an entry ADDRESS NAME...", strings.Join(append([]string{o.Name}, a...), " "))
+			}
+			c.Inline = append(c.Inline, strings.Join(append([]string{o.Name}, a...), " "))
+		}
+	}
+	if c.FallthroughUnsupported && c.Fallthrough == nil {
+		return bad(d, "fallthrough_unsupported requires fallthrough")
+	}
+	s.Hosts = c
 	return nil
 }

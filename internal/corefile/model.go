@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
 
@@ -38,6 +39,7 @@ type Server struct {
 	// Directives that answer on the fetch side of the cache (see
 	// internal/daemon/chain.go), in the order written where several.
 	Templates []template.Config
+	Hosts     *hosts.Config
 
 	// Plugins are the directives present, in CoreDNS's execution order
 	// (plugin.cfg), not the order of the lines.

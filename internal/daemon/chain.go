@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
@@ -36,6 +37,7 @@ type blockChain struct {
 	sig any
 	// Counters of the block's directives (for metrics).
 	template *template.Handler
+	hosts    *hosts.Handler
 }
 
 // fetchChain is what the daemon's FetchFunc runs: the blocks' chains,
@@ -51,7 +53,7 @@ func (d *Daemon) chainFetch(next resolve.FetchFunc) (resolve.FetchFunc, error) {
 	if cc == nil {
 		return next, nil
 	}
-	c, err := buildChains(cc.Servers, next)
+	c, err := d.buildChains(cc.Servers, next)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +75,7 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
 		return nil, nil
 	}
-	c, err := buildChains(n.DropIn.Corefile.Servers, d.chainNext)
+	c, err := d.buildChains(n.DropIn.Corefile.Servers, d.chainNext)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +99,7 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 }
 
 // buildChains builds every block's chain.
-func buildChains(servers []*corefile.Server, next resolve.FetchFunc) (*fetchChain, error) {
+func (d *Daemon) buildChains(servers []*corefile.Server, next resolve.FetchFunc) (*fetchChain, error) {
 	c := &fetchChain{}
 	seen := map[string]bool{}
 	for _, s := range servers {
@@ -108,8 +110,8 @@ func buildChains(servers []*corefile.Server, next resolve.FetchFunc) (*fetchChai
 				b.zones = append(b.zones, z)
 			}
 		}
-		b.sig = []any{s.Templates}
-		if err := b.build(s, c, next); err != nil {
+		b.sig = []any{s.Templates, s.Hosts}
+		if err := b.build(d, s, c, next); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Pos, err)
 		}
 		c.blocks = append(c.blocks, b)
@@ -119,7 +121,7 @@ func buildChains(servers []*corefile.Server, next resolve.FetchFunc) (*fetchChai
 
 // build links s's fetch-side directives in plugin.cfg order (s.Plugins is
 // sorted so), ending in the forward routes.
-func (b *blockChain) build(s *corefile.Server, c *fetchChain, next resolve.FetchFunc) error {
+func (b *blockChain) build(d *Daemon, s *corefile.Server, c *fetchChain, next resolve.FetchFunc) error {
 	run := msgNext(func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 		return exchangeMsg(ctx, r, next)
 	})
@@ -127,6 +129,14 @@ func (b *blockChain) build(s *corefile.Server, c *fetchChain, next resolve.Fetch
 	// Walk backwards so each link wraps the ones after it.
 	for i := len(s.Plugins) - 1; i >= 0; i-- {
 		switch s.Plugins[i].Name {
+		case "hosts":
+			h := hosts.New(*s.Hosts, d.clock, d.log.With("component", "hosts", "block", s.Pos.String()))
+			b.hosts = h
+			inner := run
+			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+				return h.Serve(ctx, r, hosts.Next(inner))
+			}
+			have = true
 		case "template":
 			if b.template != nil {
 				continue // repeated lines: one handler holds them all

@@ -66,14 +66,15 @@ type directiveCase struct {
 // runDirectiveParity starts nodelocaldns and CoreDNS 1.15 with corefile
 // (a format string taking the DNS port as %[1]d and the upstream as
 // %[2]s) and compares their answers to cases.
-func runDirectiveParity(t *testing.T, corefile string, cases []directiveCase, files map[string]string) {
+// It returns both servers' addresses and the directory of files.
+func runDirectiveParity(t *testing.T, corefile string, cases []directiveCase, files map[string]string) (ours, core, dir string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	ours, coredns := buildNodelocaldns(t), buildCoreDNS(t)
+	oursBin, coredns := buildNodelocaldns(t), buildCoreDNS(t)
 	up, kube := upstream(t, "93.184.216.34"), upstream(t, "10.96.1.1")
-	dir := t.TempDir()
+	dir = t.TempDir()
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
@@ -88,7 +89,7 @@ func runDirectiveParity(t *testing.T, corefile string, cases []directiveCase, fi
 		}
 	}
 	var lo, lc syncBuffer
-	start(t, []string{ours, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
+	start(t, []string{oursBin, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-kube-dns", kube, "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
 		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, &lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
@@ -113,6 +114,7 @@ func runDirectiveParity(t *testing.T, corefile string, cases []directiveCase, fi
 			}
 		}
 	}
+	return aOurs, aCore, dir
 }
 
 func TestTemplateParityWithCoreDNS(t *testing.T) {
@@ -168,4 +170,70 @@ func TestTemplateParityWithCoreDNS(t *testing.T) {
 		{"bad.strict.example.", dns.TypeA},
 		{"mx.example.", dns.TypeMX},
 	}, nil)
+}
+
+func TestHostsParityWithCoreDNS(t *testing.T) {
+	ours, core, dir := runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    hosts DIR/hosts {
+        10.1.1.1 inline.example
+        fd00::1 inline.example Inline2.Example.
+        ttl 60
+        reload 200ms
+        fallthrough
+    }
+    forward . %[2]s
+}
+strict.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    hosts DIR/hosts2 {
+        no_reverse
+        reload 200ms
+    }
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"file.example.", dns.TypeA},
+		{"FILE.example.", dns.TypeAAAA},
+		{"file.example.", dns.TypeMX},
+		{"file2.example.", dns.TypeA},
+		{"file2.example.", dns.TypeAAAA},
+		{"inline.example.", dns.TypeA},
+		{"inline.example.", dns.TypeAAAA},
+		{"inline2.example.", dns.TypeA},
+		{"x.wild.example.", dns.TypeA},
+		{"wild.example.", dns.TypeA},
+		{"2.2.2.10.in-addr.arpa.", dns.TypePTR},
+		{"1.1.1.10.in-addr.arpa.", dns.TypePTR},
+		{"2.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.", dns.TypePTR},
+		{"9.9.9.10.in-addr.arpa.", dns.TypePTR},
+		{"www.example.org.", dns.TypeA},
+		{"a.strict.test.", dns.TypeA},
+		{"a.strict.test.", dns.TypeAAAA},
+		{"b.strict.test.", dns.TypeA},
+		{"4.4.4.10.in-addr.arpa.", dns.TypePTR},
+	}, map[string]string{
+		"hosts":  "10.2.2.2 file.example file2.example # a comment\n\n# only a comment\nfd00::2   file.example\n10.3.3.3 *.wild.example\nnot-an-address bad.example\n",
+		"hosts2": "10.4.4.4 a.strict.test\n",
+	})
+	// The file is watched: a new entry is answered within the reload
+	// interval (200ms) by both (SERVFAIL before: not cached).
+	if err := os.WriteFile(filepath.Join(dir, "hosts2"), []byte("10.5.5.5 new.strict.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{ours, core} {
+		deadline := time.Now().Add(10 * time.Second)
+		for i := 0; ; i++ {
+			a := askFull(t, addr, "new.strict.test.", dns.TypeA)
+			if a.rcode == "NOERROR" && len(a.answer) == 1 && strings.HasSuffix(a.answer[0], "10.5.5.5") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: new.strict.test. after the file changed: %s", addr, a)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 }
