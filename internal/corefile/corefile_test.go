@@ -220,7 +220,9 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"template IN A {\n match (\n}", ":2: template: match: \"(\""},
 		{"template IN A {\n expr true\n}", ":3: template: option expr is not supported"},
 		{"template IN A {\n rcode FOO\n}", ":3: template: unknown rcode FOO"},
-		{"rewrite name a b", ":2: directive rewrite is not supported"},
+		{"rewrite name a", ":2: rewrite: too few arguments for a name rule"},
+		{"rewrite type A AAAA", ":2: rewrite: type rules are not supported (name rules only)"},
+		{"rewrite name exact a b {\n answer auto\n}", ":3: rewrite: option answer is not supported"},
 		{"dns64", ":2: directive dns64 is not supported"},
 		{"frobnicate", ":2: unknown directive frobnicate"},
 		{"forward . tls://1.1.1.1", ":2: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported"},
@@ -369,5 +371,15 @@ func TestHostsForms(t *testing.T) {
 	}
 	if h := srv[0].Hosts; h.Path != "/etc/hosts" || h.TTL != 3600 || h.Reload != 5*time.Second || h.Fallthrough != nil || !slices.Equal(h.Zones, []string{"."}) {
 		t.Fatalf("defaults %+v", h)
+	}
+}
+
+func TestRewriteForms(t *testing.T) {
+	srv, err := load(t, ".:53 {\nrewrite name exact a.test b.test\nrewrite stop {\n name regex ^(.*)\\.x\\.$ {1}.y.\n answer auto\n}\nforward . 1.1.1.1\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := srv[0].Rewrites; len(rs) != 2 || rs[1].String() != `stop name regex ^(.*)\.x\.$ {1}.y. answer auto` {
+		t.Fatalf("%v", rs)
 	}
 }

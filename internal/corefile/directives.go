@@ -62,6 +62,7 @@ func init() {
 		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
 		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
 		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
+		"rewrite":    {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
 		"template":   {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
 }

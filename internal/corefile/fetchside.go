@@ -10,6 +10,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
+	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
 
@@ -167,5 +168,23 @@ func setupHosts(s *Server, d *Directive) error {
 		return bad(d, "fallthrough_unsupported requires fallthrough")
 	}
 	s.Hosts = c
+	return nil
+}
+
+func setupRewrite(s *Server, d *Directive) error {
+	args := d.ArgStrings()
+	if len(args) < 2 {
+		// CoreDNS reads a block's tokens as one rule.
+		for _, o := range d.Block {
+			args = append(append(args, o.Name), o.ArgStrings()...)
+		}
+	} else if err := noBlock(d); err != nil {
+		return err
+	}
+	r, err := rewrite.ParseRule(args)
+	if err != nil {
+		return bad(d, "%v", err)
+	}
+	s.Rewrites = append(s.Rewrites, r)
 	return nil
 }

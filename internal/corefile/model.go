@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
+	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
 
@@ -40,6 +41,7 @@ type Server struct {
 	// internal/daemon/chain.go), in the order written where several.
 	Templates []template.Config
 	Hosts     *hosts.Config
+	Rewrites  []*rewrite.Rule
 
 	// Plugins are the directives present, in CoreDNS's execution order
 	// (plugin.cfg), not the order of the lines.

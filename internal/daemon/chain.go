@@ -14,6 +14,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
 
@@ -38,6 +39,7 @@ type blockChain struct {
 	// Counters of the block's directives (for metrics).
 	template *template.Handler
 	hosts    *hosts.Handler
+	rewrite  *rewrite.Handler
 }
 
 // fetchChain is what the daemon's FetchFunc runs: the blocks' chains,
@@ -110,7 +112,7 @@ func (d *Daemon) buildChains(servers []*corefile.Server, next resolve.FetchFunc)
 				b.zones = append(b.zones, z)
 			}
 		}
-		b.sig = []any{s.Templates, s.Hosts}
+		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites)}
 		if err := b.build(d, s, c, next); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Pos, err)
 		}
@@ -135,6 +137,17 @@ func (b *blockChain) build(d *Daemon, s *corefile.Server, c *fetchChain, next re
 			inner := run
 			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 				return h.Serve(ctx, r, hosts.Next(inner))
+			}
+			have = true
+		case "rewrite":
+			if b.rewrite != nil {
+				continue
+			}
+			h := rewrite.New(s.Rewrites)
+			b.rewrite = h
+			inner := run
+			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+				return h.Serve(ctx, r, rewrite.Next(inner))
 			}
 			have = true
 		case "template":
@@ -184,7 +197,7 @@ func (c *fetchChain) fetch(ctx context.Context, qname string, query []byte, next
 	if err := r.Unpack(query); err != nil {
 		return nil, err
 	}
-	m, err := b.run(ctx, r)
+	m, err := b.run(context.WithValue(ctx, routeKey{}, qname), r)
 	if err != nil {
 		return nil, err
 	}
@@ -199,11 +212,18 @@ func (c *fetchChain) lookup(ctx context.Context, name string, qtype uint16, next
 	r.SetQuestion(dns.Fqdn(strings.ToLower(name)), qtype)
 	r.SetEdns0(dns.DefaultMsgSize, false)
 	b := c.block(r.Question[0].Name)
+	ctx = context.WithValue(ctx, routeKey{}, r.Question[0].Name)
 	if b == nil || b.run == nil {
 		return exchangeMsg(ctx, r, next)
 	}
 	return b.run(ctx, r)
 }
+
+// routeKey is the context key of the name a block's forward is chosen by:
+// the question's name before any rewrite (CoreDNS forwards a rewritten
+// question with the block's forward, the block chosen by the name the
+// client asked).
+type routeKey struct{}
 
 // exchangeMsg sends r through the forward routes.
 func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.Msg, error) {
@@ -214,7 +234,11 @@ func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.
 	if err != nil {
 		return nil, err
 	}
-	ans, err := next(ctx, strings.ToLower(r.Question[0].Name), q)
+	route := strings.ToLower(r.Question[0].Name)
+	if n, ok := ctx.Value(routeKey{}).(string); ok {
+		route = n
+	}
+	ans, err := next(ctx, route, q)
 	if err != nil {
 		return nil, err
 	}
@@ -223,4 +247,12 @@ func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.
 		return nil, err
 	}
 	return m, nil
+}
+
+func rewriteSig(rules []*rewrite.Rule) []string {
+	var out []string
+	for _, r := range rules {
+		out = append(out, r.String())
+	}
+	return out
 }

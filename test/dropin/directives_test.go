@@ -237,3 +237,36 @@ strict.test:%[1]d {
 		}
 	}
 }
+
+func TestRewriteParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite name exact alias.test www.example.org
+    rewrite name suffix .short.test. .example.org. answer auto
+    rewrite name regex ^(.*)\.rx\.test\.$ {1}.example.org answer auto
+    rewrite name substring sub.test alias.example.org
+    rewrite continue name exact chain1.test chain2.test
+    rewrite name exact chain2.test www.example.org
+    rewrite stop {
+        name regex ^(.*)\.blk\.test\.$ {1}.example.org.
+        answer name ^(.*)\.example\.org\.$ {1}.blk.test.
+        answer value ^(.*)\.example\.org\.$ {1}.blk.test.
+    }
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"alias.test.", dns.TypeA},
+		{"Alias.Test.", dns.TypeA},
+		{"www.short.test.", dns.TypeA},
+		{"alias.short.test.", dns.TypeA},
+		{"nx1.short.test.", dns.TypeA},
+		{"alias.rx.test.", dns.TypeA},
+		{"www.rx.test.", dns.TypeAAAA},
+		{"x.sub.test.", dns.TypeA},
+		{"chain1.test.", dns.TypeA},
+		{"www.blk.test.", dns.TypeA},
+		{"alias.blk.test.", dns.TypeA},
+		{"www.example.org.", dns.TypeA},
+	}, nil)
+}
