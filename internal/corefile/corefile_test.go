@@ -223,7 +223,9 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"rewrite name a", ":2: rewrite: too few arguments for a name rule"},
 		{"rewrite type A AAAA", ":2: rewrite: type rules are not supported (name rules only)"},
 		{"rewrite name exact a b {\n answer auto\n}", ":3: rewrite: option answer is not supported"},
-		{"dns64", ":2: directive dns64 is not supported"},
+		{"dns64 10.0.0.0/8", ":2: dns64: \"10.0.0.0/8\" is not an IPv6 prefix"},
+		{"dns64 {\n prefix 64:ff9b::/33\n}", ":3: dns64: invalid prefix length 33"},
+		{"dns64 {\n frob\n}", ":3: dns64: unknown property frob"},
 		{"frobnicate", ":2: unknown directive frobnicate"},
 		{"forward . tls://1.1.1.1", ":2: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported"},
 		{"forward . 1.1.1.1 {\n tls_servername x\n}", ":3: forward: option tls_servername is not supported; supported: forward FROM TO..."},
@@ -381,5 +383,22 @@ func TestRewriteForms(t *testing.T) {
 	}
 	if rs := srv[0].Rewrites; len(rs) != 2 || rs[1].String() != `stop name regex ^(.*)\.x\.$ {1}.y. answer auto` {
 		t.Fatalf("%v", rs)
+	}
+}
+
+func TestDNS64Forms(t *testing.T) {
+	srv, err := load(t, ".:53 {\ndns64 {\n prefix 2001:db8::/32\n translate_all\n allow_ipv4\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := srv[0].DNS64; c == nil || c.Prefix.String() != "2001:db8::/32" || !c.TranslateAll || !c.AllowIPv4 {
+		t.Fatalf("%+v", c)
+	}
+	srv, err = load(t, ".:53 {\ndns64\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := srv[0].DNS64; c.Prefix.String() != "64:ff9b::/96" || c.TranslateAll || c.AllowIPv4 {
+		t.Fatalf("%+v", c)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
@@ -186,5 +187,51 @@ func setupRewrite(s *Server, d *Directive) error {
 		return bad(d, "%v", err)
 	}
 	s.Rewrites = append(s.Rewrites, r)
+	return nil
+}
+
+func setupDNS64(s *Server, d *Directive) error {
+	c := &dns64.Config{Prefix: dns64.DefaultPrefix}
+	switch len(d.Args) {
+	case 0:
+	case 1:
+		p, err := dns64.ParsePrefix(d.Args[0].Text)
+		if err != nil {
+			return bad(d, "%v", err)
+		}
+		c.Prefix = p
+		// CoreDNS reads no block after a prefix argument.
+		if err := noBlock(d); err != nil {
+			return err
+		}
+	default:
+		return bad(d, "takes at most one prefix")
+	}
+	for _, o := range d.Block {
+		a := o.ArgStrings()
+		switch o.Name {
+		case "prefix":
+			if len(a) != 1 {
+				return badOpt(d, o, "prefix takes one prefix")
+			}
+			p, err := dns64.ParsePrefix(a[0])
+			if err != nil {
+				return badOpt(d, o, "%v", err)
+			}
+			c.Prefix = p
+		case "translate_all", "allow_ipv4":
+			if len(a) != 0 {
+				return badOpt(d, o, "%s takes no arguments", o.Name)
+			}
+			if o.Name == "translate_all" {
+				c.TranslateAll = true
+			} else {
+				c.AllowIPv4 = true
+			}
+		default:
+			return badOpt(d, o, "unknown property %s", o.Name)
+		}
+	}
+	s.DNS64 = c
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
@@ -42,6 +43,7 @@ type Server struct {
 	Templates []template.Config
 	Hosts     *hosts.Config
 	Rewrites  []*rewrite.Rule
+	DNS64     *dns64.Config
 
 	// Plugins are the directives present, in CoreDNS's execution order
 	// (plugin.cfg), not the order of the lines.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
@@ -40,6 +41,7 @@ type blockChain struct {
 	template *template.Handler
 	hosts    *hosts.Handler
 	rewrite  *rewrite.Handler
+	dns64    *dns64.Handler
 }
 
 // fetchChain is what the daemon's FetchFunc runs: the blocks' chains,
@@ -112,7 +114,7 @@ func (d *Daemon) buildChains(servers []*corefile.Server, next resolve.FetchFunc)
 				b.zones = append(b.zones, z)
 			}
 		}
-		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites)}
+		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64}
 		if err := b.build(d, s, c, next); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Pos, err)
 		}
@@ -137,6 +139,24 @@ func (b *blockChain) build(d *Daemon, s *corefile.Server, c *fetchChain, next re
 			inner := run
 			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 				return h.Serve(ctx, r, hosts.Next(inner))
+			}
+			have = true
+		case "dns64":
+			cfg := *s.DNS64
+			if !cfg.AllowIPv4 {
+				for _, a := range d.cfg.LocalIPs {
+					if a.Unmap().Is4() {
+						return fmt.Errorf("dns64 without allow_ipv4, and we listen on %s: CoreDNS leaves IPv4 clients' answers alone, but behind our cache one answer serves every client of a question; bind IPv6 addresses only, or add allow_ipv4", a)
+					}
+				}
+			}
+			h := dns64.New(cfg, func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
+				return c.lookup(ctx, name, qtype, next)
+			})
+			b.dns64 = h
+			inner := run
+			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+				return h.Serve(ctx, r, dns64.Next(inner))
 			}
 			have = true
 		case "rewrite":
@@ -208,6 +228,11 @@ func (c *fetchChain) fetch(ctx context.Context, qname string, query []byte, next
 // lookup resolves name through its block's chain (a template's CNAME
 // target), as CoreDNS's upstream asks its own server.
 func (c *fetchChain) lookup(ctx context.Context, name string, qtype uint16, next resolve.FetchFunc) (*dns.Msg, error) {
+	depth, _ := ctx.Value(depthKey{}).(int)
+	if depth >= maxLookupDepth {
+		return nil, fmt.Errorf("chain: %s: more than %d nested lookups (a template CNAME loop?)", name, maxLookupDepth)
+	}
+	ctx = context.WithValue(ctx, depthKey{}, depth+1)
 	r := new(dns.Msg)
 	r.SetQuestion(dns.Fqdn(strings.ToLower(name)), qtype)
 	r.SetEdns0(dns.DefaultMsgSize, false)
@@ -218,6 +243,13 @@ func (c *fetchChain) lookup(ctx context.Context, name string, qtype uint16, next
 	}
 	return b.run(ctx, r)
 }
+
+// depthKey counts nested lookups in a context; maxLookupDepth bounds them
+// (CNAME chains through templates, dns64's A lookups): deeper than any
+// sane configuration, shallow enough that a loop fails fast.
+type depthKey struct{}
+
+const maxLookupDepth = 8
 
 // routeKey is the context key of the name a block's forward is chosen by:
 // the question's name before any rewrite (CoreDNS forwards a rewritten

@@ -3,6 +3,7 @@ package dropin
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -269,4 +270,77 @@ func TestRewriteParityWithCoreDNS(t *testing.T) {
 		{"alias.blk.test.", dns.TypeA},
 		{"www.example.org.", dns.TypeA},
 	}, nil)
+}
+
+func TestDNS64ParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    dns64 {
+        allow_ipv4
+    }
+    template IN AAAA has6.test {
+        answer "{{ .Name }} 60 IN AAAA 2001:db8::1"
+    }
+    template IN A has6.test {
+        answer "{{ .Name }} 60 IN A 192.0.2.1"
+    }
+    forward . %[2]s
+}
+all.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    dns64 {
+        prefix 2001:db8:64::/40
+        translate_all
+        allow_ipv4
+    }
+    template IN AAAA x.all.test {
+        answer "{{ .Name }} 60 IN AAAA 2001:db8::2"
+    }
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"www.example.org.", dns.TypeAAAA},
+		{"WWW.example.org.", dns.TypeAAAA},
+		{"alias.example.org.", dns.TypeAAAA},
+		{"nx1.example.org.", dns.TypeAAAA},
+		{"sf1.example.org.", dns.TypeAAAA},
+		{"www.example.org.", dns.TypeA},
+		{"has6.test.", dns.TypeAAAA},
+		{"www.all.test.", dns.TypeAAAA},
+		{"x.all.test.", dns.TypeAAAA},
+	}, nil)
+}
+
+// dns64 without allow_ipv4 decides per client in CoreDNS; behind our cache
+// it cannot, so a daemon listening on IPv4 refuses it with one line.
+func TestDNS64WithoutAllowIPv4OnIPv4Refused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := buildNodelocaldns(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "Corefile")
+	p := freePort(t)
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(".:%d {\n bind 127.0.0.1\n dns64\n forward . 127.0.0.1:9\n}\n", p)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-localip", "127.0.0.1", "-conf", conf, "-basecorefile", filepath.Join(dir, "none"),
+		"-kubednscm=", "-kube-dns", "127.0.0.2:53", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still running:\n%s", out)
+	}
+	if err == nil || !strings.Contains(string(out), "dns64 without allow_ipv4") {
+		t.Fatalf("err %v, output:\n%s", err, out)
+	}
 }
