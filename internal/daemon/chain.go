@@ -142,14 +142,9 @@ func (b *blockChain) build(d *Daemon, s *corefile.Server, c *fetchChain, next re
 			}
 			have = true
 		case "dns64":
+			// Without allow_ipv4 the configuration refused an IPv4
+			// listener (config.checkDNS64).
 			cfg := *s.DNS64
-			if !cfg.AllowIPv4 {
-				for _, a := range d.cfg.LocalIPs {
-					if a.Unmap().Is4() {
-						return fmt.Errorf("dns64 without allow_ipv4, and we listen on %s: CoreDNS leaves IPv4 clients' answers alone, but behind our cache one answer serves every client of a question; bind IPv6 addresses only, or add allow_ipv4", a)
-					}
-				}
-			}
 			h := dns64.New(cfg, func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
 				return c.lookup(ctx, name, qtype, next)
 			})
