@@ -283,3 +283,45 @@ func rewriteSig(rules []*rewrite.Rule) []string {
 	}
 	return out
 }
+
+// BlockStats are the counters of one block's fetch-side directives (nil
+// where the block has none), for metrics (CoreDNS: coredns_template_*,
+// coredns_hosts_*, coredns_dns64_*).
+type BlockStats struct {
+	Zones    []string
+	Template *template.Stats
+	Hosts    *hosts.Stats
+	Rewrite  *rewrite.Stats
+	DNS64    *dns64.Stats
+}
+
+// DirectiveStats returns the counters of the blocks with fetch-side
+// directives, as running now (a Corefile change replaces them: call again
+// at each scrape).
+func (d *Daemon) DirectiveStats() []BlockStats {
+	c := d.chain.Load()
+	if c == nil {
+		return nil
+	}
+	var out []BlockStats
+	for _, b := range c.blocks {
+		if b.run == nil {
+			continue
+		}
+		s := BlockStats{Zones: b.zones}
+		if b.template != nil {
+			s.Template = &b.template.Stats
+		}
+		if b.hosts != nil {
+			s.Hosts = &b.hosts.Stats
+		}
+		if b.rewrite != nil {
+			s.Rewrite = &b.rewrite.Stats
+		}
+		if b.dns64 != nil {
+			s.DNS64 = &b.dns64.Stats
+		}
+		out = append(out, s)
+	}
+	return out
+}
