@@ -217,6 +217,7 @@ func (c *fetchChain) fetch(ctx context.Context, qname string, query []byte, next
 		return nil, err
 	}
 	m.Id = r.Id
+	m.Compress = true // as upstreams pack: truncation keeps as many records
 	return m.Pack()
 }
 
