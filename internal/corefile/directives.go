@@ -32,9 +32,10 @@ func order(name string) int {
 	return len(coreDNSOrder)
 }
 
-// directive describes how one Corefile directive is read. To add one (the
-// next ones: hosts, template, rewrite, dns64), add an entry with its setup;
-// it runs in coreDNSOrder's place, which Server.Plugins keeps.
+// directive describes how one Corefile directive is read. To add one, add
+// an entry with its setup; it runs in coreDNSOrder's place, which
+// Server.Plugins keeps. template, hosts, rewrite and dns64 are read in
+// fetchside.go and run behind the cache (internal/daemon/chain.go).
 type directive struct {
 	setup func(*Server, *Directive) error
 	// noop: accepted, its job done another way (listed in docs/migration.md).

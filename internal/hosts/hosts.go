@@ -112,6 +112,7 @@ func New(cfg Config, clk clock.Clock, log *slog.Logger) *Handler {
 	h := &Handler{cfg: cfg, clk: clock.Or(clk), log: log}
 	h.inline = h.parse(strings.NewReader(strings.Join(cfg.Inline, "\n")))
 	h.file = newEntries()
+	h.Stats.Entries.Store(int64(h.inline.n))
 	h.readFile()
 	return h
 }
