@@ -77,7 +77,12 @@ type Handler struct {
 	cfg    Config
 	lookup Lookup
 	Stats  Stats
+	out    atomic.Pointer[atomic.Uint64]
 }
+
+// Report makes the handler count translations in c too (internal/metrics'
+// coredns_dns64_requests_translated_total counter), from now on.
+func (h *Handler) Report(c *atomic.Uint64) { h.out.Store(c) }
 
 // New returns a handler; lookup asks for A records.
 func New(cfg Config, lookup Lookup) *Handler {
@@ -105,6 +110,9 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 		return nil, fmt.Errorf("dns64: upstream returned no response")
 	}
 	h.Stats.Translated.Add(1)
+	if c := h.out.Load(); c != nil {
+		c.Add(1)
+	}
 	return h.synthesize(r, orig, a), nil
 }
 

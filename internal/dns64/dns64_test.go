@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -66,6 +67,8 @@ func TestServe(t *testing.T) {
 		return m, nil
 	}
 	h := New(Config{}, lookup)
+	var reported atomic.Uint64
+	h.Report(&reported)
 	for name, want := range map[string]string{
 		"v4.example.":   "v4.example.\t300\tIN\tAAAA\t64:ff9b::c000:221",
 		"has6.example.": "has6.example.\t60\tIN\tAAAA\t2001:db8::1",
@@ -85,7 +88,7 @@ func TestServe(t *testing.T) {
 			t.Errorf("%s: %s, want %s", name, got, want)
 		}
 	}
-	if lookups != 1 || h.Stats.Translated.Load() != 1 {
+	if lookups != 1 || h.Stats.Translated.Load() != 1 || reported.Load() != 1 {
 		t.Errorf("lookups %d translated %d", lookups, h.Stats.Translated.Load())
 	}
 	// translate_all replaces existing AAAA records.

@@ -94,6 +94,10 @@ type Handler struct {
 	inline *entries
 	Stats  Stats
 
+	// Where Report asked the gauges to go too (internal/metrics'
+	// HostsCounters); nil when not.
+	entriesOut, reloadOut *atomic.Int64
+
 	mu        sync.RWMutex
 	file      *entries
 	mtime     time.Time
@@ -159,6 +163,27 @@ func (h *Handler) readFile() {
 	h.Stats.Entries.Store(int64(h.file.n + h.inline.n))
 	h.Stats.ReloadUnix.Store(st.ModTime().Unix())
 	h.Stats.Reloads.Add(1)
+	h.publish()
+}
+
+// Report makes the handler keep entries and reloadUnix (CoreDNS's
+// coredns_hosts_entries and coredns_hosts_reload_timestamp_seconds) as it
+// keeps Stats.Entries and Stats.ReloadUnix, from now on.
+func (h *Handler) Report(entries, reloadUnix *atomic.Int64) {
+	h.mu.Lock()
+	h.entriesOut, h.reloadOut = entries, reloadUnix
+	h.publish()
+	h.mu.Unlock()
+}
+
+// publish copies the gauges to Report's (under mu).
+func (h *Handler) publish() {
+	if h.entriesOut != nil {
+		h.entriesOut.Store(h.Stats.Entries.Load())
+	}
+	if h.reloadOut != nil {
+		h.reloadOut.Store(h.Stats.ReloadUnix.Load())
+	}
 }
 
 // maybeReload checks the file when the reload interval has passed.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,6 +46,12 @@ func TestServe(t *testing.T) {
 	}
 	clk := clock.NewFake(time.Unix(1e9, 0))
 	h := New(Config{Path: path, Zones: []string{"example."}, Inline: []string{"10.0.0.1 inline.example"}, TTL: 60, Reload: 5 * time.Second}, clk, nil)
+	var entries, reload atomic.Int64
+	h.Report(&entries, &reload)
+	// file: 2 names with PTRs, 1 wildcard; inline: 1 name with its PTR
+	if entries.Load() != 7 || reload.Load() == 0 {
+		t.Fatalf("entries %d reload %d", entries.Load(), reload.Load())
+	}
 	for _, c := range []struct {
 		name  string
 		qtype uint16
@@ -80,8 +87,8 @@ func TestServe(t *testing.T) {
 	if got := ask(t, h, "file.example.", dns.TypeA); got != "servfail" {
 		t.Fatalf("removed entry: %s", got)
 	}
-	if n := h.Stats.Reloads.Load(); n != 2 {
-		t.Fatalf("reloads %d", n)
+	if n := h.Stats.Reloads.Load(); n != 2 || entries.Load() != 4 {
+		t.Fatalf("reloads %d, entries %d", n, entries.Load())
 	}
 }
 

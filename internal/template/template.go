@@ -69,7 +69,16 @@ type Stats struct {
 	RRFailures atomic.Uint64 // an executed record did not parse
 }
 
+// Hooks count one template directive's events under CoreDNS's labels
+// (internal/metrics' TemplateCounters); nil functions are skipped.
+type Hooks struct {
+	Match     func()
+	Failure   func(section, text string) // a record template did not execute
+	RRFailure func(section, text string) // an executed record did not parse
+}
+
 type compiled struct {
+	hooks                         Hooks
 	cfg                           Config
 	regex                         []*regexp.Regexp
 	answer, additional, authority []*gotmpl.Template
@@ -122,6 +131,10 @@ func New(cfgs []Config, lookup Lookup) (*Handler, error) {
 	}
 	return h, nil
 }
+
+// SetHooks sets the hooks of the i-th template (in the order of New's
+// cfgs). Call it before the handler serves.
+func (h *Handler) SetHooks(i int, hk Hooks) { h.templates[i].hooks = hk }
 
 // Compile parses one record template as CoreDNS does (with its parseInt
 // function) and refuses .Remote (see the package comment).
@@ -231,6 +244,9 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 			continue
 		}
 		h.Stats.Matches.Add(1)
+		if t.hooks.Match != nil {
+			t.hooks.Match()
+		}
 		if t.cfg.Rcode == dns.RcodeServerFailure {
 			return nil, ErrServFail
 		}
@@ -239,7 +255,7 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 		m.Authoritative = true
 		m.Rcode = t.cfg.Rcode
 		for _, tm := range t.answer {
-			rr, err := h.execute(tm, d)
+			rr, err := h.execute(t, tm, d)
 			if err != nil {
 				return nil, err
 			}
@@ -252,14 +268,14 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 			}
 		}
 		for _, tm := range t.additional {
-			rr, err := h.execute(tm, d)
+			rr, err := h.execute(t, tm, d)
 			if err != nil {
 				return nil, err
 			}
 			m.Extra = append(m.Extra, rr)
 		}
 		for _, tm := range t.authority {
-			rr, err := h.execute(tm, d)
+			rr, err := h.execute(t, tm, d)
 			if err != nil {
 				return nil, err
 			}
@@ -270,15 +286,21 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 	return next(ctx, r)
 }
 
-func (h *Handler) execute(tm *gotmpl.Template, d *data) (dns.RR, error) {
+func (h *Handler) execute(t *compiled, tm *gotmpl.Template, d *data) (dns.RR, error) {
 	var b bytes.Buffer
 	if err := tm.Execute(&b, d); err != nil {
 		h.Stats.Failures.Add(1)
+		if t.hooks.Failure != nil {
+			t.hooks.Failure(tm.Name(), tm.Tree.Root.String())
+		}
 		return nil, fmt.Errorf("%w: %s: %v", ErrServFail, tm.Name(), err)
 	}
 	rr, err := dns.NewRR(b.String())
 	if err != nil || rr == nil {
 		h.Stats.RRFailures.Add(1)
+		if t.hooks.RRFailure != nil {
+			t.hooks.RRFailure(tm.Name(), tm.Tree.Root.String())
+		}
 		return nil, fmt.Errorf("%w: %s: record %q: %v", ErrServFail, tm.Name(), b.String(), err)
 	}
 	return rr, nil

@@ -22,6 +22,8 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hooked := 0
+	h.SetHooks(1, Hooks{Match: func() { hooked++ }})
 	for _, c := range []struct {
 		name  string
 		qtype uint16
@@ -59,8 +61,8 @@ func TestServe(t *testing.T) {
 			t.Errorf("%s %s: got %s, want %s", c.name, dns.TypeToString[c.qtype], got, c.want)
 		}
 	}
-	if n := h.Stats.Matches.Load(); n != 4 {
-		t.Errorf("matches %d, want 4", n)
+	if n := h.Stats.Matches.Load(); n != 4 || hooked != 1 {
+		t.Errorf("matches %d, want 4; the second template's hook %d, want 1", n, hooked)
 	}
 }
 
