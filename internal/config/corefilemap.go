@@ -226,6 +226,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			if p.NoOp {
 				mapped(s, "%s: accepted, no-op (%s)", p.Name, noopWhy[p.Name])
 			}
+			if why, ok := fetchSide[p.Name]; ok {
+				mapped(s, "%s: %s", strings.TrimSpace(p.Name+" "+strings.Join(p.Args, " ")), why)
+			}
 		}
 	}
 	if len(listen) > 0 {
@@ -265,6 +268,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	_ = pprof
 	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
+	}
+	if err := checkDNS64(srv, c.LocalIPs); err != nil {
+		return err
 	}
 	if haveCache {
 		c.mapCacheTTLs(set, succCap, denCap)

@@ -5,9 +5,12 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -205,10 +208,24 @@ func TestImportGlobRelative(t *testing.T) {
 func TestUnsupportedOneLineErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: reload, bufsize, bind"},
-		{"hosts /etc/hosts", ":2: directive hosts is not supported"},
-		{"template IN AAAA", ":2: directive template is not supported"},
-		{"rewrite name a b", ":2: directive rewrite is not supported"},
-		{"dns64", ":2: directive dns64 is not supported"},
+		{"hosts /etc {\n}", ":2: hosts: hosts file \"/etc\" is a directory"},
+		{"hosts {\n bogus a.example\n}", ":3: hosts: \"bogus a.example\" is not an option nor an entry"},
+		{"hosts {\n ttl 0\n}", ":3: hosts: ttl takes"},
+		{"hosts {\n fallthrough\n 10.0.0.1 a.example\n}", ":4: hosts: unknown property 10.0.0.1"},
+		{"hosts {\n fallthrough_unsupported\n}", ":2: hosts: fallthrough_unsupported requires fallthrough"},
+		{"hosts\nhosts", ":3: hosts: given twice"},
+		{"template IN", ":2: template: CLASS and TYPE are required"},
+		{"template IN FOO", ":2: template: invalid query type FOO"},
+		{"template IN A {\n answer \"{{ .Remote }} IN A 1.1.1.1\"\n}", "uses .Remote"},
+		{"template IN A {\n match (\n}", ":2: template: match: \"(\""},
+		{"template IN A {\n expr true\n}", ":3: template: option expr is not supported"},
+		{"template IN A {\n rcode FOO\n}", ":3: template: unknown rcode FOO"},
+		{"rewrite name a", ":2: rewrite: too few arguments for a name rule"},
+		{"rewrite type A AAAA", ":2: rewrite: type rules are not supported (name rules only)"},
+		{"rewrite name exact a b {\n answer auto\n}", ":3: rewrite: option answer is not supported"},
+		{"dns64 10.0.0.0/8", ":2: dns64: \"10.0.0.0/8\" is not an IPv6 prefix"},
+		{"dns64 {\n prefix 64:ff9b::/33\n}", ":3: dns64: invalid prefix length 33"},
+		{"dns64 {\n frob\n}", ":3: dns64: unknown property frob"},
 		{"frobnicate", ":2: unknown directive frobnicate"},
 		{"forward . tls://1.1.1.1", ":2: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported"},
 		{"forward . 1.1.1.1 {\n tls_servername x\n}", ":3: forward: option tls_servername is not supported; supported: forward FROM TO..."},
@@ -314,5 +331,74 @@ func TestPoliciesLongestZone(t *testing.T) {
 		if !ok || p.Zone != tc.zone || p.SuccessMax != tc.succ || p.Cached != tc.cached {
 			t.Errorf("%s: got %+v", tc.q, p)
 		}
+	}
+}
+
+func TestTemplateForms(t *testing.T) {
+	srv, err := load(t, "example.org:53 {\ntemplate IN AAAA\ntemplate ANY A a.example.org B.Example.Org. {\n match ^x ^y\n answer \"{{ .Name }} 60 IN A 1.2.3.4\"\n additional \"a. IN A 1.1.1.1\"\n authority \"b. IN NS c.\"\n rcode NXDOMAIN\n fallthrough\n}\nforward . 1.1.1.1\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := srv[0].Templates
+	if len(ts) != 2 || ts[0].Type != dns.TypeAAAA || ts[0].Class != dns.ClassINET || !slices.Equal(ts[0].Zones, []string{"example.org."}) || ts[0].Rcode != 0 || ts[0].Fallthrough != nil {
+		t.Fatalf("first: %+v", ts)
+	}
+	b := ts[1]
+	if b.Class != dns.ClassANY || !slices.Equal(b.Zones, []string{"a.example.org.", "b.example.org."}) || len(b.Match) != 2 || len(b.Answer) != 1 ||
+		len(b.Additional) != 1 || len(b.Authority) != 1 || b.Rcode != dns.RcodeNameError || !slices.Equal(b.Fallthrough, []string{"."}) {
+		t.Fatalf("second: %+v", b)
+	}
+	var names []string
+	for _, p := range srv[0].Plugins {
+		names = append(names, p.Name)
+	}
+	if !slices.Equal(names, []string{"template", "template", "forward"}) {
+		t.Fatalf("plugins %v", names)
+	}
+}
+
+func TestHostsForms(t *testing.T) {
+	srv, err := load(t, "example.org:53 {\nhosts /nonexistent/hosts a.example.org {\n 10.0.0.1 x.a.example.org y\n ttl 60\n no_reverse\n reload 0\n fallthrough b.example.org\n fallthrough_unsupported\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := srv[0].Hosts
+	if h == nil || h.Path != "/nonexistent/hosts" || !slices.Equal(h.Zones, []string{"a.example.org."}) || !slices.Equal(h.Inline, []string{"10.0.0.1 x.a.example.org y"}) ||
+		h.TTL != 60 || !h.NoReverse || h.Reload != 0 || !slices.Equal(h.Fallthrough, []string{"b.example.org."}) || !h.FallthroughUnsupported {
+		t.Fatalf("%+v", h)
+	}
+	srv, err = load(t, ".:53 {\nhosts\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := srv[0].Hosts; h.Path != "/etc/hosts" || h.TTL != 3600 || h.Reload != 5*time.Second || h.Fallthrough != nil || !slices.Equal(h.Zones, []string{"."}) {
+		t.Fatalf("defaults %+v", h)
+	}
+}
+
+func TestRewriteForms(t *testing.T) {
+	srv, err := load(t, ".:53 {\nrewrite name exact a.test b.test\nrewrite stop {\n name regex ^(.*)\\.x\\.$ {1}.y.\n answer auto\n}\nforward . 1.1.1.1\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := srv[0].Rewrites; len(rs) != 2 || rs[1].String() != `stop name regex ^(.*)\.x\.$ {1}.y. answer auto` {
+		t.Fatalf("%v", rs)
+	}
+}
+
+func TestDNS64Forms(t *testing.T) {
+	srv, err := load(t, ".:53 {\ndns64 {\n prefix 2001:db8::/32\n translate_all\n allow_ipv4\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := srv[0].DNS64; c == nil || c.Prefix.String() != "2001:db8::/32" || !c.TranslateAll || !c.AllowIPv4 {
+		t.Fatalf("%+v", c)
+	}
+	srv, err = load(t, ".:53 {\ndns64\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := srv[0].DNS64; c.Prefix.String() != "64:ff9b::/96" || c.TranslateAll || c.AllowIPv4 {
+		t.Fatalf("%+v", c)
 	}
 }

@@ -32,9 +32,10 @@ func order(name string) int {
 	return len(coreDNSOrder)
 }
 
-// directive describes how one Corefile directive is read. To add one (the
-// next ones: hosts, template, rewrite, dns64), add an entry with its setup;
-// it runs in coreDNSOrder's place, which Server.Plugins keeps.
+// directive describes how one Corefile directive is read. To add one, add
+// an entry with its setup; it runs in coreDNSOrder's place, which
+// Server.Plugins keeps. template, hosts, rewrite and dns64 are read in
+// fetchside.go and run behind the cache (internal/daemon/chain.go).
 type directive struct {
 	setup func(*Server, *Directive) error
 	// noop: accepted, its job done another way (listed in docs/migration.md).
@@ -53,14 +54,18 @@ func init() {
 		"bufsize":    {setup: setupBufsize, forms: "bufsize [SIZE]"},
 		"cache":      {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION [verify|immediate]]; servfail DURATION; disable success|denial; keepttl }"},
 		"debug":      {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
+		"dns64":      {setup: setupDNS64, forms: "dns64 [PREFIX] [{ prefix PREFIX; translate_all; allow_ipv4 }]"},
 		"errors":     {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
 		"forward":    {setup: setupForward, forms: "forward FROM TO... { force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N }"},
+		"hosts":      {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
 		"health":     {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
 		"log":        {setup: setupLog, forms: "log [ZONE...] (the block's zones)"},
 		"loop":       {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
 		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
 		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
 		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
+		"rewrite":    {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
+		"template":   {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
 }
 

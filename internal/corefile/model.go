@@ -7,6 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
+	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
+	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
+	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
 
 // Server is one server block, typed: what it listens on, which zones it
@@ -32,6 +37,13 @@ type Server struct {
 	Reload     bool
 	Loop       bool
 	Debug      bool
+
+	// Directives that answer on the fetch side of the cache (see
+	// internal/daemon/chain.go), in the order written where several.
+	Templates []template.Config
+	Hosts     *hosts.Config
+	Rewrites  []*rewrite.Rule
+	DNS64     *dns64.Config
 
 	// Plugins are the directives present, in CoreDNS's execution order
 	// (plugin.cfg), not the order of the lines.

@@ -91,7 +91,12 @@ func (d *Daemon) readCorefile() bool {
 		}
 	}
 	changed := false
-	d.swapPolicies(n) // the blocks' cache settings: applied now, no route change
+	d.swapPolicies(n)                               // the blocks' cache settings: applied now, no route change
+	if zones, err := d.reloadChain(n); err != nil { // chain.go: template, hosts, rewrite, dns64
+		d.log.Error("Corefile directives not rebuilt; keeping the old ones", "file", cc.Source(), "err", err)
+	} else if len(zones) > 0 {
+		r.changedZones, changed = append(r.changedZones, zones...), true
+	}
 	if !slices.Equal(n.DropIn.KubeDNSZones, r.cf.kubeZones) {
 		r.cf.kubeZones, changed = n.DropIn.KubeDNSZones, true
 	}

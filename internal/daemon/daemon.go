@@ -74,6 +74,9 @@ type Daemon struct {
 	// changes a block's cache settings (corefilepolicy.go).
 	policy        atomic.Pointer[resolve.PolicyFunc]
 	policyDefault resolve.Policy
+	// The Corefile's fetch-side directives (chain.go): nil without them.
+	chain     atomic.Pointer[fetchChain]
+	chainNext resolve.FetchFunc
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -138,10 +141,15 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		d.closeGroups()
 		return nil, err
 	}
+	fetch, err := d.chainFetch(d.forward)
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
 	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
 	res, err := resolve.New(resolve.Config{
 		Cache:        d.Cache,
-		Fetch:        d.forward,
+		Fetch:        fetch,
 		Policy:       d.lookupPolicy,
 		Clock:        opt.Clock,
 		FetchTimeout: cfg.ForwardTimeout,

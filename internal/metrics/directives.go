@@ -56,32 +56,48 @@ func (t *TemplateCounters) RRFailure(section, template string) {
 	t.mu.Unlock()
 }
 
-// Hosts registers the counters of one hosts directive.
+// Hosts returns the counters of the hosts directive reading file, made on
+// first use: a Corefile reload that rebuilds the directive gets the same
+// counters again, so no series is registered twice.
 func (d *Directives) Hosts(file string) *HostsCounters {
-	h := &HostsCounters{File: file}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, h := range d.hosts {
+		if h.File == file {
+			return h
+		}
+	}
+	h := &HostsCounters{File: file}
 	d.hosts = append(d.hosts, h)
-	d.mu.Unlock()
 	return h
 }
 
-// Template registers the counters of one template directive.
+// Template returns the counters of the template directives for zone,
+// class and type (one series, as CoreDNS's labels), made on first use and
+// the same after a Corefile reload.
 func (d *Directives) Template(zone, class, typ string) *TemplateCounters {
-	t := &TemplateCounters{Zone: zone, Class: class, Type: typ, tmplFail: map[[2]string]uint64{}, rrFail: map[[2]string]uint64{}}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, t := range d.templates {
+		if t.Zone == zone && t.Class == class && t.Type == typ {
+			return t
+		}
+	}
+	t := &TemplateCounters{Zone: zone, Class: class, Type: typ, tmplFail: map[[2]string]uint64{}, rrFail: map[[2]string]uint64{}}
 	d.templates = append(d.templates, t)
-	d.mu.Unlock()
 	return t
 }
 
-// DNS64 registers the counter of one dns64 directive: requests translated
-// (coredns_dns64_requests_translated_total).
+// DNS64 returns the counter of requests translated by dns64
+// (coredns_dns64_requests_translated_total), made on first use and shared
+// by every dns64 directive and every Corefile reload.
 func (d *Directives) DNS64() *atomic.Uint64 {
-	c := new(atomic.Uint64)
 	d.mu.Lock()
-	d.dns64 = append(d.dns64, c)
-	d.mu.Unlock()
-	return c
+	defer d.mu.Unlock()
+	if len(d.dns64) == 0 {
+		d.dns64 = append(d.dns64, new(atomic.Uint64))
+	}
+	return d.dns64[0]
 }
 
 var (

@@ -18,8 +18,9 @@ func TestCorefileExitCodes(t *testing.T) {
 	base := []string{"-localip", "169.254.20.10", "-conf", conf, "-basecorefile", filepath.Join(dir, "none"), "-kubednscm=",
 		"-setupinterface=false", "-setupiptables=false", "-state-dir="}
 	for _, tc := range []struct{ directive, want string }{
-		{"hosts /etc/hosts", ":3: directive hosts is not supported by nodelocaldns; supported: "},
-		{"template IN AAAA", ":3: directive template is not supported by nodelocaldns; supported: "},
+		{"kubernetes cluster.local", ":3: directive kubernetes is not supported by nodelocaldns; supported: "},
+		{"template IN AAAA {\n    answer \"{{ .Remote }} IN A 1.1.1.1\"\n  }", ":3: template: answer: \"{{ .Remote }} IN A 1.1.1.1\" uses .Remote"},
+		{"hosts {\n    bogus a.example\n  }", ":4: hosts: \"bogus a.example\" is not an option nor an entry ADDRESS NAME..."},
 		{"forward . tls://1.1.1.1", ":3: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported (plain DNS only); supported: forward FROM TO..."},
 	} {
 		text := ".:53 {\n  bind 169.254.20.10\n  " + tc.directive + "\n}\n"

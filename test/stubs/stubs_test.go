@@ -207,6 +207,20 @@ type env struct {
 // and builds the C stub for glibc and musl.
 func setup(t *testing.T, bin string) *env {
 	t.Helper()
+	return setupWith(t, bin, func(_ *env, nodeResolv string) []string {
+		return []string{"-local-mode", "-localip", cacheIP, "-resolv-conf", nodeResolv,
+			"-metrics-listen-address", cacheIP + ":9253", "-health-port", "0", "-state-dir", "", "-lameduck", "0s",
+			// Denials from cluster.local are kept 30 s (the default 5 s could
+			// expire between two rounds of one client on a loaded machine);
+			// SERVFAIL as long as it may be (5 s).
+			"-cluster-denial-ttl", "30s", "-servfail-ttl", "5s"}
+	})
+}
+
+// setupWith is setup with the daemon's arguments given by args (e.dir is
+// ready; nodeResolv names the upstream; metrics must be on cacheIP:9253).
+func setupWith(t *testing.T, bin string, args func(e *env, nodeResolv string) []string) *env {
+	t.Helper()
 	gcc := need(t, "gcc")
 	muslGCC := need(t, "musl-gcc")
 	e := &env{t: t, dir: t.TempDir(), resolv: map[string]string{}, server: map[string]string{"direct": upstreamIP, "cache": cacheIP}}
@@ -245,12 +259,7 @@ func setup(t *testing.T, bin string) *env {
 	}
 	e.metrics = cacheIP + ":9253"
 	ctx, cancel := context.WithCancel(context.Background())
-	d := exec.CommandContext(ctx, bin, "-local-mode", "-localip", cacheIP, "-resolv-conf", nodeResolv,
-		"-metrics-listen-address", e.metrics, "-health-port", "0", "-state-dir", "", "-lameduck", "0s",
-		// Denials from cluster.local are kept 30 s (the default 5 s could
-		// expire between two rounds of one client on a loaded machine);
-		// SERVFAIL as long as it may be (5 s).
-		"-cluster-denial-ttl", "30s", "-servfail-ttl", "5s")
+	d := exec.CommandContext(ctx, bin, args(e, nodeResolv)...)
 	var stderr strings.Builder
 	d.Stderr = &stderr
 	d.Cancel = func() error { return d.Process.Signal(os.Interrupt) }

@@ -1,0 +1,401 @@
+// Package rewrite rewrites question names and, on the way back, the names
+// in the answer, as CoreDNS's rewrite plugin does for its `name` rules:
+// `rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM
+// TO [answer auto | answer name FROM TO | answer value FROM TO ...]`. The
+// client sees the question it asked, and (with exact rules, answer auto,
+// or explicit answer rules) the names it asked for in the records.
+//
+// CoreDNS runs rewrite before its cache, so its cache keys the rewritten
+// question. Here rewrite runs on the fetch side, behind the cache, which
+// keys the client's question: the answers are the same; two names
+// rewritten to one are cached (and their TTLs counted down) apart, and the
+// upstream is asked once per name instead of once for both.
+//
+// CoreDNS sends a rule without answer rewriting (a prefix, suffix,
+// substring or regex rule without `answer`) back with the rewritten
+// question, which clients reject; here the question is always restored
+// (the cache keys and checks it).
+//
+// Rules other than `name` (class, type, edns0, ttl, cname, rcode) and the
+// `metadata` form are refused by the Corefile reader.
+package rewrite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/miekg/dns"
+)
+
+// Match types of a name rule.
+const (
+	Exact     = "exact"
+	Prefix    = "prefix"
+	Suffix    = "suffix"
+	Substring = "substring"
+	Regex     = "regex"
+)
+
+// maxRegexpLen is CoreDNS's bound on a pattern.
+const maxRegexpLen = 10000
+
+// Next is the rest of the chain.
+type Next func(ctx context.Context, r *dns.Msg) (*dns.Msg, error)
+
+// ErrServFail: the rewritten name is not a domain name (CoreDNS answers
+// SERVFAIL).
+var ErrServFail = errors.New("rewrite: SERVFAIL")
+
+// Stats counts rewritten questions.
+type Stats struct {
+	Rewritten atomic.Uint64
+}
+
+// stringRewriter maps one name (or record value) to another.
+type stringRewriter interface{ rewrite(string) string }
+
+// regexRewriter replaces a name matching pattern with replacement, {N}
+// standing for the Nth group.
+type regexRewriter struct {
+	pattern     *regexp.Regexp
+	replacement string
+}
+
+func (r *regexRewriter) rewrite(s string) string {
+	g := r.pattern.FindStringSubmatch(s)
+	if len(g) == 0 {
+		return s
+	}
+	return expand(r.replacement, g)
+}
+
+func expand(tmpl string, groups []string) string {
+	for i, v := range groups {
+		tmpl = strings.ReplaceAll(tmpl, "{"+strconv.Itoa(i)+"}", v)
+	}
+	return tmpl
+}
+
+// remapRewriter maps the name orig, and names under it, to replacement.
+type remapRewriter struct{ orig, replacement string }
+
+func (r *remapRewriter) rewrite(s string) string {
+	if s == r.orig {
+		return r.replacement
+	}
+	if i := len(s) - len(r.orig); i > 0 && s[i-1] == '.' && s[i:] == r.orig {
+		return s[:i] + r.replacement
+	}
+	return s
+}
+
+// suffixRewriter replaces the suffix suffix with replacement.
+type suffixRewriter struct{ suffix, replacement string }
+
+func (r *suffixRewriter) rewrite(s string) string {
+	if b, ok := strings.CutSuffix(s, r.suffix); ok {
+		return b + r.replacement
+	}
+	return s
+}
+
+// responseRule rewrites one record of the answer: its owner name, or its
+// value (the target name of SRV, MX, CNAME, NS, DNAME, NAPTR, SOA, PTR).
+type responseRule struct {
+	value bool
+	rw    stringRewriter
+}
+
+func (rr responseRule) apply(r dns.RR) {
+	if !rr.value {
+		r.Header().Name = rr.rw.rewrite(r.Header().Name)
+		return
+	}
+	if p := valueOf(r); p != nil && *p != "" {
+		*p = rr.rw.rewrite(*p)
+	}
+}
+
+func valueOf(r dns.RR) *string {
+	switch r := r.(type) {
+	case *dns.SRV:
+		return &r.Target
+	case *dns.MX:
+		return &r.Mx
+	case *dns.CNAME:
+		return &r.Target
+	case *dns.NS:
+		return &r.Ns
+	case *dns.DNAME:
+		return &r.Target
+	case *dns.NAPTR:
+		return &r.Replacement
+	case *dns.SOA:
+		return &r.Ns
+	case *dns.PTR:
+		return &r.Ptr
+	}
+	return nil
+}
+
+// Rule is one `rewrite ... name ...` line.
+type Rule struct {
+	stop        bool
+	match       string
+	from, to    string
+	pattern     *regexp.Regexp
+	auto        bool
+	static      []responseRule
+	description string
+}
+
+// String is the rule as written (for errors and logs).
+func (r *Rule) String() string { return r.description }
+
+// normalize is CoreDNS's plugin.Name.Normalize: lower case, fully qualified.
+func normalize(s string) string { return strings.ToLower(dns.Fqdn(s)) }
+
+// ParseRule reads one rewrite line's arguments (after `rewrite`), as
+// CoreDNS's newRule and newNameRule.
+func ParseRule(args []string) (*Rule, error) {
+	if len(args) == 0 {
+		return nil, errors.New("no rule type specified")
+	}
+	r := &Rule{stop: true, description: strings.Join(args, " ")}
+	switch strings.ToLower(args[0]) {
+	case "continue":
+		r.stop = false
+		args = args[1:]
+	case "stop":
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		return nil, errors.New("continue or stop must be followed by a rule type")
+	}
+	switch t := strings.ToLower(args[0]); t {
+	case "name":
+	case "answer":
+		return nil, errors.New("response rewrites must begin with a name rule")
+	case "class", "type", "edns0", "ttl", "cname", "rcode":
+		return nil, fmt.Errorf("%s rules are not supported (name rules only)", t)
+	default:
+		return nil, fmt.Errorf("invalid rule type %q", args[0])
+	}
+	args = args[1:]
+	if len(args) < 2 {
+		return nil, errors.New("too few arguments for a name rule")
+	}
+	if len(args) == 2 {
+		r.match, r.from, r.to = Exact, normalize(args[0]), normalize(args[1])
+	} else {
+		r.match = strings.ToLower(args[0])
+		if r.match == Regex {
+			r.from, r.to = args[1], args[2]
+		} else {
+			r.from, r.to = normalize(args[1]), normalize(args[2])
+		}
+	}
+	answerStart := 3
+	if len(args) == 2 {
+		answerStart = 2
+	}
+	if len(args) > answerStart && args[answerStart] == "metadata" {
+		return nil, errors.New("the metadata form is not supported")
+	}
+	if len(args) > answerStart {
+		var err error
+		if r.auto, r.static, err = parseAnswers(r.match, args[answerStart:]); err != nil {
+			return nil, err
+		}
+	}
+	switch r.match {
+	case Exact:
+		if _, err := validRegex(r.to, r.from); err != nil {
+			return nil, err
+		}
+		r.auto = true // CoreDNS: exact rules always rewrite the answer back
+	case Prefix, Substring:
+	case Suffix:
+		if r.auto {
+			// CoreDNS: the suffix's own answer rewriter, ahead of the
+			// explicit ones.
+			sr := &suffixRewriter{suffix: r.to, replacement: r.from}
+			r.static = append([]responseRule{{rw: sr}, {value: true, rw: sr}}, r.static...)
+			r.auto = false
+		}
+	case Regex:
+		p, err := validRegex(r.from, r.to)
+		if err != nil {
+			return nil, err
+		}
+		r.pattern, r.to = p, normalize(r.to)
+	default:
+		return nil, fmt.Errorf("name rule supports only exact, prefix, suffix, substring, and regex name matching, received: %s", r.match)
+	}
+	return r, nil
+}
+
+func parseAnswers(match string, args []string) (bool, []responseRule, error) {
+	if len(args) < 2 {
+		return false, nil, fmt.Errorf("invalid arguments for %s rule", match)
+	}
+	auto, names := false, 0
+	var rules []responseRule
+	last := ""
+	for i := 0; i < len(args); {
+		if last == "" && args[i] != "answer" {
+			return false, nil, fmt.Errorf("unexpected %q: answer rules begin with answer", args[i])
+		}
+		if args[i] == "answer" {
+			i++
+		}
+		if i == len(args) {
+			return false, nil, fmt.Errorf("type missing for answer rule for %s rule", match)
+		}
+		last = args[i]
+		i++
+		switch last {
+		case "auto":
+			auto = true
+		case "name", "value":
+			if len(args)-i < 2 {
+				return false, nil, fmt.Errorf("%s answer rule for %s rule: 2 arguments required", last, match)
+			}
+			p, err := validRegex(args[i], args[i+1])
+			if err != nil {
+				return false, nil, fmt.Errorf("%s answer rule for %s rule: %v", last, match, err)
+			}
+			rules = append(rules, responseRule{value: last == "value", rw: &regexRewriter{pattern: p, replacement: normalize(args[i+1])}})
+			if last == "name" {
+				names++
+			}
+			i += 2
+		default:
+			return false, nil, fmt.Errorf("invalid type %q for answer rule for %s rule", last, match)
+		}
+	}
+	if auto && names > 0 {
+		return false, nil, errors.New("auto name answer rule cannot be combined with explicit name answer rules")
+	}
+	return auto, rules, nil
+}
+
+func validRegex(from, to string) (*regexp.Regexp, error) {
+	if len(from) > maxRegexpLen {
+		return nil, fmt.Errorf("regex pattern too long: %d > %d", len(from), maxRegexpLen)
+	}
+	p, err := regexp.Compile(from)
+	if err != nil {
+		return nil, fmt.Errorf("invalid regex matching pattern: %s", from)
+	}
+	used := 0
+	for i := 0; i <= 100; i++ {
+		if strings.Contains(to, "{"+strconv.Itoa(i)+"}") {
+			used++
+		}
+	}
+	if used > p.NumSubexp() {
+		return nil, fmt.Errorf("the rewrite pattern (%s) uses more subexpressions than its matching pattern (%s)", to, from)
+	}
+	return p, nil
+}
+
+// apply rewrites name; ok is false when the rule does not match.
+func (r *Rule) apply(name string) (string, bool) {
+	switch r.match {
+	case Exact:
+		if name == r.from {
+			return r.to, true
+		}
+	case Prefix:
+		if after, ok := strings.CutPrefix(name, r.from); ok {
+			return r.to + after, true
+		}
+	case Suffix:
+		if before, ok := strings.CutSuffix(name, r.from); ok {
+			return before + r.replacementSuffix(), true
+		}
+	case Substring:
+		if strings.Contains(name, r.from) {
+			return strings.ReplaceAll(name, r.from, r.to), true
+		}
+	case Regex:
+		if g := r.pattern.FindStringSubmatch(name); len(g) > 0 {
+			return expand(r.to, g), true
+		}
+	}
+	return "", false
+}
+
+func (r *Rule) replacementSuffix() string { return r.to }
+
+// Handler is one block's rewrite rules, in the order written.
+type Handler struct {
+	rules []*Rule
+	Stats Stats
+}
+
+// New returns the handler of rules.
+func New(rules []*Rule) *Handler { return &Handler{rules: rules} }
+
+// Serve rewrites r's question, asks next, and rewrites the answer back.
+func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, error) {
+	if len(r.Question) != 1 {
+		return next(ctx, r)
+	}
+	orig := r.Question[0]
+	var back []responseRule
+	done := false
+	for _, rule := range h.rules {
+		cur := strings.ToLower(r.Question[0].Name)
+		n, ok := rule.apply(cur)
+		if !ok {
+			continue
+		}
+		if _, ok := dns.IsDomainName(n); !ok {
+			r.Question[0] = orig
+			return nil, fmt.Errorf("%w: invalid name after rewrite: %s", ErrServFail, n)
+		}
+		r.Question[0].Name = n
+		done = true
+		if rule.auto {
+			// Back to the name this rule saw (a continue rule's
+			// successors map back to it in turn).
+			rw := &remapRewriter{orig: n, replacement: cur}
+			back = append(back, responseRule{rw: rw}, responseRule{value: true, rw: rw})
+		}
+		back = append(back, rule.static...)
+		if rule.stop {
+			break
+		}
+	}
+	if !done {
+		return next(ctx, r)
+	}
+	h.Stats.Rewritten.Add(1)
+	m, err := next(ctx, r)
+	r.Question[0] = orig
+	if err != nil {
+		return nil, err
+	}
+	m = m.Copy()
+	m.Question = []dns.Question{orig}
+	if len(back) > 0 {
+		for _, sec := range [][]dns.RR{m.Ns, m.Answer, m.Extra} {
+			for _, rr := range sec {
+				if rr.Header().Rrtype == dns.TypeOPT {
+					continue
+				}
+				for i := len(back) - 1; i >= 0; i-- {
+					back[i].apply(rr)
+				}
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,346 @@
+package dropin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// fullAnswer is a whole answer compared with CoreDNS's: rcode and the
+// records of each section (TTLs apart, owner names without case), sorted
+// within a section, and the TTLs in the same order.
+type fullAnswer struct {
+	rcode             string
+	answer, ns, extra []string
+	answerTTL, nsTTL  []uint32
+}
+
+func askFull(t *testing.T, addr, name string, qtype uint16) fullAnswer {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	c := &dns.Client{Timeout: 3 * time.Second}
+	r, _, err := c.Exchange(m, addr)
+	if err != nil {
+		t.Fatalf("%s %s @%s: %v", name, dns.TypeToString[qtype], addr, err)
+	}
+	a := fullAnswer{rcode: dns.RcodeToString[r.Rcode]}
+	sec := func(rrs []dns.RR, ttls *[]uint32) []string {
+		var out []string
+		sort.SliceStable(rrs, func(i, j int) bool { return rrs[i].String() < rrs[j].String() })
+		for _, rr := range rrs {
+			if rr.Header().Rrtype == dns.TypeOPT {
+				continue
+			}
+			if ttls != nil {
+				*ttls = append(*ttls, rr.Header().Ttl)
+			}
+			rr.Header().Ttl = 0
+			out = append(out, strings.ToLower(rr.String()))
+		}
+		sort.Strings(out)
+		return out
+	}
+	a.answer = sec(r.Answer, &a.answerTTL)
+	a.ns = sec(r.Ns, &a.nsTTL)
+	a.extra = sec(r.Extra, nil)
+	return a
+}
+
+func (a fullAnswer) String() string {
+	return fmt.Sprintf("%s answer %v authority %v additional %v", a.rcode, a.answer, a.ns, a.extra)
+}
+
+// directiveCase is one question asked of both servers, twice (miss, hit).
+type directiveCase struct {
+	name  string
+	qtype uint16
+}
+
+// runDirectiveParity starts nodelocaldns and CoreDNS 1.15 with corefile
+// (a format string taking the DNS port as %[1]d and the upstream as
+// %[2]s) and compares their answers to cases.
+// It returns both servers' addresses and the directory of files.
+func runDirectiveParity(t *testing.T, corefile string, cases []directiveCase, files map[string]string) (ours, core, dir string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	oursBin, coredns := buildNodelocaldns(t), buildCoreDNS(t)
+	up, kube := upstream(t, "93.184.216.34"), upstream(t, "10.96.1.1")
+	dir = t.TempDir()
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	corefile = strings.ReplaceAll(corefile, "DIR", dir)
+	pOurs, pCore := freePort(t), freePort(t)
+	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
+	for f, p := range map[string]int{confOurs: pOurs, confCore: pCore} {
+		if err := os.WriteFile(f, []byte(fmt.Sprintf(corefile, p, up)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lo, lc syncBuffer
+	start(t, []string{oursBin, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
+		"-kubednscm=", "-kube-dns", kube, "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, &lo)
+	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
+	aOurs, aCore := fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
+	waitDNS(t, aOurs)
+	waitDNS(t, aCore)
+	for _, q := range cases {
+		key := q.name + " " + dns.TypeToString[q.qtype]
+		for round := 0; round < 2; round++ { // miss, then hit
+			o, c := askFull(t, aOurs, q.name, q.qtype), askFull(t, aCore, q.name, q.qtype)
+			if o.String() != c.String() {
+				t.Errorf("%s round %d:\n ours    %s\n coredns %s", key, round, o, c)
+				continue
+			}
+			for _, p := range [][2][]uint32{{o.answerTTL, c.answerTTL}, {o.nsTTL, c.nsTTL}} {
+				for i := range p[0] {
+					if d := int(p[0][i]) - int(p[1][i]); d < -1 || d > 1 {
+						t.Errorf("%s round %d: TTLs ours %v coredns %v", key, round, p[0], p[1])
+						break
+					}
+				}
+			}
+		}
+	}
+	return aOurs, aCore, dir
+}
+
+func TestTemplateParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `noaaaa.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    template IN AAAA {
+        rcode NOERROR
+    }
+    forward . %[2]s
+}
+.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    forward . %[2]s
+    template IN A tmpl.example {
+        match ^(?P<a>[0-9]+)-(?P<b>[0-9]+)\.tmpl\.example\.$
+        answer "{{ .Name }} 60 IN A 10.0.{{ .Group.a }}.{{ index .Match 2 }}"
+        additional "extra.tmpl.example. 30 IN TXT \"{{ .Type }} {{ .Class }} {{ .Zone }} {{ .Regex }}\""
+        authority "tmpl.example. 120 IN NS ns.tmpl.example."
+        fallthrough
+    }
+    template IN A cname.example {
+        answer "{{ .Name }} 60 IN CNAME www.example.org."
+    }
+    template ANY ANY nx.tmpl.example {
+        rcode NXDOMAIN
+        authority "nx.tmpl.example. 60 IN SOA ns.tmpl.example. host.tmpl.example. 1 2 3 4 60"
+    }
+    template IN A strict.example {
+        match ^ok\.strict\.example\.$
+        answer "{{ .Name }} IN A 10.9.9.9"
+    }
+    template IN MX mx.example {
+        answer "{{ .Name }} 300 IN MX 10 mail.{{ .Zone }}"
+        rcode NOERROR
+    }
+}
+`, []directiveCase{
+		{"www.noaaaa.test.", dns.TypeAAAA},
+		{"WWW.NoAAAA.test.", dns.TypeAAAA},
+		{"www.noaaaa.test.", dns.TypeA},
+		{"www.example.org.", dns.TypeA},
+		{"www.example.org.", dns.TypeAAAA},
+		{"1-2.tmpl.example.", dns.TypeA},
+		{"31-200.TMPL.example.", dns.TypeA},
+		{"other.tmpl.example.", dns.TypeA},
+		{"1-2.tmpl.example.", dns.TypeTXT},
+		{"x.cname.example.", dns.TypeA},
+		{"a.nx.tmpl.example.", dns.TypeA},
+		{"nx.tmpl.example.", dns.TypeTXT},
+		{"ok.strict.example.", dns.TypeA},
+		{"bad.strict.example.", dns.TypeA},
+		{"mx.example.", dns.TypeMX},
+	}, nil)
+}
+
+func TestHostsParityWithCoreDNS(t *testing.T) {
+	ours, core, dir := runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    hosts DIR/hosts {
+        10.1.1.1 inline.example
+        fd00::1 inline.example Inline2.Example.
+        ttl 60
+        reload 200ms
+        fallthrough
+    }
+    forward . %[2]s
+}
+strict.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    hosts DIR/hosts2 {
+        no_reverse
+        reload 200ms
+    }
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"file.example.", dns.TypeA},
+		{"FILE.example.", dns.TypeAAAA},
+		{"file.example.", dns.TypeMX},
+		{"file2.example.", dns.TypeA},
+		{"file2.example.", dns.TypeAAAA},
+		{"inline.example.", dns.TypeA},
+		{"inline.example.", dns.TypeAAAA},
+		{"inline2.example.", dns.TypeA},
+		{"x.wild.example.", dns.TypeA},
+		{"wild.example.", dns.TypeA},
+		{"2.2.2.10.in-addr.arpa.", dns.TypePTR},
+		{"1.1.1.10.in-addr.arpa.", dns.TypePTR},
+		{"2.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.", dns.TypePTR},
+		{"9.9.9.10.in-addr.arpa.", dns.TypePTR},
+		{"www.example.org.", dns.TypeA},
+		{"a.strict.test.", dns.TypeA},
+		{"a.strict.test.", dns.TypeAAAA},
+		{"b.strict.test.", dns.TypeA},
+		{"4.4.4.10.in-addr.arpa.", dns.TypePTR},
+	}, map[string]string{
+		"hosts":  "10.2.2.2 file.example file2.example # a comment\n\n# only a comment\nfd00::2   file.example\n10.3.3.3 *.wild.example\nnot-an-address bad.example\n",
+		"hosts2": "10.4.4.4 a.strict.test\n",
+	})
+	// The file is watched: a new entry is answered within the reload
+	// interval (200ms) by both (SERVFAIL before: not cached).
+	if err := os.WriteFile(filepath.Join(dir, "hosts2"), []byte("10.5.5.5 new.strict.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{ours, core} {
+		deadline := time.Now().Add(10 * time.Second)
+		for i := 0; ; i++ {
+			a := askFull(t, addr, "new.strict.test.", dns.TypeA)
+			if a.rcode == "NOERROR" && len(a.answer) == 1 && strings.HasSuffix(a.answer[0], "10.5.5.5") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: new.strict.test. after the file changed: %s", addr, a)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+func TestRewriteParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite name exact alias.test www.example.org
+    rewrite name suffix .short.test. .example.org. answer auto
+    rewrite name regex ^(.*)\.rx\.test\.$ {1}.example.org answer auto
+    rewrite name substring sub.test alias.example.org
+    rewrite continue name exact chain1.test chain2.test
+    rewrite name exact chain2.test www.example.org
+    rewrite stop {
+        name regex ^(.*)\.blk\.test\.$ {1}.example.org.
+        answer name ^(.*)\.example\.org\.$ {1}.blk.test.
+        answer value ^(.*)\.example\.org\.$ {1}.blk.test.
+    }
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"alias.test.", dns.TypeA},
+		{"Alias.Test.", dns.TypeA},
+		{"www.short.test.", dns.TypeA},
+		{"alias.short.test.", dns.TypeA},
+		{"nx1.short.test.", dns.TypeA},
+		{"alias.rx.test.", dns.TypeA},
+		{"www.rx.test.", dns.TypeAAAA},
+		{"x.sub.test.", dns.TypeA},
+		{"chain1.test.", dns.TypeA},
+		{"www.blk.test.", dns.TypeA},
+		{"alias.blk.test.", dns.TypeA},
+		{"www.example.org.", dns.TypeA},
+	}, nil)
+}
+
+func TestDNS64ParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    dns64 {
+        allow_ipv4
+    }
+    template IN AAAA has6.test {
+        answer "{{ .Name }} 60 IN AAAA 2001:db8::1"
+    }
+    template IN A has6.test {
+        answer "{{ .Name }} 60 IN A 192.0.2.1"
+    }
+    forward . %[2]s
+}
+all.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    dns64 {
+        prefix 2001:db8:64::/40
+        translate_all
+        allow_ipv4
+    }
+    template IN AAAA x.all.test {
+        answer "{{ .Name }} 60 IN AAAA 2001:db8::2"
+    }
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"www.example.org.", dns.TypeAAAA},
+		{"WWW.example.org.", dns.TypeAAAA},
+		{"alias.example.org.", dns.TypeAAAA},
+		{"nx1.example.org.", dns.TypeAAAA},
+		{"sf1.example.org.", dns.TypeAAAA},
+		{"www.example.org.", dns.TypeA},
+		{"has6.test.", dns.TypeAAAA},
+		{"www.all.test.", dns.TypeAAAA},
+		{"x.all.test.", dns.TypeAAAA},
+	}, nil)
+}
+
+// dns64 without allow_ipv4 decides per client in CoreDNS; behind our cache
+// it cannot, so a daemon listening on IPv4 refuses it with one line.
+func TestDNS64WithoutAllowIPv4OnIPv4Refused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := buildNodelocaldns(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "Corefile")
+	p := freePort(t)
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(".:%d {\n bind 127.0.0.1\n dns64\n forward . 127.0.0.1:9\n}\n", p)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-localip", "127.0.0.1", "-conf", conf, "-basecorefile", filepath.Join(dir, "none"),
+		"-kubednscm=", "-kube-dns", "127.0.0.2:53", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still running:\n%s", out)
+	}
+	if err == nil || !strings.Contains(string(out), "dns64 without allow_ipv4") {
+		t.Fatalf("err %v, output:\n%s", err, out)
+	}
+}
