@@ -137,6 +137,12 @@ type Policy struct {
 	// Pass keeps every answer out of the cache and its TTLs as the
 	// upstream gave them (a Corefile block without `cache`).
 	Pass bool
+	// DenialNoSOA stores a denial that carries no SOA as CoreDNS's cache
+	// does (a Corefile block): for the smallest TTL of its answer and
+	// authority records, or 5 s (CoreDNS's MinimalDefaultTTL) when it has
+	// none, as a template's `rcode NOERROR` answer, clamped like any
+	// denial. Off, such a denial has no stated lifetime and is not stored.
+	DenialNoSOA bool
 	// Uniform shows every record the entry's lifetime, as CoreDNS's cache
 	// does: a TTL under the floor is shown raised to it, one over the cap
 	// lowered to it, and all records of an answer count down together.
@@ -286,17 +292,29 @@ func classify(a *wire.Answer, pol Policy, servfailTTL time.Duration, now int64) 
 	}
 	// NXDOMAIN or NODATA: the SOA says how long the denial holds
 	// (RFC 2308 §5: the lesser of its TTL and its MINIMUM field). Without
-	// one there is no stated lifetime, so the denial is not stored.
-	if soa == nil {
+	// one there is no stated lifetime, so the denial is not stored, unless
+	// the policy says to keep it as CoreDNS would (DenialNoSOA).
+	var ttl uint32
+	switch {
+	case soa != nil:
+		ttl = min(soa.TTL, soa.SOAMinimum)
+	case !pol.DenialNoSOA:
 		return Uncacheable, now
+	case minTTL == 0xFFFFFFFF: // no record at all
+		ttl = coreDNSFailSafeTTL
+	default:
+		ttl = minTTL
 	}
-	ttl := min(soa.TTL, soa.SOAMinimum)
 	floor := pol.MinTTL
 	if pol.DenialMinSet {
 		floor = pol.DenialMinTTL
 	}
 	return Denial, now + int64(clamp(time.Duration(ttl)*time.Second, floor, pol.DenialMax))
 }
+
+// coreDNSFailSafeTTL is the lifetime CoreDNS's cache gives an answer with no
+// records (dnsutil.MinimalDefaultTTL, 5 s).
+const coreDNSFailSafeTTL = 5
 
 func clamp(d, lo, hi time.Duration) time.Duration {
 	if d > hi {

@@ -104,6 +104,13 @@ func TestBuildTTLPolicy(t *testing.T) {
 		{"nxdomain denial cap", dns.RcodeNameError, nil, []string{soa(60, 60)}, clusterP, 0, Denial, 5 * time.Second},
 		{"nodata", dns.RcodeSuccess, nil, []string{soa(60, 4)}, clusterP, 0, Denial, 4 * time.Second},
 		{"nxdomain without soa", dns.RcodeNameError, nil, nil, clusterP, 0, Uncacheable, 0},
+		{"nodata without soa", dns.RcodeSuccess, nil, nil, clusterP, 0, Uncacheable, 0},
+		// A Corefile block keeps them as CoreDNS's cache does: 5 s for an
+		// answer with no records (a template's `rcode NOERROR`), else the
+		// smallest record TTL, clamped like any denial.
+		{"corefile: empty noerror 5s", dns.RcodeSuccess, nil, nil, Policy{SuccessMax: 30 * time.Second, DenialMax: 30 * time.Second, DenialNoSOA: true}, 0, Denial, 5 * time.Second},
+		{"corefile: empty nxdomain capped", dns.RcodeNameError, nil, nil, Policy{SuccessMax: 30 * time.Second, DenialMax: 3 * time.Second, DenialNoSOA: true}, 0, Denial, 3 * time.Second},
+		{"corefile: nodata with ns", dns.RcodeSuccess, nil, []string{"example. 8 IN NS ns.example."}, Policy{SuccessMax: 30 * time.Second, DenialMax: 30 * time.Second, DenialNoSOA: true}, 0, Denial, 8 * time.Second},
 		{"servfail brief", dns.RcodeServerFailure, nil, nil, clusterP, 2 * time.Second, ServFail, 2 * time.Second},
 		{"servfail disabled", dns.RcodeServerFailure, nil, nil, clusterP, 0, Uncacheable, 0},
 		{"refused never", dns.RcodeRefused, nil, nil, clusterP, 5 * time.Second, Uncacheable, 0},

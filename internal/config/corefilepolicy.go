@@ -87,7 +87,7 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 		// CoreDNS: min(max(ttl, MINTTL), TTL): the cap wins over the floor.
 		MinTTL: min(sMin, sMax), DenialMinSet: true, DenialMinTTL: min(dMin, dMax),
 		NoSuccess: ca.DisableSuccess, NoDenial: ca.DisableDenial,
-		Uniform: true, KeepTTL: ca.KeepTTL,
+		Uniform: true, DenialNoSOA: true, KeepTTL: ca.KeepTTL,
 	}
 	if !set["prefetch"] {
 		zp.TTL.PrefetchSet, zp.TTL.PrefetchHits, zp.TTL.PrefetchPercent = true, ca.Prefetch, ca.PrefetchPercent

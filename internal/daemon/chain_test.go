@@ -33,6 +33,15 @@ func TestCorefileDirectiveChangeDropsCachedAnswers(t *testing.T) {
 	if r := e.ask(t, "www.example.org.", dns.TypeAAAA, false, "udp"); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
 		t.Fatalf("AAAA: %v", r)
 	}
+	// The template's empty NOERROR is cached as CoreDNS's cache keeps it
+	// (5 s): the second AAAA is a hit, the template does not run again.
+	matched := e.d.DirectiveStats()[0].Template.Matches.Load()
+	if r := e.ask(t, "www.example.org.", dns.TypeAAAA, false, "udp"); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
+		t.Fatalf("AAAA again: %v", r)
+	}
+	if n := e.d.DirectiveStats()[0].Template.Matches.Load(); n != matched {
+		t.Fatalf("the template ran again for a cached AAAA (%d matches, was %d)", n, matched)
+	}
 	before := e.node.count()
 	writeAtomic(t, conf, templateCorefile("10.0.0.2"))
 	start := time.Now()
