@@ -21,7 +21,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,6 +32,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // startTimeout bounds one start of kube-apiserver until /readyz is ok:
@@ -81,7 +82,7 @@ func Start(t testing.TB) *Server {
 	dir := t.TempDir()
 	s := &Server{t: t, Dir: dir, bin: apiBin, AdminToken: randomToken()}
 
-	etcdPort, peerPort := freePort(t), freePort(t)
+	etcdPort, peerPort := testhost.FreePort(t, "127.0.0.1"), testhost.FreePort(t, "127.0.0.1")
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
 	etcd := exec.Command(etcdBin, "--name", "test", "--data-dir", filepath.Join(dir, "etcd"),
@@ -111,7 +112,7 @@ func Start(t testing.TB) *Server {
 	tokens := filepath.Join(dir, "tokens.csv")
 	writeFile(t, tokens, []byte(s.AdminToken+",admin,admin,system:masters\n"))
 
-	port := freePort(t)
+	port := testhost.FreePort(t, "127.0.0.1")
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(port)
 	s.args = []string{
 		"--etcd-servers=" + etcdURL, "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
@@ -381,16 +382,6 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func randomToken() string {

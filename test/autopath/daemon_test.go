@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -22,6 +21,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // upstream serves the zone over UDP and TCP: kube-dns and the node's
@@ -77,36 +77,9 @@ type daemon struct {
 	t       *testing.T
 	pid     int
 	metrics string
-	stderr  *syncBuffer
+	stderr  *testhost.SyncBuffer
 	cancel  func()
 	done    chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startDaemon runs bin with args. With creds, it runs in a mount namespace
@@ -115,7 +88,7 @@ func freePort(t *testing.T) int {
 // in-cluster credentials as in a real pod.
 func startDaemon(t *testing.T, bin string, creds map[string]string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, metrics: "127.0.0.1:" + strconv.Itoa(freePort(t)), stderr: &syncBuffer{}, done: make(chan error, 1)}
+	d := &daemon{t: t, metrics: "127.0.0.1:" + strconv.Itoa(testhost.FreePort(t, "127.0.0.1")), stderr: &testhost.SyncBuffer{}, done: make(chan error, 1)}
 	args = append([]string{"-metrics-listen-address", d.metrics, "-health-port", "0", "-state-dir", "",
 		"-lameduck", "0s", "-setupinterface=false", "-setupiptables=false"}, args...)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +16,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // need skips a test when a tool is missing, except in CI, where .ci/run
@@ -92,23 +92,6 @@ func runBinary(args []string, stdout, stderr io.Writer) (int, error) {
 	return 0, err
 }
 
-// loopback picks an address in 127.0.0.0/8 that no other test or process
-// is likely to use, so SO_REUSEPORT never shares our port with a stranger.
-func loopback() string {
-	return fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), rand.IntN(250)+1, rand.IntN(250)+1)
-}
-
-func freePort(t *testing.T, ip string) int {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	pc.Close()
-	return port
-}
-
 // serveZone starts a DNS server on addr (UDP and TCP) answering every A
 // question with 192.0.2.1 and a TXT naming who answered.
 func serveZone(t *testing.T, addr, who string) {
@@ -142,20 +125,20 @@ func serveZone(t *testing.T, addr, who string) {
 func TestEndToEndWithDig(t *testing.T) {
 	dig := need(t, "dig")
 	bin := buildBinary(t)
-	nodeIP := loopback()
+	nodeIP := testhost.Loopback()
 	serveZone(t, nodeIP+":53", "node")
-	kubeAddr := fmt.Sprintf("%s:%d", loopback(), 0)
+	kubeAddr := fmt.Sprintf("%s:%d", testhost.Loopback(), 0)
 	kubeIP := strings.Split(kubeAddr, ":")[0]
-	kubePort := freePort(t, kubeIP)
+	kubePort := testhost.FreePort(t, kubeIP)
 	serveZone(t, fmt.Sprintf("%s:%d", kubeIP, kubePort), "kube-dns")
 
 	rc := filepath.Join(t.TempDir(), "resolv.conf")
 	if err := os.WriteFile(rc, []byte("nameserver "+nodeIP+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ip := loopback()
-	port := freePort(t, ip)
-	metrics := fmt.Sprintf("%s:%d", ip, freePort(t, ip))
+	ip := testhost.Loopback()
+	port := testhost.FreePort(t, ip)
+	metrics := fmt.Sprintf("%s:%d", ip, testhost.FreePort(t, ip))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-localip", ip, "-port", fmt.Sprint(port),

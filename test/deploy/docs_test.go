@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // docs/deploy.md marks each fenced block with the HTML comment line before
@@ -169,7 +171,7 @@ func TestDocCommands(t *testing.T) {
 
 	dir := t.TempDir()
 	copyModule(t, dir)
-	ip := loopback() // instead of 127.0.0.1: no port is shared with another test
+	ip := testhost.Loopback() // instead of 127.0.0.1: no port is shared with another test
 	seen := map[mode]bool{}
 	for _, b := range runs {
 		script := "set -euo pipefail\n" +

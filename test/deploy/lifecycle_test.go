@@ -21,38 +21,21 @@ import (
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
-
-// syncBuffer is a daemon's stderr, written by exec's copier while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // instance is one running daemon process.
 type instance struct {
 	cmd    *exec.Cmd
-	log    *syncBuffer
+	log    *testhost.SyncBuffer
 	exited chan struct{}
 	err    error
 }
 
 func startInstance(t *testing.T, cmd *exec.Cmd) *instance {
 	t.Helper()
-	in := &instance{cmd: cmd, log: &syncBuffer{}, exited: make(chan struct{})}
+	in := &instance{cmd: cmd, log: &testhost.SyncBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = in.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -419,19 +402,19 @@ func TestRollingUpdateLosesNothing(t *testing.T) {
 // the deadline. A second signal exits at once with code 3.
 func TestSIGTERMLameDuckAndSecondSignal(t *testing.T) {
 	bin := buildBinary(t)
-	nodeIP := loopback()
+	nodeIP := testhost.Loopback()
 	serveZone(t, nodeIP+":53", "node")
 	rc := filepath.Join(t.TempDir(), "resolv.conf")
 	if err := os.WriteFile(rc, []byte("nameserver "+nodeIP+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	dir := stateDir(t)
-	ip := loopback()
-	port := freePort(t, ip)
-	health := fmt.Sprintf("%s:%d", ip, freePort(t, ip))
+	ip := testhost.Loopback()
+	port := testhost.FreePort(t, ip)
+	health := fmt.Sprintf("%s:%d", ip, testhost.FreePort(t, ip))
 	start := func(lameduck string) *instance {
 		in := startInstance(t, exec.Command(bin, "-local-mode", "-localip", ip, "-port", fmt.Sprint(port), "-resolv-conf", rc,
-			"-metrics-listen-address", fmt.Sprintf("%s:%d", ip, freePort(t, ip)), "-health-listen-address", health,
+			"-metrics-listen-address", fmt.Sprintf("%s:%d", ip, testhost.FreePort(t, ip)), "-health-listen-address", health,
 			"-state-dir", dir, "-lameduck", lameduck))
 		waitProbe(t, bin, dir, in)
 		return in

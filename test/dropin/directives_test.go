@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // fullAnswer is a whole answer compared with CoreDNS's: rcode and the
@@ -82,17 +84,17 @@ func runDirectiveParity(t *testing.T, corefile string, cases []directiveCase, fi
 		}
 	}
 	corefile = strings.ReplaceAll(corefile, "DIR", dir)
-	pOurs, pCore := freePort(t), freePort(t)
+	pOurs, pCore := testhost.FreePort(t, "127.0.0.1"), testhost.FreePort(t, "127.0.0.1")
 	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
 	for f, p := range map[string]int{confOurs: pOurs, confCore: pCore} {
 		if err := os.WriteFile(f, []byte(fmt.Sprintf(corefile, p, up)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var lo, lc syncBuffer
+	var lo, lc testhost.SyncBuffer
 	start(t, []string{oursBin, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-kube-dns", kube, "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
-		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, &lo)
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))}, &lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
 	aOurs, aCore := fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
 	waitDNS(t, aOurs)
@@ -322,13 +324,13 @@ func TestDNS64WithoutAllowIPv4OnIPv4Refused(t *testing.T) {
 	bin := buildNodelocaldns(t)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "Corefile")
-	p := freePort(t)
+	p := testhost.FreePort(t, "127.0.0.1")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(".:%d {\n bind 127.0.0.1\n dns64\n forward . 127.0.0.1:9\n}\n", p)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-localip", "127.0.0.1", "-conf", conf, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-kube-dns", "127.0.0.2:53", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
-		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")))
 	done := make(chan struct{})
 	var out []byte
 	var err error

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // promQueries are the PromQL expressions of the dashboards and alerts
@@ -66,9 +68,9 @@ func TestPrometheusScrapesCoreDNSNames(t *testing.T) {
 	ours, coredns := buildNodelocaldns(t), buildCoreDNS(t)
 	kube, node, stub := upstream(t, "10.96.1.1"), upstream(t, "93.184.216.34"), upstream(t, "10.150.0.9")
 	dir := t.TempDir()
-	pOurs, pCore := freePort(t), freePort(t)
-	hOurs, hCore := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	pOurs, pCore := testhost.FreePort(t, "127.0.0.1"), testhost.FreePort(t, "127.0.0.1")
+	hOurs, hCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
+	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
 	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
 	for f, text := range map[string]string{
 		confOurs: parityCorefile(pOurs, kube, node, stub, hOurs, mOurs),
@@ -78,17 +80,17 @@ func TestPrometheusScrapesCoreDNSNames(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var lo, lc, lp syncBuffer
+	var lo, lc, lp testhost.SyncBuffer
 	start(t, []string{ours, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
-		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, &lo)
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))}, &lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
 	aOurs, aCore := fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
 	waitDNS(t, aOurs)
 	waitDNS(t, aCore)
 
 	// Prometheus on loopback, scraping both every second.
-	promAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	promAddr := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
 	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
 scrape_configs:
 - job_name: nodelocaldns

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 func need(t *testing.T, tool string) string {
@@ -153,7 +155,7 @@ func referenceManifest(t *testing.T, ipvs bool) {
 	d := exec.CommandContext(ctx, "ip", argv...)
 	d.Env = append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST=10.96.0.11", "KUBE_DNS_UPSTREAM_SERVICE_PORT=53",
 		"KUBE_DNS_SERVICE_HOST=10.96.0.10", "KUBE_DNS_SERVICE_PORT=53", "KUBERNETES_SERVICE_HOST=10.96.0.1")
-	var logs syncBuffer
+	var logs testhost.SyncBuffer
 	d.Stdout, d.Stderr = &logs, &logs
 	if err := d.Start(); err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ package dropin
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // repoRoot is the module root (this file is in test/dropin).
@@ -43,26 +44,6 @@ func buildCoreDNS(t *testing.T) string {
 		t.Fatalf("test/coredns/build.sh: %v", err)
 	}
 	return strings.TrimSpace(string(out))
-}
-
-// freePort returns a port free for UDP and TCP on 127.0.0.1 now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	for try := 0; try < 50; try++ {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := pc.LocalAddr().(*net.UDPAddr).Port
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		_ = pc.Close()
-		if err == nil {
-			_ = ln.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
 }
 
 // upstream is an authoritative-looking server on loopback: A records with
@@ -98,7 +79,7 @@ func upstream(t *testing.T, ip string) string {
 		}
 		_ = w.WriteMsg(m)
 	})
-	port := freePort(t)
+	port := testhost.FreePort(t, "127.0.0.1")
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	for _, n := range []string{"udp", "tcp"} {
 		s := &dns.Server{Addr: addr, Net: n, Handler: h}
@@ -164,7 +145,7 @@ func waitDNS(t *testing.T, addr string) {
 	t.Fatalf("%s does not answer", addr)
 }
 
-func start(t *testing.T, argv []string, logs *syncBuffer) {
+func start(t *testing.T, argv []string, logs *testhost.SyncBuffer) {
 	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -278,9 +259,9 @@ func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics
 	ours, coredns := buildNodelocaldns(t), buildCoreDNS(t)
 	kube, node, stub := upstream(t, "10.96.1.1"), upstream(t, "93.184.216.34"), upstream(t, "10.150.0.9")
 	dir := t.TempDir()
-	pOurs, pCore := freePort(t), freePort(t)
-	hOurs, hCore := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	pOurs, pCore := testhost.FreePort(t, "127.0.0.1"), testhost.FreePort(t, "127.0.0.1")
+	hOurs, hCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
+	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
 	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
 	for f, text := range map[string]string{
 		confOurs: corefile(pOurs, kube, node, stub, hOurs, mOurs),
@@ -290,10 +271,10 @@ func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics
 			t.Fatal(err)
 		}
 	}
-	var lo, lc syncBuffer
+	var lo, lc testhost.SyncBuffer
 	start(t, []string{ours, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
-		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, &lo)
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))}, &lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
 	aOurs, aCore := fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
 	waitDNS(t, aOurs)

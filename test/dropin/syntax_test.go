@@ -12,13 +12,14 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // coreDNSAccepts starts CoreDNS on the Corefile and reports whether it
 // serves (true) or exits refusing it (false), with its output.
 func coreDNSAccepts(t *testing.T, bin, conf string, port int) (bool, string) {
 	t.Helper()
-	var out syncBuffer
+	var out testhost.SyncBuffer
 	cmd := exec.Command(bin, "-conf", conf, "-quiet")
 	cmd.Dir = filepath.Dir(conf)
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -86,7 +87,7 @@ func TestSyntaxParityWithCoreDNS(t *testing.T) {
 		{"import glob matching nothing", ".:PORT {\n  import nothing-*.conf\n  forward . UP\n}\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			port := freePort(t)
+			port := testhost.FreePort(t, "127.0.0.1")
 			text := strings.NewReplacer("PORT", fmt.Sprint(port), "UP", up).Replace(tc.text)
 			t.Setenv("NLD_TEST_PORT", fmt.Sprint(port))
 			t.Setenv("NLD_TEST_UP", up)

@@ -20,10 +20,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 var (
@@ -324,26 +325,8 @@ func TestProbesGreen(t *testing.T) {
 // failure instead of a glibc retry).
 type resolver struct {
 	cmd  *exec.Cmd
-	out  syncBuffer
+	out  testhost.SyncBuffer
 	done chan error
-}
-
-// syncBuffer is a bytes.Buffer the command writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 const loopScript = `rm -f /tmp/stop; ok=0; fail=0; echo started

@@ -2,11 +2,9 @@ package memory
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +18,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 const (
@@ -67,21 +67,6 @@ func daemonBinary(t *testing.T) string {
 		t.Fatal(buildErr)
 	}
 	return builtBin
-}
-
-func loopback() string {
-	return fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), rand.IntN(250)+1, rand.IntN(250)+1)
-}
-
-func freePort(t *testing.T, ip string) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	return port
 }
 
 // silentUDP is a node resolver on ip:53 that reads every query and never
@@ -174,24 +159,7 @@ type daemon struct {
 	cmd     *exec.Cmd
 	addr    string // ip:port it serves
 	metrics string
-	stderr  *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	stderr  *testhost.SyncBuffer
 }
 
 // startDaemon runs the binary with the manifest's memory-relevant settings
@@ -205,9 +173,9 @@ func startDaemon(t *testing.T, nodeIP, kube string) *daemon {
 	if err := os.WriteFile(rc, []byte("nameserver "+nodeIP+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ip := loopback()
-	port := freePort(t, ip)
-	metrics := fmt.Sprintf("%s:%d", ip, freePort(t, ip))
+	ip := testhost.Loopback()
+	port := testhost.FreePort(t, ip)
+	metrics := fmt.Sprintf("%s:%d", ip, testhost.FreePort(t, ip))
 	cmd := exec.Command(bin, "-localip", ip, "-port", fmt.Sprint(port),
 		"-kube-dns", kube, "-resolv-conf", rc,
 		"-setupinterface=false", "-setupiptables=false", "-metrics-listen-address", metrics,
@@ -215,7 +183,7 @@ func startDaemon(t *testing.T, nodeIP, kube string) *daemon {
 		"-cache-max-bytes", "64Mi", "-udp-sockets", "4", "-forward-timeout", "60s",
 		"-max-inflight", strconv.Itoa(maxInflight))
 	cmd.Env = append(os.Environ(), "GOMEMLIMIT=160MiB")
-	d := &daemon{cmd: cmd, addr: fmt.Sprintf("%s:%d", ip, port), metrics: metrics, stderr: &syncBuffer{}}
+	d := &daemon{cmd: cmd, addr: fmt.Sprintf("%s:%d", ip, port), metrics: metrics, stderr: &testhost.SyncBuffer{}}
 	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -346,11 +314,11 @@ func report(t *testing.T, d *daemon, ready int64, budgetMiB int64) {
 // -max-inflight misses to external names, outstanding against a node
 // resolver that never answers (UDP).
 func TestPeakRSSMissesUDP(t *testing.T) {
-	nodeIP := loopback()
+	nodeIP := testhost.Loopback()
 	seen := silentUDP(t, nodeIP)
-	kube := fmt.Sprintf("%s:%d", loopback(), 0)
+	kube := fmt.Sprintf("%s:%d", testhost.Loopback(), 0)
 	kubeIP := strings.Split(kube, ":")[0]
-	kube = fmt.Sprintf("%s:%d", kubeIP, freePort(t, kubeIP))
+	kube = fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
 	kubeDNS(t, kube)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
@@ -362,10 +330,10 @@ func TestPeakRSSMissesUDP(t *testing.T) {
 // -max-inflight misses to cluster names, outstanding against kube-dns that
 // reads them over TCP and never answers.
 func TestPeakRSSMissesTCP(t *testing.T) {
-	nodeIP := loopback()
+	nodeIP := testhost.Loopback()
 	silentUDP(t, nodeIP)
-	kubeIP := loopback()
-	kube := fmt.Sprintf("%s:%d", kubeIP, freePort(t, kubeIP))
+	kubeIP := testhost.Loopback()
+	kube := fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
 	seen := kubeDNS(t, kube)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
@@ -380,10 +348,10 @@ func TestPeakRSSMissesTCP(t *testing.T) {
 // sending 2 bytes of it, and clients fetching ~60 KB answers from kube-dns
 // over TCP.
 func TestPeakRSSEverythingHostile(t *testing.T) {
-	nodeIP := loopback()
+	nodeIP := testhost.Loopback()
 	silentUDP(t, nodeIP)
-	kubeIP := loopback()
-	kube := fmt.Sprintf("%s:%d", kubeIP, freePort(t, kubeIP))
+	kubeIP := testhost.Loopback()
+	kube := fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
 	kubeDNS(t, kube)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
