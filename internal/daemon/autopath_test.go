@@ -16,6 +16,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 )
 
@@ -25,14 +26,7 @@ func TestAutopathPodWatchInTheDaemon(t *testing.T) {
 	s := apiserver.Start(t)
 	s.CreateNamespace("shop")
 	up := startUpstream(t, records)
-	cfg := testConfig(up.addr)
-	cfg.Autopath.Enabled = true
-	cfg.Autopath.NodeName = "node1"
-	rc := filepath.Join(t.TempDir(), "resolv.conf")
-	if err := os.WriteFile(rc, []byte("search corp.example\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg.Autopath.NodeResolvConf = rc
+	cfg := autopathConfig(t, up.addr)
 	logs := &logBuffer{}
 	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{KubeConfig: s.Config(s.AdminToken)})
 	if err != nil {
@@ -148,14 +142,7 @@ func TestAutopathAnswersInTheDaemon(t *testing.T) {
 	s := apiserver.Start(t)
 	s.CreateNamespace("shop")
 	up := startUpstream(t, searchZone)
-	cfg := testConfig(up.addr)
-	cfg.Autopath.Enabled = true
-	cfg.Autopath.NodeName = "node1"
-	rc := filepath.Join(t.TempDir(), "resolv.conf")
-	if err := os.WriteFile(rc, []byte("search corp.example\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg.Autopath.NodeResolvConf = rc
+	cfg := autopathConfig(t, up.addr)
 	d, logs, _ := startDaemonOpt(t, cfg, Options{KubeConfig: s.Config(s.AdminToken)})
 	// The pod: its address is one of lo's (127.0.0.0/8 is all local).
 	const podIP = "127.0.0.7"
@@ -241,4 +228,19 @@ func TestAutopathAnswersInTheDaemon(t *testing.T) {
 			t.Errorf("metrics: no %q in\n%s", want, grepLines(body, "autopath"))
 		}
 	}
+}
+
+// autopathConfig is testConfig with -autopath on for node1, whose kubelet
+// gives pods the node search domain corp.example.
+func autopathConfig(t *testing.T, upstream netip.AddrPort) *config.Config {
+	t.Helper()
+	cfg := testConfig(upstream)
+	cfg.Autopath.Enabled = true
+	cfg.Autopath.NodeName = "node1"
+	rc := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(rc, []byte("search corp.example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Autopath.NodeResolvConf = rc
+	return cfg
 }

@@ -8,13 +8,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 func TestServeMetricsAndProbes(t *testing.T) {
@@ -99,7 +99,7 @@ func TestHTTPListenerErrorIsLoggedAndCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testhost.SyncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	m.serveOn(ctx, ln, http.NotFoundHandler(), HTTPConfig{HealthOnly: true, Log: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -144,22 +144,4 @@ func httpErrors(t *testing.T, m *Metrics, listener string) float64 {
 	}
 	t.Fatalf("no nodelocaldns_http_errors_total{listener=%q}", listener)
 	return 0
-}
-
-// syncBuffer is a log written by the serving goroutine while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -65,29 +65,11 @@ func TestPrometheusScrapesCoreDNSNames(t *testing.T) {
 		t.Skip("builds two binaries, runs Prometheus")
 	}
 	prom, promtool := need(t, "prometheus"), need(t, "promtool")
-	ours, coredns := buildNodelocaldns(t), buildCoreDNS(t)
-	kube, node, stub := upstream(t, "10.96.1.1"), upstream(t, "93.184.216.34"), upstream(t, "10.150.0.9")
-	dir := t.TempDir()
-	pOurs, pCore := testhost.FreePort(t, "127.0.0.1"), testhost.FreePort(t, "127.0.0.1")
-	hOurs, hCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
-	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
-	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
-	for f, text := range map[string]string{
-		confOurs: parityCorefile(pOurs, kube, node, stub, hOurs, mOurs),
-		confCore: parityCorefile(pCore, kube, node, stub, hCore, mCore),
-	} {
-		if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var lo, lc, lp testhost.SyncBuffer
-	start(t, []string{ours, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
-		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
-		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))}, &lo)
-	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
-	aOurs, aCore := fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
-	waitDNS(t, aOurs)
-	waitDNS(t, aCore)
+	tw := startTwins(t, parityCorefile)
+	dir, aOurs, aCore, mOurs, mCore := tw.dir, tw.aOurs, tw.aCore, tw.mOurs, tw.mCore
+	_, pOurs, _ := strings.Cut(aOurs, ":")
+	_, pCore, _ := strings.Cut(aCore, ":")
+	var lp testhost.SyncBuffer
 
 	// Prometheus on loopback, scraping both every second.
 	promAddr := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
@@ -186,7 +168,7 @@ scrape_configs:
 					continue
 				}
 				// The server label carries the port each listens on.
-				v = strings.ReplaceAll(strings.ReplaceAll(v, fmt.Sprint(pOurs), "PORT"), fmt.Sprint(pCore), "PORT")
+				v = strings.ReplaceAll(strings.ReplaceAll(v, pOurs, "PORT"), pCore, "PORT")
 				kv = append(kv, k+"="+v)
 			}
 			sort.Strings(kv)

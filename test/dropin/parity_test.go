@@ -252,20 +252,28 @@ func TestParityTunedCorefile(t *testing.T) {
 	parity(t, tunedCorefile)
 }
 
-func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics string) string) {
-	if testing.Short() {
-		t.Skip("builds two binaries")
-	}
+// twins is nodelocaldns and CoreDNS 1.15 running one Corefile against the
+// same upstreams written in the test: their DNS and metrics addresses.
+type twins struct {
+	dir                        string
+	aOurs, aCore, mOurs, mCore string
+}
+
+// startTwins builds both binaries and starts them on free loopback ports
+// with corefile (given each one's DNS port, the upstreams, and its health
+// and metrics addresses), and waits until both answer DNS.
+func startTwins(t *testing.T, corefile func(p int, kube, node, stub, health, metrics string) string) twins {
+	t.Helper()
 	ours, coredns := buildNodelocaldns(t), buildCoreDNS(t)
 	kube, node, stub := upstream(t, "10.96.1.1"), upstream(t, "93.184.216.34"), upstream(t, "10.150.0.9")
 	dir := t.TempDir()
+	free := func() string { return fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")) }
 	pOurs, pCore := testhost.FreePort(t, "127.0.0.1"), testhost.FreePort(t, "127.0.0.1")
-	hOurs, hCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
-	mOurs, mCore := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
+	tw := twins{dir: dir, aOurs: fmt.Sprintf("127.0.0.1:%d", pOurs), aCore: fmt.Sprintf("127.0.0.1:%d", pCore), mOurs: free(), mCore: free()}
 	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
 	for f, text := range map[string]string{
-		confOurs: corefile(pOurs, kube, node, stub, hOurs, mOurs),
-		confCore: corefile(pCore, kube, node, stub, hCore, mCore),
+		confOurs: corefile(pOurs, kube, node, stub, free(), tw.mOurs),
+		confCore: corefile(pCore, kube, node, stub, free(), tw.mCore),
 	} {
 		if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
@@ -274,11 +282,19 @@ func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics
 	var lo, lc testhost.SyncBuffer
 	start(t, []string{ours, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
-		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))}, &lo)
+		"-metrics-listen-address", free()}, &lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, &lc)
-	aOurs, aCore := fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
-	waitDNS(t, aOurs)
-	waitDNS(t, aCore)
+	waitDNS(t, tw.aOurs)
+	waitDNS(t, tw.aCore)
+	return tw
+}
+
+func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics string) string) {
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	tw := startTwins(t, corefile)
+	aOurs, aCore := tw.aOurs, tw.aCore
 
 	for _, q := range []struct {
 		name  string
