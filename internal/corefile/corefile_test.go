@@ -216,7 +216,7 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"hosts\nhosts", ":3: hosts: given twice"},
 		{"template IN", ":2: template: CLASS and TYPE are required"},
 		{"template IN FOO", ":2: template: invalid query type FOO"},
-		{"template IN A {\n answer \"{{ .Remote }} IN A 1.1.1.1\"\n}", "uses .Remote"},
+		{"template IN A {\n answer \"x. IN TXT {{ .Var.x }}\"\n}", "uses .Var"},
 		{"template IN A {\n match (\n}", ":2: template: match: \"(\""},
 		{"template IN A {\n expr true\n}", ":3: template: option expr is not supported"},
 		{"template IN A {\n rcode FOO\n}", ":3: template: unknown rcode FOO"},

@@ -82,6 +82,7 @@ func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) au
 		if err := wire.ParseQuery(raw, &q); err != nil {
 			return autopath.Result{}, err
 		}
+		q.From = resolve.Asker(ctx) // the pod's, when the server records askers
 		e, stale, err := res.Resolve(ctx, &q)
 		if err != nil {
 			return autopath.Result{}, err

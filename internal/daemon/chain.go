@@ -48,6 +48,9 @@ type blockChain struct {
 // longest zone first. Swapped whole when the Corefile changes.
 type fetchChain struct {
 	blocks []*blockChain
+	// remote: a template uses .Remote, so the server records each query's
+	// client (Server.SetRecordAskers).
+	remote bool
 }
 
 // chainFetch wraps next (the forward routes) with the Corefile's chains.
@@ -84,6 +87,9 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 		return nil, err
 	}
 	old := d.chain.Swap(c)
+	if d.Server != nil {
+		d.Server.SetRecordAskers(c.remote)
+	}
 	var changed []string
 	for _, b := range c.blocks {
 		for _, z := range b.zones {
@@ -183,6 +189,8 @@ func (b *blockChain) build(d *Daemon, s *corefile.Server, c *fetchChain, next re
 				return err
 			}
 			b.template = h
+			h.Asker = resolve.Asker
+			c.remote = c.remote || h.UsesRemote()
 			if d.Metrics != nil {
 				for i, tc := range s.Templates {
 					mc := d.Metrics.Directives.Template(tc.Zones[0], dns.ClassToString[tc.Class], dns.TypeToString[tc.Type])

@@ -190,6 +190,9 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.Server = srv
+	if c := d.chain.Load(); c != nil {
+		srv.SetRecordAskers(c.remote) // a template uses .Remote
+	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,
 		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks),

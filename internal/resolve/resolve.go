@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,25 @@ import (
 // lower-case FQDN qname upstream and returns the answer. ctx carries the
 // fetch's deadline (Config.FetchTimeout).
 type FetchFunc func(ctx context.Context, qname string, query []byte) ([]byte, error)
+
+// askerKey is the context key of the client whose question a fetch asks.
+type askerKey struct{}
+
+// Asker returns the address of the client whose question ctx's fetch asks
+// (wire.Query.From of the flight's first asker): what a template's .Remote
+// shows. It is the zero Addr when the transport did not record it, or for
+// a prefetch, which no client is waiting on.
+func Asker(ctx context.Context) netip.Addr {
+	a, _ := ctx.Value(askerKey{}).(netip.Addr)
+	return a
+}
+
+// WithAsker returns ctx carrying a as the asker, for a caller that resolves
+// on a client's behalf through Resolve with a query it built itself
+// (autopath's candidates): it sets the query's From from Asker(ctx).
+func WithAsker(ctx context.Context, a netip.Addr) context.Context {
+	return context.WithValue(ctx, askerKey{}, a)
+}
 
 // Policy is the cache policy of one part of the name space.
 type Policy struct {
@@ -291,6 +311,9 @@ func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, error) {
 	pol := r.policy(q.Name)
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
 	defer cancel()
+	if q.From.IsValid() {
+		ctx = WithAsker(ctx, q.From)
+	}
 	uq := wire.AppendUpstreamQuery(make([]byte, 0, 64+len(q.Name)), q, r.cfg.UDPSize)
 	resp, err := r.cfg.Fetch(ctx, wire.NameString(q.Name), uq)
 	var e *cache.Entry

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -521,5 +522,45 @@ func TestFlightsAllocs(t *testing.T) {
 	case <-c.done:
 	default:
 		t.Fatal("finish must close done for the waiters")
+	}
+}
+
+// The fetch sees the first asker's address (wire.Query.From) as Asker,
+// also for a question others join; a query without From (the transport
+// records none) fetches with no asker.
+func TestFetchSeesTheFirstAsker(t *testing.T) {
+	var mu sync.Mutex
+	var seen []netip.Addr
+	e := newEnv(t, nil)
+	inner := e.up.fetch
+	e.r.cfg.Fetch = func(ctx context.Context, qname string, query []byte) ([]byte, error) {
+		mu.Lock()
+		seen = append(seen, Asker(ctx))
+		mu.Unlock()
+		return inner(ctx, qname, query)
+	}
+	release := e.up.block()
+	first := question(t, "asker.example.")
+	first.From = netip.MustParseAddr("10.1.2.3")
+	second := question(t, "asker.example.")
+	second.From = netip.MustParseAddr("10.9.9.9")
+	r1 := e.resolveAsync(first)
+	waitFor(t, "the first fetch", func() bool { return e.up.calls.Load() == 1 })
+	r2 := e.resolveAsync(second)
+	waitFor(t, "the second asker to join", func() bool { return e.r.Stats().Coalesced.Load() == 1 })
+	release()
+	for _, ch := range []<-chan result{r1, r2} {
+		if r := <-ch; r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	if res := <-e.resolveAsync(question(t, "nobody.example.")); res.err != nil {
+		t.Fatal(res.err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []netip.Addr{netip.MustParseAddr("10.1.2.3"), {}}
+	if len(seen) != 2 || seen[0] != want[0] || seen[1] != want[1] {
+		t.Fatalf("fetches saw askers %v, want %v", seen, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -45,7 +46,11 @@ func (s *Server) answerAutopath(m *missReq) bool {
 		return false
 	}
 	src := m.client().Addr()
-	ans, err := s.cfg.Autopath.Answer(context.Background(), src, qm.Question[0].Name, m.q.Type)
+	ctx := context.Background()
+	if m.q.From.IsValid() {
+		ctx = resolve.WithAsker(ctx, m.q.From) // for the candidates' fetches
+	}
+	ans, err := s.cfg.Autopath.Answer(ctx, src, qm.Question[0].Name, m.q.Type)
 	if err != nil {
 		m.source = fromAutopath
 		s.stats.Dropped.Add(1)

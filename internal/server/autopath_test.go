@@ -68,7 +68,7 @@ func BenchmarkAnswerLocalHit(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				out, _ = s.answerLocal(raw, &q, out[:0], false, now, &st, nil, 0, nil)
+				out, _ = s.answerLocal(raw, &q, out[:0], false, now, &st, nil, 0, nil, netip.Addr{})
 			}
 		})
 	}

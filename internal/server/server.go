@@ -139,7 +139,16 @@ type Server struct {
 	// Sockets handed over by a twin (Adopt), used by Listen.
 	adoptedUDP map[netip.AddrPort][]*udpListener
 	adoptedTCP map[netip.AddrPort]*tcpListener
+	// askers: record each query's client address in wire.Query.From
+	// (SetRecordAskers), for what a fetch needs it for.
+	askers atomic.Bool
 }
+
+// SetRecordAskers turns on or off recording the client's address in each
+// query (wire.Query.From), which a fetch sees as resolve.Asker: the
+// Corefile's templates that use .Remote need it. Off, it costs one atomic
+// load per UDP batch and per TCP query.
+func (s *Server) SetRecordAskers(on bool) { s.askers.Store(on) }
 
 // New checks cfg and returns a server that is not yet listening.
 func New(cfg Config) (*Server, error) {
@@ -176,15 +185,16 @@ const (
 
 // answerLocal parses raw into q and appends the response to out when it
 // can be given without an upstream: a cache hit or an error. maxSize is the
-// transport's limit (0 for UDP: the client's advertised size).
+// transport's limit (0 for UDP: the client's advertised size). from is the
+// client's address when askers are recorded (SetRecordAskers), else zero.
 //
 // cd (nil: not counted) gets the CoreDNS-named counts of the query as
 // arriving on server index srv (stats.go); *k is set to its cells, which
 // the miss path counts the answer in. A UDP loop's durations are added per
 // batch (cdCounters.flush), TCP's here.
-func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats, cd *cdCounters, srv int, k *cdKey) ([]byte, verdict) {
+func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats, cd *cdCounters, srv int, k *cdKey, from netip.Addr) ([]byte, verdict) {
 	start := len(out)
-	out, v, how := s.answer(raw, q, out, tcp, now, st)
+	out, v, how := s.answer(raw, q, out, tcp, now, st, from)
 	if cd == nil || how == ansHealth || how == ansBadVers || v == dropped {
 		// Health checks are the daemon's own probes; CoreDNS answers
 		// BADVERS before counting anything; drops are no queries.
@@ -229,8 +239,9 @@ const (
 	ansAutopath // handed to autopath, answered on the miss path
 )
 
-func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats) ([]byte, verdict, int) {
+func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats, from netip.Addr) ([]byte, verdict, int) {
 	err := wire.ParseQuery(raw, q)
+	q.From = from
 	st.countRequest(tcp)
 	if err != nil {
 		rcode, how := wire.RcodeFormErr, ansMalformed

@@ -138,7 +138,11 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		t := s.cfg.Clock.Now()
 		start := len(pend)
-		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, t.UnixNano(), &s.stats, s.cd, srv, &k)
+		var from netip.Addr
+		if s.askers.Load() {
+			from = remoteAddrPort(c).Addr()
+		}
+		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, t.UnixNano(), &s.stats, s.cd, srv, &k, from)
 		switch v {
 		case dropped:
 			continue
@@ -161,6 +165,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			return
 		}
 		m := newMiss(buf, true, t)
+		m.q.From = from
 		m.tc = tc
 		m.cdk = k
 		tc.pending.Add(1)

@@ -264,6 +264,8 @@ func (s *Server) serveUDP(l *udpListener) {
 		t := s.cfg.Clock.Now()
 		now := t.UnixNano()
 		qlog := s.cfg.QueryLog != nil
+		askers := s.askers.Load()
+		var from netip.Addr
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {
@@ -281,12 +283,16 @@ func (s *Server) serveUDP(l *udpListener) {
 				continue
 			}
 			start := len(b.out)
-			out, v := s.answerLocal(raw, &b.q, b.out, false, now, &l.stats, cd, srv, &k)
+			if askers {
+				from = sockaddrAddrPort(name).Addr()
+			}
+			out, v := s.answerLocal(raw, &b.q, b.out, false, now, &l.stats, cd, srv, &k, from)
 			switch v {
 			case dropped:
 				continue
 			case miss:
 				m := newMiss(raw, false, t)
+				m.q.From = from
 				m.l = l
 				m.cdk = k
 				m.nlen = uint32(copy(m.name[:], name))

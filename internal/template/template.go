@@ -11,12 +11,13 @@
 // parses it).
 //
 // Templates see .Name, .Type, .Class, .Zone, .Match, .Group, .Regex,
-// .Message and .Question as CoreDNS documents them. .Remote is refused: the
-// fetch is shared by every client asking the same question at once
-// (coalescing) and its answer by every client until it expires, so there is
-// no one client address; CoreDNS's cache in front of template likewise
-// serves the first client's answer to all. CoreDNS's `var`, `expr` and
-// `ederror` options are refused too (not implemented).
+// .Message, .Question and .Remote as CoreDNS documents them. .Remote is the
+// address of the client whose question the fetch asks (Handler.Asker,
+// resolve.Asker): the first of the clients asking one question at once,
+// and its answer is then cached and served to every client until it
+// expires, exactly as CoreDNS's cache in front of template serves the first
+// client's answer to all. CoreDNS's `var`, `expr` and `ederror` options are
+// refused (not implemented).
 package template
 
 import (
@@ -24,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -89,8 +91,16 @@ type Handler struct {
 	zones     []string
 	templates []compiled
 	lookup    Lookup
-	Stats     Stats
+	remote    bool // a record template uses .Remote
+	// Asker returns the client a fetch asks for (resolve.Asker); nil, or
+	// a zero Addr, renders .Remote empty. Set before the handler serves.
+	Asker func(ctx context.Context) netip.Addr
+	Stats Stats
 }
+
+// UsesRemote reports whether a record template uses .Remote, so the
+// transport must record each query's client address.
+func (h *Handler) UsesRemote() bool { return h.remote }
 
 // maxRegexpLen is CoreDNS's bound on one match expression.
 const maxRegexpLen = 10000
@@ -123,6 +133,7 @@ func New(cfgs []Config, lookup Lookup) (*Handler, error) {
 				if err != nil {
 					return nil, err
 				}
+				h.remote = h.remote || usesField(tm.Tree.Root, "Remote")
 				*sec.out = append(*sec.out, tm)
 			}
 		}
@@ -137,14 +148,11 @@ func New(cfgs []Config, lookup Lookup) (*Handler, error) {
 func (h *Handler) SetHooks(i int, hk Hooks) { h.templates[i].hooks = hk }
 
 // Compile parses one record template as CoreDNS does (with its parseInt
-// function) and refuses .Remote (see the package comment).
+// function) and refuses .Var (var and expr are not implemented).
 func Compile(section, text string) (*gotmpl.Template, error) {
 	tm, err := gotmpl.New(section).Funcs(gotmpl.FuncMap{"parseInt": strconv.ParseUint}).Parse(text)
 	if err != nil {
 		return nil, fmt.Errorf("%s: could not compile template %q: %v", section, text, err)
-	}
-	if usesField(tm.Tree.Root, "Remote") {
-		return nil, fmt.Errorf("%s: %q uses .Remote: answers are cached per question and shared by every client (as behind CoreDNS's cache), so no client address can be given", section, text)
 	}
 	if usesField(tm.Tree.Root, "Var") {
 		return nil, fmt.Errorf("%s: %q uses .Var: var and expr are not supported", section, text)
@@ -218,6 +226,7 @@ type data struct {
 	Type     string
 	Message  *dns.Msg
 	Question *dns.Question
+	Remote   string // the client's IP, as CoreDNS's state.IP()
 }
 
 // Meta is CoreDNS's metadata accessor; without the metadata plugin it is
@@ -242,6 +251,11 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 				return nil, ErrServFail
 			}
 			continue
+		}
+		if h.remote && h.Asker != nil {
+			if a := h.Asker(ctx); a.IsValid() {
+				d.Remote = a.Unmap().String()
+			}
 		}
 		h.Stats.Matches.Add(1)
 		if t.hooks.Match != nil {

@@ -3,6 +3,7 @@ package template
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -68,8 +69,6 @@ func TestServe(t *testing.T) {
 
 func TestCompileRefuses(t *testing.T) {
 	for _, text := range []string{
-		"{{ .Remote }} IN A 1.1.1.1",
-		"x. IN TXT {{ if .Remote }}a{{ end }}",
 		"x. IN TXT {{ .Var.x }}",
 		"{{ .Name ",
 	} {
@@ -79,5 +78,44 @@ func TestCompileRefuses(t *testing.T) {
 	}
 	if _, err := Compile("answer", `{{ .Name }} IN A {{ index .Match 1 }}`); err != nil {
 		t.Error(err)
+	}
+}
+
+// .Remote is the asker's IP (IPv4-mapped shown as IPv4, IPv6 without
+// brackets, as CoreDNS's state.IP()), empty when there is none; a handler
+// whose templates use it says so.
+func TestRemote(t *testing.T) {
+	h, err := New([]Config{{Class: dns.ClassINET, Type: dns.TypeTXT, Zones: []string{"."},
+		Answer: []string{`{{ .Name }} 60 IN TXT "at {{ .Remote }}"`}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := New([]Config{{Class: dns.ClassINET, Type: dns.TypeAAAA, Zones: []string{"."}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.UsesRemote() || plain.UsesRemote() {
+		t.Fatalf("UsesRemote %v and %v, want true and false", h.UsesRemote(), plain.UsesRemote())
+	}
+	type key struct{}
+	h.Asker = func(ctx context.Context) netip.Addr { a, _ := ctx.Value(key{}).(netip.Addr); return a }
+	for _, c := range []struct {
+		from netip.Addr
+		want string
+	}{
+		{netip.MustParseAddr("10.0.0.7"), `"at 10.0.0.7"`},
+		{netip.MustParseAddr("::ffff:10.0.0.8"), `"at 10.0.0.8"`},
+		{netip.MustParseAddr("fd00::1"), `"at fd00::1"`},
+		{netip.Addr{}, `"at "`},
+	} {
+		r := new(dns.Msg)
+		r.SetQuestion("x.example.", dns.TypeTXT)
+		m, err := h.Serve(context.WithValue(context.Background(), key{}, c.from), r, forwarded)
+		if err != nil || len(m.Answer) != 1 {
+			t.Fatalf("%v: %v %v", c.from, m, err)
+		}
+		if got := m.Answer[0].(*dns.TXT).String(); !strings.HasSuffix(got, c.want) {
+			t.Errorf("%v: %s, want ...%s", c.from, got, c.want)
+		}
 	}
 }

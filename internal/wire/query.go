@@ -11,6 +11,7 @@ package wire
 import (
 	"encoding/binary"
 	"errors"
+	"net/netip"
 )
 
 // Header sizes and field offsets (RFC 1035 §4.1.1).
@@ -105,6 +106,12 @@ type Query struct {
 	DO     bool   // DNSSEC OK bit from the OPT record
 	HasQ   bool   // the question section was read (so errors can echo it)
 	Opcode uint8
+	// From is the client's address, set by the transport after parsing
+	// only when something behind the cache needs it (a template's
+	// .Remote); ParseQuery clears it. A miss's copy carries it into the
+	// one upstream fetch its question gets (the first asker's, as behind
+	// CoreDNS's cache).
+	From netip.Addr
 }
 
 // CD reports whether the client disabled DNSSEC checking.

@@ -2,6 +2,7 @@ package dropin
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,6 +174,71 @@ func TestTemplateParityWithCoreDNS(t *testing.T) {
 		{"bad.strict.example.", dns.TypeA},
 		{"mx.example.", dns.TypeMX},
 	}, nil)
+}
+
+// .Remote is the client's IP. Behind the cache (CoreDNS's plugin order),
+// the first client's answer is cached and served to every client until it
+// expires: the same in both servers, over UDP and TCP.
+func TestTemplateRemoteParityWithCoreDNS(t *testing.T) {
+	ours, core, _ := runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    template IN TXT remote.example {
+        answer "{{ .Name }} 60 IN TXT \"from {{ .Remote }}\""
+    }
+    template IN A ip.remote.example {
+        answer "{{ .Name }} 60 IN A {{ .Remote }}"
+    }
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"who.remote.example.", dns.TypeTXT},
+		{"a.ip.remote.example.", dns.TypeA},
+	}, nil)
+	for _, c := range []struct {
+		name  string
+		qtype uint16
+		net   string
+		from  string
+		want  string
+	}{
+		// Cached from 127.0.0.1's question above: 127.0.0.1's answer.
+		{"who.remote.example.", dns.TypeTXT, "udp", "127.0.0.9", `"from 127.0.0.1"`},
+		{"a.ip.remote.example.", dns.TypeA, "tcp", "127.0.0.9", "127.0.0.1"},
+		// New questions: the asker's own address, then cached for others.
+		{"new.remote.example.", dns.TypeTXT, "udp", "127.0.0.9", `"from 127.0.0.9"`},
+		{"new.remote.example.", dns.TypeTXT, "udp", "127.0.0.1", `"from 127.0.0.9"`},
+		{"b.ip.remote.example.", dns.TypeA, "tcp", "127.0.0.10", "127.0.0.10"},
+	} {
+		for _, srv := range []string{ours, core} {
+			got := askFrom(t, srv, c.net, c.from, c.name, c.qtype)
+			if !strings.HasSuffix(got, c.want) {
+				t.Errorf("%s %s over %s from %s @%s: %q, want ...%s", c.name, dns.TypeToString[c.qtype], c.net, c.from, srv, got, c.want)
+			}
+		}
+	}
+}
+
+// askFrom asks name over network from the local address from and returns
+// the answer's first record without TTL ("" when none).
+func askFrom(t *testing.T, addr, network, from, name string, qtype uint16) string {
+	t.Helper()
+	var local net.Addr = &net.UDPAddr{IP: net.ParseIP(from)}
+	if network == "tcp" {
+		local = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
+	c := &dns.Client{Net: network, Timeout: 3 * time.Second, Dialer: &net.Dialer{LocalAddr: local, Timeout: 3 * time.Second}}
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	r, _, err := c.Exchange(m, addr)
+	if err != nil {
+		t.Fatalf("%s %s over %s from %s @%s: %v", name, dns.TypeToString[qtype], network, from, addr, err)
+	}
+	if len(r.Answer) == 0 {
+		return ""
+	}
+	r.Answer[0].Header().Ttl = 0
+	return r.Answer[0].String()
 }
 
 func TestHostsParityWithCoreDNS(t *testing.T) {

@@ -19,7 +19,7 @@ func TestCorefileExitCodes(t *testing.T) {
 		"-setupinterface=false", "-setupiptables=false", "-state-dir="}
 	for _, tc := range []struct{ directive, want string }{
 		{"kubernetes cluster.local", ":3: directive kubernetes is not supported by nodelocaldns; supported: "},
-		{"template IN AAAA {\n    answer \"{{ .Remote }} IN A 1.1.1.1\"\n  }", ":3: template: answer: \"{{ .Remote }} IN A 1.1.1.1\" uses .Remote"},
+		{"template IN AAAA {\n    answer \"x. IN TXT {{ .Var.x }}\"\n  }", ":3: template: answer: \"x. IN TXT {{ .Var.x }}\" uses .Var"},
 		{"hosts {\n    bogus a.example\n  }", ":4: hosts: \"bogus a.example\" is not an option nor an entry ADDRESS NAME..."},
 		{"forward . tls://1.1.1.1", ":3: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported (plain DNS only); supported: forward FROM TO..."},
 	} {
