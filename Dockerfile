@@ -39,12 +39,14 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
 # apt. (registry.k8s.io/build-image/distroless-iptables, kube-proxy's base,
 # is the smaller alternative; not tried here.)
 FROM debian:bookworm-slim
-ARG VERSION=devel
-ARG REVISION=unknown
 RUN apt-get update \
     && apt-get install -y --no-install-recommends iptables \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/nodelocaldns /nodelocaldns
+# Declared after the apt-get layer: a build argument in scope is part of
+# every later RUN's cache key, and the revision changes with every commit.
+ARG VERSION=devel
+ARG REVISION=unknown
 LABEL org.opencontainers.image.title="nodelocaldns" \
       org.opencontainers.image.description="NodeLocal DNS cache for Kubernetes" \
       org.opencontainers.image.source="https://github.com/nodelocaldns/nodelocaldns" \
