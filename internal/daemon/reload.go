@@ -194,6 +194,7 @@ func (d *Daemon) readResolvConf() bool {
 	if err != nil {
 		if err.Error() != r.resolvErr {
 			r.resolvErr = err.Error()
+			d.Metrics.ResolvConfError()
 			d.log.Error("resolv.conf unusable; keeping the last good nameservers", "file", d.cfg.ResolvConf, "nameservers", fmt.Sprint(r.resolv), "err", err)
 		}
 		return false

@@ -75,6 +75,12 @@ func (e *env) eventually(t *testing.T, prefix, zone, want string) time.Duration 
 // the daemon's registry (what /metrics serves).
 func (e *env) setupErrors(t *testing.T) int {
 	t.Helper()
+	return e.setupErrorsOf(t, "configmap")
+}
+
+// setupErrorsOf reads nodelocaldns_setup_errors_total{type=kind}.
+func (e *env) setupErrorsOf(t *testing.T, kind string) int {
+	t.Helper()
 	mfs, err := e.d.Metrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -85,26 +91,31 @@ func (e *env) setupErrors(t *testing.T) int {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "type" && l.GetValue() == "configmap" {
+				if l.GetName() == "type" && l.GetValue() == kind {
 					return int(m.GetCounter().GetValue())
 				}
 			}
 		}
 	}
-	t.Fatal("no configmap setup error counter")
+	t.Fatalf("no %s setup error counter", kind)
 	return 0
 }
 
 func (e *env) waitSetupErrors(t *testing.T, want int) {
 	t.Helper()
+	e.waitSetupErrorsOf(t, "configmap", want)
+}
+
+func (e *env) waitSetupErrorsOf(t *testing.T, kind string, want int) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second) // against a hang; the count is the point
 	for {
-		got := e.setupErrors(t)
+		got := e.setupErrorsOf(t, kind)
 		if got == want {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("configmap setup errors %d, want %d", got, want)
+			t.Fatalf("%s setup errors %d, want %d", kind, got, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -356,12 +367,13 @@ func TestResolvConfEditChangesNodeGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("resolv.conf edit applied after %v", e.eventually(t, "b", "example.com.", "10.0.0.2"))
-	// Empty, then without a usable server: the last good list stays.
+	// Empty, then without a usable server: each is counted once, and the
+	// last good list stays.
 	for i, content := range []string{"", "nameserver not-an-ip\n"} {
 		if err := os.WriteFile(rc, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond) // several watch settle periods
+		e.waitSetupErrorsOf(t, "resolvconf", i+1) // read and refused
 		if got := e.firstA(t, fmt.Sprintf("c%d.example.com.", i)); got != "10.0.0.2" {
 			t.Fatalf("unusable resolv.conf %q changed the node group: %s", content, got)
 		}

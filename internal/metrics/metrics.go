@@ -59,10 +59,10 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	m.Directives = &Directives{}
 
 	m.setupErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Name: "setup_errors_total", Help: "Errors setting up or checking the node: interface, iptables, configmap.",
+		Namespace: ns, Name: "setup_errors_total", Help: "Errors setting up or checking the node: interface, iptables, configmap, resolvconf.",
 	}, []string{"type"})
 	// Every kind starts at 0 so alerts can use rate() from the first scrape.
-	for _, k := range netsetup.SetupErrorKinds {
+	for _, k := range append(netsetup.SetupErrorKinds, KindResolvConf) {
 		m.setupErrors.WithLabelValues(k)
 	}
 	m.backend = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -98,6 +98,14 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	}
 	return m
 }
+
+// KindResolvConf is the setup error of an unusable node resolv.conf (the
+// last good nameservers are kept). Ours only: node-cache has no such kind,
+// so coredns_nodecache_setup_errors_total does not get it.
+const KindResolvConf = "resolvconf"
+
+// ResolvConfError counts an unusable resolv.conf.
+func (m *Metrics) ResolvConfError() { m.setupErrors.WithLabelValues(KindResolvConf).Inc() }
 
 // SetupError counts a node setup error (netsetup.Observer).
 func (m *Metrics) SetupError(kind string) {
