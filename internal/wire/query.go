@@ -105,6 +105,10 @@ type Query struct {
 	DO     bool   // DNSSEC OK bit from the OPT record
 	HasQ   bool   // the question section was read (so errors can echo it)
 	Opcode uint8
+	// View is not read from the packet: the server sets it from the
+	// address the query arrived on (the Corefile's blocks seen there). It
+	// is part of the cache key, so two views keep separate answers.
+	View uint8
 }
 
 // CD reports whether the client disabled DNSSEC checking.
