@@ -198,3 +198,30 @@ func (v View) Describe(srv []*corefile.Server) []string {
 	}
 	return out
 }
+
+// Sig is what of the view decides its answers, without file positions:
+// equal signatures answer alike (a reload may keep the running view).
+func (v View) Sig(srv []*corefile.Server) any {
+	type zoneSig struct {
+		Zone  string
+		Block any
+	}
+	var zs []zoneSig
+	for z, p := range v.Pick {
+		var b any
+		if p >= 0 {
+			b = blockSig(srv[p])
+		}
+		zs = append(zs, zoneSig{z, b})
+	}
+	slices.SortFunc(zs, func(a, b zoneSig) int { return strings.Compare(a.Zone, b.Zone) })
+	pols := slices.Clone(v.ZonePolicies)
+	for i := range pols {
+		pols[i].Block = ""
+	}
+	routes := slices.Clone(v.Routes)
+	for i := range routes {
+		routes[i].From = ""
+	}
+	return []any{v.Addrs, zs, pols, routes, v.Refused}
+}

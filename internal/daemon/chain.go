@@ -57,7 +57,7 @@ func (d *Daemon) chainFetch(next resolve.FetchFunc) (resolve.FetchFunc, error) {
 	if cc == nil {
 		return next, nil
 	}
-	c, err := d.buildChains(cc.Servers, next)
+	c, err := d.buildChains(cc.Servers, nil, next)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,7 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
 		return nil, nil
 	}
-	c, err := d.buildChains(n.DropIn.Corefile.Servers, d.chainNext)
+	c, err := d.buildChains(n.DropIn.Corefile.Servers, nil, d.chainNext)
 	if err != nil {
 		return nil, err
 	}
@@ -102,17 +102,29 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 	return changed, nil
 }
 
-// buildChains builds every block's chain.
-func (d *Daemon) buildChains(servers []*corefile.Server, next resolve.FetchFunc) (*fetchChain, error) {
+// buildChains builds every block's chain. pick (a view's, config.View)
+// gives each zone its block, by index in servers; nil: a zone's first
+// block. A block with no zone of its own is left out.
+func (d *Daemon) buildChains(servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc) (*fetchChain, error) {
 	c := &fetchChain{}
 	seen := map[string]bool{}
-	for _, s := range servers {
+	for i, s := range servers {
 		b := &blockChain{}
 		for _, z := range s.Zones {
+			if pick != nil {
+				if pick[z] == i && !seen[z] {
+					seen[z] = true
+					b.zones = append(b.zones, z)
+				}
+				continue
+			}
 			if !seen[z] { // a zone in two blocks (other binds): the first
 				seen[z] = true
 				b.zones = append(b.zones, z)
 			}
+		}
+		if pick != nil && len(b.zones) == 0 {
+			continue
 		}
 		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64}
 		if err := b.build(d, s, c, next); err != nil {

@@ -84,6 +84,17 @@ func (d *Daemon) readCorefile() bool {
 		return false
 	}
 	r.cf.err = ""
+	if why, changed := d.viewsChanged(n); changed {
+		// Nothing of this edit is applied: half of it would answer some
+		// addresses with the old blocks and some with the new.
+		if why != r.cf.err {
+			r.cf.err = why
+			d.Metrics.SetupError("configmap") // as an invalid Corefile
+			d.Metrics.ReloadFailed()
+			d.log.Error("Corefile change refused; keeping the last good configuration", "file", cc.Source(), "err", why)
+		}
+		return false
+	}
 	if diff := restartFields(d.cfg, n); len(diff) > 0 {
 		if s := strings.Join(diff, ", "); s != r.cf.restart {
 			r.cf.restart = s

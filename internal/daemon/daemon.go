@@ -77,6 +77,10 @@ type Daemon struct {
 	// The Corefile's fetch-side directives (chain.go): nil without them.
 	chain     atomic.Pointer[fetchChain]
 	chainNext resolve.FetchFunc
+	// The Corefile's views (views.go): nil with one view. Their groups
+	// live as long as the daemon (a change of views needs a restart).
+	views      *config.CorefileConfig
+	viewGroups []*forward.Group
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -141,24 +145,36 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		d.closeGroups()
 		return nil, err
 	}
-	fetch, err := d.chainFetch(d.forward)
-	if err != nil {
-		d.closeGroups()
-		return nil, err
-	}
 	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
-	res, err := resolve.New(resolve.Config{
-		Cache:        d.Cache,
-		Fetch:        fetch,
-		Policy:       d.lookupPolicy,
-		Clock:        opt.Clock,
-		FetchTimeout: cfg.ForwardTimeout,
-		UDPSize:      uint16(cfg.MaxUDPSize),
-		MaxFlights:   cfg.MaxInflight,
-	})
-	if err != nil {
-		d.closeGroups()
-		return nil, err
+	var res *resolve.Resolver
+	var views []*resolve.Resolver
+	var addrViews []uint8
+	if cc := cfg.DropIn.Corefile; cc != nil && cc.Views != nil {
+		// Blocks seen from some addresses answer otherwise (views.go).
+		if views, addrViews, err = d.newViews(cfg, cc); err != nil {
+			d.closeGroups()
+			return nil, err
+		}
+		res = views[0]
+	} else {
+		fetch, err := d.chainFetch(d.forward)
+		if err != nil {
+			d.closeGroups()
+			return nil, err
+		}
+		res, err = resolve.New(resolve.Config{
+			Cache:        d.Cache,
+			Fetch:        fetch,
+			Policy:       d.lookupPolicy,
+			Clock:        opt.Clock,
+			FetchTimeout: cfg.ForwardTimeout,
+			UDPSize:      uint16(cfg.MaxUDPSize),
+			MaxFlights:   cfg.MaxInflight,
+		})
+		if err != nil {
+			d.closeGroups()
+			return nil, err
+		}
 	}
 	cdBlocks := coreDNSBlocks(cfg)
 	d.autopath, err = d.newAutopath(res)
@@ -175,6 +191,8 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		Port:             cfg.Port,
 		UDPSockets:       cfg.UDPSockets,
 		Resolver:         res,
+		Views:            views,
+		AddrViews:        addrViews,
 		Clock:            opt.Clock,
 		MaxUDPSize:       uint16(cfg.MaxUDPSize),
 		MaxClientUDPSize: uint16(cfg.MaxClientUDPSize),
@@ -579,6 +597,9 @@ func (d *Daemon) teardown(ctx context.Context) error {
 
 func (d *Daemon) closeGroups() {
 	for _, g := range d.groups {
+		_ = g.Close()
+	}
+	for _, g := range d.viewGroups {
 		_ = g.Close()
 	}
 }

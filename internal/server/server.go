@@ -41,6 +41,13 @@ type Config struct {
 	// Resolver answers hits and misses (cache, coalescing, serve-stale,
 	// admission of distinct questions).
 	Resolver *resolve.Resolver
+	// Views, when set, answer the queries of each view instead (Views[0]
+	// is Resolver): a query arriving on Addrs[i] is answered by
+	// Views[AddrViews[i]] with wire.Query.View set to that index (the
+	// Corefile's blocks seen from the address; config.View). The view is
+	// picked once per socket and connection, not per query.
+	Views     []*resolve.Resolver
+	AddrViews []uint8
 	// Clock is the time source for TTLs and the server's timers (nil:
 	// clock.Real). Socket deadlines are the kernel's and use real time.
 	Clock clock.Clock
@@ -115,6 +122,7 @@ func (c *Config) setDefaults() {
 type Server struct {
 	cfg     Config
 	res     *resolve.Resolver
+	views   []*resolve.Resolver // by wire.Query.View; views[0] is res
 	waiting chan struct{} // one token per client waiting for a miss
 	stats   Stats
 	// CoreDNS-named counters (stats.go): cd is shared by TCP and the miss
@@ -150,9 +158,22 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("server: no listen address")
 	}
+	views := cfg.Views
+	if len(views) == 0 {
+		views = []*resolve.Resolver{cfg.Resolver}
+	}
+	if views[0] != cfg.Resolver || len(views) > 64 || (cfg.AddrViews != nil && len(cfg.AddrViews) != len(cfg.Addrs)) {
+		return nil, errors.New("server: Views[0] must be Resolver, at most 64 views, one AddrViews entry per address")
+	}
+	for _, v := range cfg.AddrViews {
+		if int(v) >= len(views) || views[v] == nil {
+			return nil, errors.New("server: AddrViews names a view without a resolver")
+		}
+	}
 	s := &Server{
 		cfg:      cfg,
 		res:      cfg.Resolver,
+		views:    views,
 		waiting:  make(chan struct{}, cfg.MaxWaiting),
 		missQ:    make(chan *missReq),
 		missStop: make(chan struct{}),
@@ -266,13 +287,28 @@ func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int
 		// request, but no cache event of its own (its candidates are).
 		return out, miss, ansAutopath
 	}
-	e := s.res.Hit(q, now)
+	e := s.views[q.View].Hit(q, now)
 	if e == nil {
 		return out, miss, ansHit
 	}
 	out = e.Write(out, q, now, s.maxSize(q, tcp), s.cfg.MaxUDPSize)
 	st.countRcode(e.Rcode())
 	return out, answered, ansHit
+}
+
+// viewOf is the view of queries arriving on local address a: the view of
+// its Addrs entry, 0 when none (an adopted socket on another address).
+func (s *Server) viewOf(a netip.Addr) uint8 {
+	if s.cfg.AddrViews == nil {
+		return 0
+	}
+	a = a.Unmap()
+	for i, x := range s.cfg.Addrs {
+		if x.Unmap() == a {
+			return s.cfg.AddrViews[i]
+		}
+	}
+	return 0
 }
 
 // maxSize is the largest answer the client gets over this transport: over

@@ -120,10 +120,11 @@ func (s *Server) serveConn(tc *tcpConn) {
 	var buf []byte
 	state := connFirst
 	srv, k := -1, cdKey{}
-	if s.cd != nil {
-		if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
+	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		if s.cd != nil {
 			srv = s.cdServerIndex(la.AddrPort().Addr())
 		}
+		q.View = s.viewOf(la.AddrPort().Addr()) // kept by every ParseQuery
 	}
 	for {
 		if !buffered(r) {
@@ -161,6 +162,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			return
 		}
 		m := newMiss(buf, true, t)
+		m.q.View = q.View
 		m.tc = tc
 		m.cdk = k
 		tc.pending.Add(1)

@@ -245,6 +245,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		l.cd.Store(cd)
 	}
 	var k cdKey
+	b.q.View = s.viewOf(l.local.Addr()) // kept by every ParseQuery
 	for !l.stop.Load() {
 		l.beat.Add(1) // odd: waiting
 		n, err := l.recv(b)
@@ -287,6 +288,7 @@ func (s *Server) serveUDP(l *udpListener) {
 				continue
 			case miss:
 				m := newMiss(raw, false, t)
+				m.q.View = b.q.View
 				m.l = l
 				m.cdk = k
 				m.nlen = uint32(copy(m.name[:], name))

@@ -105,9 +105,10 @@ type Query struct {
 	DO     bool   // DNSSEC OK bit from the OPT record
 	HasQ   bool   // the question section was read (so errors can echo it)
 	Opcode uint8
-	// View is not read from the packet: the server sets it from the
-	// address the query arrived on (the Corefile's blocks seen there). It
-	// is part of the cache key, so two views keep separate answers.
+	// View is not read from the packet (ParseQuery keeps it): the server
+	// sets it from the address the query arrived on (the Corefile's blocks
+	// seen there). It is part of the cache key, so two views keep separate
+	// answers.
 	View uint8
 }
 
@@ -121,7 +122,7 @@ func (q *Query) CD() bool { return q.Flags&FlagCD != 0 }
 // clients send them (e.g. UPDATE prerequisites are not queries, but NOTIFY
 // and odd stubs exist); anything that does not parse is ErrFormat.
 func ParseQuery(b []byte, q *Query) error {
-	*q = Query{Size: MinUDPSize}
+	*q = Query{Size: MinUDPSize, View: q.View}
 	if len(b) < HeaderLen {
 		return ErrDrop
 	}
