@@ -123,7 +123,7 @@ type Server struct {
 	cfg     Config
 	res     *resolve.Resolver
 	views   []*resolve.Resolver // by wire.Query.View; views[0] is res
-	waiting chan struct{} // one token per client waiting for a miss
+	waiting chan struct{}       // one token per client waiting for a miss
 	stats   Stats
 	// CoreDNS-named counters (stats.go): cd is shared by TCP and the miss
 	// path; each UDP loop has its own (udpListener.cd).
