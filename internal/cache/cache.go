@@ -263,7 +263,7 @@ func (c *Cache) evict(s *shard, k Kind, now int64) {
 	}
 	for i, e := 0, head.prev; i < evictScan && e != head; i, e = i+1, e.prev {
 		if e.Expired(now) {
-			s.tags[e.tag].Evictions++
+			s.tags[e.tag].Evictions[e.kind]++
 			c.remove(s, e)
 			s.stats.evictions++
 			return
@@ -282,7 +282,7 @@ func (c *Cache) evict(s *shard, k Kind, now int64) {
 			break
 		}
 	}
-	s.tags[victim.tag].Evictions++
+	s.tags[victim.tag].Evictions[victim.kind]++
 	c.remove(s, victim)
 	s.stats.evictions++
 }
@@ -368,9 +368,9 @@ func (c *Cache) Stats() Stats {
 
 // TagStats are the counts of the entries stored under one Policy.Tag.
 type TagStats struct {
-	Entries    [numKinds]int64 // now, by Kind
-	Evictions  uint64          // removed to make room
-	Prefetches uint64          // hits that started a background refresh
+	Entries    [numKinds]int64  // now, by Kind
+	Evictions  [numKinds]uint64 // removed to make room, by Kind
+	Prefetches uint64           // hits that started a background refresh
 }
 
 // TagStats sums the per-tag counts of every shard, indexed by tag (tags
@@ -387,7 +387,9 @@ func (c *Cache) TagStats() []TagStats {
 			for k := range ts.Entries {
 				out[t].Entries[k] += ts.Entries[k]
 			}
-			out[t].Evictions += ts.Evictions
+			for k := range ts.Evictions {
+				out[t].Evictions[k] += ts.Evictions[k]
+			}
 			out[t].Prefetches += ts.Prefetches
 		}
 		s.mu.Unlock()

@@ -63,7 +63,7 @@ func TestTagStats(t *testing.T) {
 	var evictions uint64
 	for _, s := range ts {
 		entries += s.Entries[Success]
-		evictions += s.Evictions
+		evictions += s.Evictions[Success]
 	}
 	if entries != 3 || evictions != 1 || ts[3].Entries[Success] != 1 {
 		t.Errorf("tags %+v", ts)

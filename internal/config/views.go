@@ -49,6 +49,9 @@ type View struct {
 // takes 6 bits of it (cache.keyFlags).
 const MaxViews = 64
 
+// BlocksSeenFrom lists the blocks (indexes into srv) a query to a sees.
+func BlocksSeenFrom(srv []*corefile.Server, a netip.Addr) []int { return viewBlocks(srv, a) }
+
 // viewBlocks lists the blocks a query to a sees.
 func viewBlocks(srv []*corefile.Server, a netip.Addr) []int {
 	a = a.Unmap()

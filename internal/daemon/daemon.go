@@ -81,6 +81,9 @@ type Daemon struct {
 	// live as long as the daemon (a change of views needs a restart).
 	views      *config.CorefileConfig
 	viewGroups []*forward.Group
+	// The blocks the cache tags name now (coredns.go), swapped with the
+	// policies.
+	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -146,6 +149,8 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
+	cb := coreDNSCacheBlocks(cfg)
+	d.cacheBlocks.Store(&cb)
 	var res *resolve.Resolver
 	var views []*resolve.Resolver
 	var addrViews []uint8
@@ -210,7 +215,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	d.Server = srv
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,
-		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks),
+		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks), CacheBlocks: d.cacheBlocksNow,
 	})
 
 	if cfg.SetupInterface || cfg.SetupIPTables {
