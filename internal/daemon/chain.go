@@ -325,7 +325,10 @@ type BlockStats struct {
 // directives, as running now (a Corefile change replaces them: call again
 // at each scrape).
 func (d *Daemon) DirectiveStats() []BlockStats {
-	c := d.chain.Load()
+	c := d.viewChain.Load() // with several views: the first view's blocks
+	if c == nil {
+		c = d.chain.Load()
+	}
 	if c == nil {
 		return nil
 	}

@@ -139,10 +139,13 @@ func writeAtomic(t *testing.T, path, text string) {
 	}
 }
 
-// A Corefile edit that would change the views (here: the same zone on a
-// second bind with another upstream) is refused whole: logged once,
-// counted, the running routes kept; a later edit without it applies.
-func TestCorefileViewChangeRefused(t *testing.T) {
+// A Corefile edit that changes the views together with the listen
+// addresses (here: the same zone on a new bind with another upstream) is
+// refused whole until a restart: logged once, counted, the running routes
+// kept; a later edit without it applies. (An edit of the views on the
+// running addresses applies: test/dropin's TestReferenceManifestInNamespace
+// and TestViewsReload.)
+func TestCorefileViewAndBindChangeRefused(t *testing.T) {
 	a := startUpstream(t, answerA("10.0.0.1"))
 	b := startUpstream(t, answerA("10.0.0.2"))
 	conf := filepath.Join(t.TempDir(), "Corefile")

@@ -77,10 +77,12 @@ type Daemon struct {
 	// The Corefile's fetch-side directives (chain.go): nil without them.
 	chain     atomic.Pointer[fetchChain]
 	chainNext resolve.FetchFunc
-	// The Corefile's views (views.go): nil with one view. Their groups
-	// live as long as the daemon (a change of views needs a restart).
-	views      *config.CorefileConfig
-	viewGroups []*forward.Group
+	// The Corefile's views (views.go), owned like reload's state; res0 is
+	// the resolver of the one-view case (d.policy, d.chain), also
+	// autopath's.
+	views     *viewSet
+	viewChain atomic.Pointer[fetchChain]
+	res0      *resolve.Resolver
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
@@ -151,36 +153,32 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
 	cb := coreDNSCacheBlocks(cfg)
 	d.cacheBlocks.Store(&cb)
-	var res *resolve.Resolver
-	var views []*resolve.Resolver
-	var addrViews []uint8
-	if cc := cfg.DropIn.Corefile; cc != nil && cc.Views != nil {
-		// Blocks seen from some addresses answer otherwise (views.go).
-		if views, addrViews, err = d.newViews(cfg, cc); err != nil {
-			d.closeGroups()
-			return nil, err
-		}
-		res = views[0]
-	} else {
-		fetch, err := d.chainFetch(d.forward)
-		if err != nil {
-			d.closeGroups()
-			return nil, err
-		}
-		res, err = resolve.New(resolve.Config{
-			Cache:        d.Cache,
-			Fetch:        fetch,
-			Policy:       d.lookupPolicy,
-			Clock:        opt.Clock,
-			FetchTimeout: cfg.ForwardTimeout,
-			UDPSize:      uint16(cfg.MaxUDPSize),
-			MaxFlights:   cfg.MaxInflight,
-		})
-		if err != nil {
-			d.closeGroups()
-			return nil, err
-		}
+	fetch, err := d.chainFetch(d.forward)
+	if err != nil {
+		d.closeGroups()
+		return nil, err
 	}
+	res, err := resolve.New(resolve.Config{
+		Cache:        d.Cache,
+		Fetch:        fetch,
+		Policy:       d.lookupPolicy,
+		Clock:        opt.Clock,
+		FetchTimeout: cfg.ForwardTimeout,
+		UDPSize:      uint16(cfg.MaxUDPSize),
+		MaxFlights:   cfg.MaxInflight,
+	})
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	d.res0 = res
+	// Blocks seen from some addresses answer otherwise (views.go).
+	views, err := d.newViews(cfg, cfg.DropIn.Corefile, cfg.LocalIPs)
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	d.views = views // closeGroups closes its groups
 	cdBlocks := coreDNSBlocks(cfg)
 	d.autopath, err = d.newAutopath(res)
 	if err != nil {
@@ -196,8 +194,6 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		Port:             cfg.Port,
 		UDPSockets:       cfg.UDPSockets,
 		Resolver:         res,
-		Views:            views,
-		AddrViews:        addrViews,
 		Clock:            opt.Clock,
 		MaxUDPSize:       uint16(cfg.MaxUDPSize),
 		MaxClientUDPSize: uint16(cfg.MaxClientUDPSize),
@@ -213,6 +209,10 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.Server = srv
+	if _, err := d.useViews(views); err != nil {
+		d.closeGroups()
+		return nil, err
+	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,
 		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks), CacheBlocks: d.cacheBlocksNow,
@@ -604,8 +604,10 @@ func (d *Daemon) closeGroups() {
 	for _, g := range d.groups {
 		_ = g.Close()
 	}
-	for _, g := range d.viewGroups {
-		_ = g.Close()
+	if d.views != nil {
+		for _, g := range d.views.groups {
+			_ = g.Close()
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
@@ -35,9 +36,33 @@ type viewRoutes struct {
 	refused map[string]bool           // zones no block of the view serves
 }
 
-// newViews builds a resolver per view and says which view each listen
-// address (cfg.LocalIPs) belongs to.
-func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig) ([]*resolve.Resolver, []uint8, error) {
+// viewSet is the running views: their resolvers (by view index), the view
+// of each listen address (by index in cfg.LocalIPs), their own groups, and
+// the first view's chain (for DirectiveStats). nil res: one view, the
+// daemon's shared resolver.
+type viewSet struct {
+	cc     *config.CorefileConfig
+	res    []*resolve.Resolver
+	addr   []uint8
+	groups []*forward.Group
+	chain0 *fetchChain
+}
+
+// newViews builds a resolver per view of cc over the listen addresses
+// listen (the running ones). It changes nothing of d but creating groups,
+// which the caller owns (closed on error here).
+func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.Addr) (vs *viewSet, err error) {
+	vs = &viewSet{cc: cc}
+	if cc == nil || cc.Views == nil {
+		return vs, nil
+	}
+	defer func() {
+		if err != nil {
+			for _, g := range vs.groups {
+				_ = g.Close()
+			}
+		}
+	}()
 	var zones []string
 	for _, s := range cc.Servers {
 		for _, z := range s.Zones {
@@ -47,17 +72,18 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig) ([]*res
 		}
 	}
 	slices.SortStableFunc(zones, func(a, b string) int { return len(b) - len(a) })
-	var out []*resolve.Resolver
-	addrViews := make([]uint8, len(cfg.LocalIPs))
-	for vi, v := range cc.Views {
-		for i, a := range cfg.LocalIPs {
-			if slices.Contains(v.Addrs, a) {
-				addrViews[i] = uint8(vi)
-			}
+	vs.addr = make([]uint8, len(listen))
+	for i, a := range listen {
+		vi := slices.IndexFunc(cc.Views, func(v config.View) bool { return slices.Contains(v.Addrs, a) })
+		if vi < 0 {
+			return nil, fmt.Errorf("listen address %s is in no view", a)
 		}
+		vs.addr[i] = uint8(vi)
+	}
+	for vi, v := range cc.Views {
 		pol, err := resolve.Zones(d.policyDefault, corefileZones(cfg, v.ZonePolicies)...)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		vr := &viewRoutes{zones: zones, groups: map[string]*forward.Group{}, refused: map[string]bool{}}
 		for _, z := range v.Refused {
@@ -66,18 +92,18 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig) ([]*res
 		for _, zr := range v.Routes {
 			g, err := d.routeGroup(zr)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
+				return nil, fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
 			}
-			d.viewGroups = append(d.viewGroups, g)
+			vs.groups = append(vs.groups, g)
 			vr.groups[zr.Zone] = g
 		}
 		next := vr.fetch(d.forward)
 		c, err := d.buildChains(cc.Servers, v.Pick, next)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if vi == 0 {
-			d.chain.Store(c) // DirectiveStats: the first view's directives
+			vs.chain0 = c
 		}
 		res, err := resolve.New(resolve.Config{
 			Cache: d.Cache,
@@ -91,12 +117,54 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig) ([]*res
 			MaxFlights:   cfg.MaxInflight,
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		out = append(out, res)
+		vs.res = append(vs.res, res)
 	}
-	d.views = cc
-	return out, addrViews, nil
+	return vs, nil
+}
+
+// useViews makes the server answer by vs (before Start or live) and
+// returns the view set it replaces.
+func (d *Daemon) useViews(vs *viewSet) (*viewSet, error) {
+	res, addr := vs.res, vs.addr
+	if res == nil {
+		res, addr = []*resolve.Resolver{d.res0}, nil
+	}
+	if err := d.Server.SetViews(res, addr); err != nil {
+		return nil, err
+	}
+	old := d.views
+	d.views = vs
+	d.viewChain.Store(vs.chain0)
+	return old, nil
+}
+
+// reloadViews applies a reloaded Corefile whose views differ from the
+// running ones: new resolvers, chains and groups, swapped into the server
+// at once; the old groups are retired and the whole cache dropped by the
+// caller's apply (the view indexes changed meaning; CoreDNS too starts
+// with new caches on reload). A change of the listen addresses needs a
+// restart: refused.
+func (d *Daemon) reloadViews(n *config.Config) error {
+	if !slices.Equal(n.LocalIPs, d.cfg.LocalIPs) {
+		return fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
+	}
+	vs, err := d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
+	if err != nil {
+		return err
+	}
+	old, err := d.useViews(vs)
+	if err != nil {
+		for _, g := range vs.groups {
+			_ = g.Close()
+		}
+		return err
+	}
+	d.reload.retireLater = append(d.reload.retireLater, old.groups...)
+	d.reload.changedZones = append(d.reload.changedZones, ".")
+	d.log.Info("Corefile changed the views; applied", "views", describeViews(vs.cc))
+	return nil
 }
 
 // fetch forwards qname as the view's block for it would: to the view's own
@@ -134,25 +202,17 @@ func refusedAnswer(query []byte) ([]byte, error) {
 }
 
 // viewsChanged reports whether a reloaded Corefile sees other views than
-// the running one: the daemon does not rebuild resolvers and listeners'
-// views in place, so such a change is refused (logged once and counted by
-// the caller) and the running configuration kept.
-func (d *Daemon) viewsChanged(n *config.Config) (string, bool) {
-	cur, next := d.views, n.DropIn.Corefile
-	var curViews, nextViews []config.View
-	if cur != nil {
-		curViews = cur.Views
+// the running one (then reloadViews applies it).
+func (d *Daemon) viewsChanged(n *config.Config) bool {
+	var cur *config.CorefileConfig
+	if d.views != nil {
+		cur = d.views.cc
 	}
-	if next != nil {
-		nextViews = next.Views
+	next := n.DropIn.Corefile
+	if (cur == nil || cur.Views == nil) && (next == nil || next.Views == nil) {
+		return false
 	}
-	if curViews == nil && nextViews == nil {
-		return "", false
-	}
-	if reflect.DeepEqual(viewSig(cur), viewSig(next)) {
-		return "", false
-	}
-	return fmt.Sprintf("the blocks seen from the listen addresses (views) change from %s to %s; restart to apply", describeViews(curViews), describeViews(nextViews)), true
+	return !reflect.DeepEqual(viewSig(cur), viewSig(next))
 }
 
 func viewSig(cc *config.CorefileConfig) any {
@@ -166,10 +226,11 @@ func viewSig(cc *config.CorefileConfig) any {
 	return out
 }
 
-func describeViews(vs []config.View) string {
-	if vs == nil {
+func describeViews(cc *config.CorefileConfig) string {
+	if cc == nil || cc.Views == nil {
 		return "one view"
 	}
+	vs := cc.Views
 	var parts []string
 	for _, v := range vs {
 		parts = append(parts, fmt.Sprintf("%v", v.Addrs))

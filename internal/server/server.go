@@ -41,11 +41,11 @@ type Config struct {
 	// Resolver answers hits and misses (cache, coalescing, serve-stale,
 	// admission of distinct questions).
 	Resolver *resolve.Resolver
-	// Views, when set, answer the queries of each view instead (Views[0]
-	// is Resolver): a query arriving on Addrs[i] is answered by
+	// Views, when set, answer the queries of each view instead (views.go;
+	// Views[0] is Resolver): a query arriving on Addrs[i] is answered by
 	// Views[AddrViews[i]] with wire.Query.View set to that index (the
-	// Corefile's blocks seen from the address; config.View). The view is
-	// picked once per socket and connection, not per query.
+	// Corefile's blocks seen from the address; config.View). SetViews
+	// replaces them.
 	Views     []*resolve.Resolver
 	AddrViews []uint8
 	// Clock is the time source for TTLs and the server's timers (nil:
@@ -120,10 +120,13 @@ func (c *Config) setDefaults() {
 
 // Server answers DNS queries on UDP and TCP.
 type Server struct {
-	cfg     Config
-	res     *resolve.Resolver
-	views   []*resolve.Resolver // by wire.Query.View; views[0] is res
-	waiting chan struct{}       // one token per client waiting for a miss
+	cfg   Config
+	res   *resolve.Resolver
+	views atomic.Pointer[viewTable] // views.go
+	// Every resolver that served (Snapshot sums their counters, so they
+	// never go back when SetViews replaces one). Under mu.
+	allRes  []*resolve.Resolver
+	waiting chan struct{} // one token per client waiting for a miss
 	stats   Stats
 	// CoreDNS-named counters (stats.go): cd is shared by TCP and the miss
 	// path; each UDP loop has its own (udpListener.cd).
@@ -158,22 +161,12 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("server: no listen address")
 	}
-	views := cfg.Views
-	if len(views) == 0 {
-		views = []*resolve.Resolver{cfg.Resolver}
-	}
-	if views[0] != cfg.Resolver || len(views) > 64 || (cfg.AddrViews != nil && len(cfg.AddrViews) != len(cfg.Addrs)) {
-		return nil, errors.New("server: Views[0] must be Resolver, at most 64 views, one AddrViews entry per address")
-	}
-	for _, v := range cfg.AddrViews {
-		if int(v) >= len(views) || views[v] == nil {
-			return nil, errors.New("server: AddrViews names a view without a resolver")
-		}
+	if len(cfg.Views) > 0 && cfg.Views[0] != cfg.Resolver {
+		return nil, errors.New("server: Views[0] must be Resolver")
 	}
 	s := &Server{
 		cfg:      cfg,
 		res:      cfg.Resolver,
-		views:    views,
 		waiting:  make(chan struct{}, cfg.MaxWaiting),
 		missQ:    make(chan *missReq),
 		missStop: make(chan struct{}),
@@ -182,6 +175,13 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.CoreDNSZones) > 0 {
 		s.cdz = newCDZones(cfg.CoreDNSZones)
 		s.cd = newCDCounters(len(cfg.Addrs), s.cdz.n, false)
+	}
+	views := cfg.Views
+	if len(views) == 0 {
+		views = []*resolve.Resolver{cfg.Resolver}
+	}
+	if err := s.SetViews(views, cfg.AddrViews); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -287,28 +287,13 @@ func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int
 		// request, but no cache event of its own (its candidates are).
 		return out, miss, ansAutopath
 	}
-	e := s.views[q.View].Hit(q, now)
+	e := s.resolver(q.View).Hit(q, now)
 	if e == nil {
 		return out, miss, ansHit
 	}
 	out = e.Write(out, q, now, s.maxSize(q, tcp), s.cfg.MaxUDPSize)
 	st.countRcode(e.Rcode())
 	return out, answered, ansHit
-}
-
-// viewOf is the view of queries arriving on local address a: the view of
-// its Addrs entry, 0 when none (an adopted socket on another address).
-func (s *Server) viewOf(a netip.Addr) uint8 {
-	if s.cfg.AddrViews == nil {
-		return 0
-	}
-	a = a.Unmap()
-	for i, x := range s.cfg.Addrs {
-		if x.Unmap() == a {
-			return s.cfg.AddrViews[i]
-		}
-	}
-	return 0
 }
 
 // maxSize is the largest answer the client gets over this transport: over

@@ -89,7 +89,10 @@ func (c *Counters) add(st *Stats) {
 func (s *Server) Snapshot() Counters {
 	var c Counters
 	c.add(&s.stats)
-	for _, r := range s.views {
+	s.mu.Lock()
+	all := s.allRes
+	s.mu.Unlock()
+	for _, r := range all {
 		rs := r.Stats()
 		c.Rejected += rs.Rejected.Load()
 		c.Coalesced += rs.Coalesced.Load()

@@ -120,11 +120,12 @@ func (s *Server) serveConn(tc *tcpConn) {
 	var buf []byte
 	state := connFirst
 	srv, k := -1, cdKey{}
+	addrIdx := -1
 	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		addrIdx = s.cdServerIndex(la.AddrPort().Addr())
 		if s.cd != nil {
-			srv = s.cdServerIndex(la.AddrPort().Addr())
+			srv = addrIdx
 		}
-		q.View = s.viewOf(la.AddrPort().Addr()) // kept by every ParseQuery
 	}
 	for {
 		if !buffered(r) {
@@ -139,6 +140,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		t := s.cfg.Clock.Now()
 		start := len(pend)
+		q.View = s.viewFor(addrIdx) // kept by ParseQuery
 		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, t.UnixNano(), &s.stats, s.cd, srv, &k)
 		switch v {
 		case dropped:

@@ -245,7 +245,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		l.cd.Store(cd)
 	}
 	var k cdKey
-	b.q.View = s.viewOf(l.local.Addr()) // kept by every ParseQuery
+	addrIdx := s.cdServerIndex(l.local.Addr())
 	for !l.stop.Load() {
 		l.beat.Add(1) // odd: waiting
 		n, err := l.recv(b)
@@ -265,6 +265,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		t := s.cfg.Clock.Now()
 		now := t.UnixNano()
 		qlog := s.cfg.QueryLog != nil
+		b.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {

@@ -214,3 +214,66 @@ func TestViewsOverlapRefusedLikeCoreDNS(t *testing.T) {
 		t.Errorf("coredns: %v\n%s", err, out)
 	}
 }
+
+// A Corefile edit that changes the views on the running addresses applies
+// within 2 s: a block for one address alone takes its queries, the other
+// address keeps the shared block's answers, nothing cached from before
+// answers for the new block.
+func TestViewsReload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	ours := buildNodelocaldns(t)
+	a, b := twoLoopbacks()
+	upA, upB := upstream(t, "10.0.0.1"), upstream(t, "10.0.0.2")
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "Corefile")
+	p := testhost.FreePort(t, "127.0.0.1")
+	one := fmt.Sprintf(".:%[1]d {\n    bind %[2]s %[3]s\n    cache 30\n    forward . %[4]s\n}\n", p, a, b, upA)
+	if err := os.WriteFile(conf, []byte(one), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var lo testhost.SyncBuffer
+	start(t, []string{ours, "-localip", a, "-conf", conf, "-basecorefile", filepath.Join(dir, "none"),
+		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), "-local-mode"}, &lo)
+	aAddr, bAddr := fmt.Sprintf("%s:%d", a, p), fmt.Sprintf("%s:%d", b, p)
+	waitUp(t, aAddr)
+	waitUp(t, bAddr)
+	first := func(addr, name string) string {
+		r := ask(t, addr, name, dns.TypeA)
+		if len(r.rrs) != 1 {
+			return r.rcode
+		}
+		f := strings.Fields(r.rrs[0])
+		return f[len(f)-1]
+	}
+	if got := first(bAddr, "www.example.test."); got != "10.0.0.1" {
+		t.Fatalf("before: %s", got)
+	}
+	two := one + fmt.Sprintf("example.test:%[1]d {\n    bind %[2]s\n    cache 10\n    forward . %[3]s\n}\n", p, b, upB)
+	tmp := conf + ".tmp"
+	if err := os.WriteFile(tmp, []byte(two), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, conf); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	for first(bAddr, "www.example.test.") != "10.0.0.2" {
+		if time.Since(began) > 2*time.Second {
+			t.Fatalf("views change not applied within 2s:\n%s", lo.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("views change applied in %v", time.Since(began))
+	if got := first(aAddr, "www.example.test."); got != "10.0.0.1" {
+		t.Errorf("the other address: %s", got)
+	}
+	if r := ask(t, bAddr, "www.example.test.", dns.TypeA); len(r.ttls) != 1 || r.ttls[0] > 10 {
+		t.Errorf("the new block's cap: %v", r.ttls)
+	}
+	if r := ask(t, bAddr, "www.example.org.", dns.TypeA); r.rcode != "NOERROR" {
+		t.Errorf("the shared block on the new view: %s", r.rcode)
+	}
+}
