@@ -161,6 +161,8 @@ func (d *Daemon) reloadViews(n *config.Config) error {
 		}
 		return err
 	}
+	cb := coreDNSCacheBlocks(n) // the new views' tags name n's blocks
+	d.cacheBlocks.Store(&cb)
 	d.reload.retireLater = append(d.reload.retireLater, old.groups...)
 	d.reload.changedZones = append(d.reload.changedZones, ".")
 	d.log.Info("Corefile changed the views; applied", "views", describeViews(vs.cc))
