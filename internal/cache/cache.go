@@ -66,7 +66,9 @@ type shard struct {
 	bytes    int64
 	capacity [numKinds]int
 	stats    shardStats
-	_        [64]byte // keep neighbouring shards' locks off one cache line
+	// tags[t] counts the entries of Policy.Tag t (grown by Put).
+	tags []TagStats
+	_    [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 type shardStats struct {
@@ -156,6 +158,7 @@ func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 		e.prefetching = true
 		prefetch = true
 		s.stats.prefetches++
+		s.tags[e.tag].Prefetches++
 	}
 	s.mu.Unlock()
 	return e, prefetch
@@ -234,6 +237,10 @@ func (c *Cache) Put(e *Entry) bool {
 	}
 	s.items[e.hash] = e
 	s.pushFront(e)
+	if int(e.tag) >= len(s.tags) {
+		s.tags = append(s.tags, make([]TagStats, int(e.tag)+1-len(s.tags))...)
+	}
+	s.tags[e.tag].Entries[e.kind]++
 	s.count[e.kind]++
 	s.bytes += size
 	s.stats.inserts++
@@ -256,6 +263,7 @@ func (c *Cache) evict(s *shard, k Kind, now int64) {
 	}
 	for i, e := 0, head.prev; i < evictScan && e != head; i, e = i+1, e.prev {
 		if e.Expired(now) {
+			s.tags[e.tag].Evictions[e.kind]++
 			c.remove(s, e)
 			s.stats.evictions++
 			return
@@ -274,6 +282,7 @@ func (c *Cache) evict(s *shard, k Kind, now int64) {
 			break
 		}
 	}
+	s.tags[victim.tag].Evictions[victim.kind]++
 	c.remove(s, victim)
 	s.stats.evictions++
 }
@@ -295,6 +304,7 @@ func (c *Cache) remove(s *shard, e *Entry) {
 	e.prev.next = e.next
 	e.next.prev = e.prev
 	e.prev, e.next = nil, nil
+	s.tags[e.tag].Entries[e.kind]--
 	s.count[e.kind]--
 	size := e.size()
 	s.bytes -= size
@@ -354,6 +364,37 @@ func (c *Cache) Stats() Stats {
 	}
 	st.Bytes = c.bytes.Load()
 	return st
+}
+
+// TagStats are the counts of the entries stored under one Policy.Tag.
+type TagStats struct {
+	Entries    [numKinds]int64  // now, by Kind
+	Evictions  [numKinds]uint64 // removed to make room, by Kind
+	Prefetches uint64           // hits that started a background refresh
+}
+
+// TagStats sums the per-tag counts of every shard, indexed by tag (tags
+// never stored are absent or zero). Like Stats, for a metrics scrape.
+func (c *Cache) TagStats() []TagStats {
+	var out []TagStats
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		if len(s.tags) > len(out) {
+			out = append(out, make([]TagStats, len(s.tags)-len(out))...)
+		}
+		for t, ts := range s.tags {
+			for k := range ts.Entries {
+				out[t].Entries[k] += ts.Entries[k]
+			}
+			for k := range ts.Evictions {
+				out[t].Evictions[k] += ts.Evictions[k]
+			}
+			out[t].Prefetches += ts.Prefetches
+		}
+		s.mu.Unlock()
+	}
+	return out
 }
 
 // Kinds lists the kinds that are stored, for metrics labels.

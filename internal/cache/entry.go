@@ -42,6 +42,9 @@ func (k Kind) String() string {
 const (
 	keyDO = 1 << 0
 	keyCD = 1 << 1
+	// keyViewShift: the view (wire.Query.View, below 64) takes the
+	// key's other 6 bits.
+	keyViewShift = 2
 )
 
 // ErrMismatch means the upstream answered a different question: such an
@@ -95,6 +98,7 @@ type Entry struct {
 	pfSet  bool
 	pfPct  uint8
 	pfHits uint32
+	tag    uint16 // Policy.Tag
 }
 
 // Kind reports what the entry answers.
@@ -159,6 +163,10 @@ type Policy struct {
 	PrefetchSet     bool
 	PrefetchHits    int
 	PrefetchPercent int
+	// Tag names the Corefile block whose cache the entry stands for
+	// (0: none): entries, evictions and prefetches are counted per tag
+	// (Cache.TagStats), as CoreDNS counts them per block's cache.
+	Tag uint16
 }
 
 // Build makes an entry from the upstream response resp to the query q,
@@ -212,6 +220,7 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 		flags:   keyFlags(q),
 		rcode:   uint8(a.Rcode4()),
 		stored:  now,
+		tag:     pol.Tag,
 	}
 	e.hash = hashQuestion(q.Name, q.Type, q.Class, e.flags)
 	e.kind, e.expires = classify(&a, pol, servfailTTL, now)
@@ -334,7 +343,7 @@ func keyFlags(q *wire.Query) uint8 {
 	if q.CD() {
 		f |= keyCD
 	}
-	return f
+	return f | q.View<<keyViewShift
 }
 
 // matches reports whether e answers the question of q (the guard against

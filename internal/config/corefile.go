@@ -28,6 +28,11 @@ type CorefileConfig struct {
 	// ZonePolicies are the resolver's per-zone cache policies built from
 	// the blocks (corefilepolicy.go).
 	ZonePolicies []ZonePolicy
+	// Views are the sets of blocks seen from the listen addresses, each
+	// with its own policies and routes (views.go); nil when one view
+	// answers like every other (ZonePolicies and the shared routes then
+	// serve every address).
+	Views []View
 	// RootLiteral: the "." block forwards to literal addresses, so the
 	// kube-dns ConfigMap's upstreamNameservers do not replace them (in
 	// node-cache they only fill __PILLAR__UPSTREAM__SERVERS__).

@@ -87,6 +87,16 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	var succCap, denCap int
 	haveCache := false
 	var metrics, health, pprof string
+	// A zone in several blocks (other binds): the first block fills the
+	// shared route table; the views (views.go) route the others.
+	firstOf := map[string]*corefile.Server{}
+	for _, s := range srv {
+		for _, z := range s.Zones {
+			if firstOf[z] == nil {
+				firstOf[z] = s
+			}
+		}
+	}
 	for _, s := range srv {
 		// bind
 		if len(s.Bind) == 0 {
@@ -121,7 +131,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				c.DropIn.KubeForward = &o
 			}
 			for _, z := range s.Zones {
-				if z != "." && !slices.Contains(c.DropIn.KubeDNSZones, z) {
+				if z != "." && firstOf[z] == s && !slices.Contains(c.DropIn.KubeDNSZones, z) {
 					c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
 				}
 			}
@@ -130,6 +140,8 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				how = "pipelined TCP (our kube-dns group always uses TCP: one connection carries many queries, no conntrack entry per query)"
 			}
 			mapped(s, "forward . %v: zones %v go to kube-dns %s over %s", upstreams(f), s.Zones, c.KubeDNS, how)
+		case slices.Contains(s.Zones, ".") && firstOf["."] != s:
+			mapped(s, "forward . %v: the \".\" zone of another bind: this block's addresses forward there (a view of its own)", upstreams(f))
 		case slices.Contains(s.Zones, "."):
 			o := forwardOptions(f, c.MaxInflight)
 			c.DropIn.NodeForward = &o
@@ -159,6 +171,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				return err
 			}
 			for _, z := range s.Zones {
+				if firstOf[z] != s {
+					continue // the zone's first block routes it; views route the others (views.go)
+				}
 				c.DropIn.Routes = append(c.DropIn.Routes, ZoneRoute{Zone: z, Servers: ns, ForceTCP: f.ForceTCP, Opts: forwardOptions(f, c.MaxInflight), From: s.Pos.String()})
 			}
 			mapped(s, "forward . %v: zones %v routed to their own group %v (like a stub domain)%s", upstreams(f), s.Zones, ns, map[bool]string{true: " over TCP", false: ""}[f.ForceTCP])

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"reflect"
 	"strings"
 	"time"
 
@@ -39,28 +38,26 @@ const maxServFailTTL = 5 * time.Second
 // the entry's lifetime, servfail, serve_stale, prefetch, disable, keepttl).
 // A block without `cache` caches nothing, as in CoreDNS. A flag given
 // explicitly wins over every block (noted by mapCacheTTLs). A zone served
-// by two blocks on different binds with different settings is refused:
-// we pick a block by zone only.
+// by several blocks (other binds) gets its first block's policy here; the
+// views (views.go) give each listen address its own block's.
 func (c *Config) zonePolicies(cc *CorefileConfig, set map[string]bool) error {
-	first := map[string]*corefile.Server{}
+	first := map[string]bool{}
 	cc.ZonePolicies = cc.ZonePolicies[:0]
-	for _, s := range cc.Servers {
+	for i, s := range cc.Servers {
 		for _, z := range s.Zones {
-			if o := first[z]; o != nil {
-				if !reflect.DeepEqual(o.Cache, s.Cache) || !reflect.DeepEqual(o.Forward, s.Forward) {
-					return usage("%s: zone %s is also served by the block at %s (another bind) with other cache or forward settings: nodelocaldns picks a block by zone, not by the address a query arrived on; give both blocks the same settings", s.Pos, z, o.Pos)
-				}
+			if first[z] {
 				continue
 			}
-			first[z] = s
+			first[z] = true
 			zp, note := c.zonePolicy(s, z, set)
+			zp.TTL.Tag = uint16(i + 1)
 			if note != "" {
 				c.note("%s", note)
 			}
 			cc.ZonePolicies = append(cc.ZonePolicies, zp)
 		}
 	}
-	return nil
+	return c.buildViews(cc, set)
 }
 
 func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (ZonePolicy, string) {

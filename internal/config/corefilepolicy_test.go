@@ -105,18 +105,6 @@ func TestZonePoliciesFlagsWin(t *testing.T) {
 	}
 }
 
-// The same zone on two binds with other settings would need the block
-// chosen by arrival address: refused with one line, not half applied.
-func TestZonePoliciesBindConflict(t *testing.T) {
-	_, err := corefileConfig(t, ".:53 {\n bind 169.254.20.10\n cache 30\n forward . 10.0.0.2\n}\n.:53 {\n bind 169.254.20.11\n cache 60\n forward . 10.0.0.2\n}\n")
-	if err == nil || !strings.Contains(err.Error(), "not by the address a query arrived on") || strings.Contains(err.Error(), "\n") {
-		t.Fatalf("err %v", err)
-	}
-	if _, err := corefileConfig(t, ".:53 {\n bind 169.254.20.10\n cache 30\n forward . 10.0.0.2\n}\n.:53 {\n bind 169.254.20.11\n cache 30\n forward . 10.0.0.2\n}\n"); err != nil {
-		t.Fatalf("same settings on two binds: %v", err)
-	}
-}
-
 // The "." block's literal targets are not replaced by upstreamNameservers.
 func TestRootLiteral(t *testing.T) {
 	for text, want := range map[string]bool{

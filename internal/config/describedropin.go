@@ -30,8 +30,22 @@ func describeDropIn(p func(string, ...any), c *Config) {
 		if o := c.DropIn.NodeForward; o != nil {
 			p("node group:       %s", o)
 		}
-		for _, zp := range cc.ZonePolicies {
-			p("zone %-12s served by the block at %s: %s", zp.Zone, zp.Block, zp)
+		if cc.Views == nil {
+			for _, zp := range cc.ZonePolicies {
+				p("zone %-12s served by the block at %s: %s", zp.Zone, zp.Block, zp)
+			}
+			p("views:            one: every listen address %v resolves each zone with the blocks above", c.LocalIPs)
+		} else {
+			p("views:            %d: a query is answered by the blocks listening on the address it arrived on (bind), then the longest zone, as CoreDNS; each view has its own policies, routes and cache entries", len(cc.Views))
+			for i, v := range cc.Views {
+				for j, line := range v.Describe(cc.Servers) {
+					if j == 0 {
+						p("view %d:           %s", i, line)
+					} else {
+						p("    %s", line)
+					}
+				}
+			}
 		}
 		for _, s := range cc.Servers {
 			var names []string

@@ -179,6 +179,18 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 				if p, ok := seen[k]; ok {
 					return nil, errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
 				}
+				// CoreDNS 1.15 (core/dnsserver/address.go) also refuses a
+				// zone both without bind and with one on the same port:
+				// "zone overlap listener capacity".
+				if a == "*" {
+					for ok, p := range seen {
+						if strings.HasPrefix(ok, fmt.Sprintf("%s|%d|", z, s.Port)) {
+							return nil, errAt(s.Pos, "zone %s port %d without bind overlaps the block at %s, which binds it (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, p)
+						}
+					}
+				} else if p, ok := seen[fmt.Sprintf("%s|%d|*", z, s.Port)]; ok {
+					return nil, errAt(s.Pos, "zone %s port %d on %s overlaps the block at %s, which has no bind (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, a, p)
+				}
 				seen[k] = s.Pos
 			}
 		}

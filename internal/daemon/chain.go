@@ -48,9 +48,6 @@ type blockChain struct {
 // longest zone first. Swapped whole when the Corefile changes.
 type fetchChain struct {
 	blocks []*blockChain
-	// remote: a template uses .Remote, so the server records each query's
-	// client (Server.SetRecordAskers).
-	remote bool
 }
 
 // chainFetch wraps next (the forward routes) with the Corefile's chains.
@@ -60,7 +57,7 @@ func (d *Daemon) chainFetch(next resolve.FetchFunc) (resolve.FetchFunc, error) {
 	if cc == nil {
 		return next, nil
 	}
-	c, err := d.buildChains(cc.Servers, next)
+	c, err := d.buildChains(cc.Servers, nil, next)
 	if err != nil {
 		return nil, err
 	}
@@ -82,13 +79,13 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
 		return nil, nil
 	}
-	c, err := d.buildChains(n.DropIn.Corefile.Servers, d.chainNext)
+	c, err := d.buildChains(n.DropIn.Corefile.Servers, nil, d.chainNext)
 	if err != nil {
 		return nil, err
 	}
 	old := d.chain.Swap(c)
 	if d.Server != nil {
-		d.Server.SetRecordAskers(c.remote)
+		d.Server.SetRecordAskers(usesRemote(n.DropIn.Corefile.Servers))
 	}
 	var changed []string
 	for _, b := range c.blocks {
@@ -108,17 +105,40 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 	return changed, nil
 }
 
-// buildChains builds every block's chain.
-func (d *Daemon) buildChains(servers []*corefile.Server, next resolve.FetchFunc) (*fetchChain, error) {
+// usesRemote reports whether a template of any block uses .Remote, so
+// the server must record each query's client (Server.SetRecordAskers).
+func usesRemote(servers []*corefile.Server) bool {
+	for _, s := range servers {
+		if template.ConfigsUseRemote(s.Templates) {
+			return true
+		}
+	}
+	return false
+}
+
+// buildChains builds every block's chain. pick (a view's, config.View)
+// gives each zone its block, by index in servers; nil: a zone's first
+// block. A block with no zone of its own is left out.
+func (d *Daemon) buildChains(servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc) (*fetchChain, error) {
 	c := &fetchChain{}
 	seen := map[string]bool{}
-	for _, s := range servers {
+	for i, s := range servers {
 		b := &blockChain{}
 		for _, z := range s.Zones {
+			if pick != nil {
+				if pick[z] == i && !seen[z] {
+					seen[z] = true
+					b.zones = append(b.zones, z)
+				}
+				continue
+			}
 			if !seen[z] { // a zone in two blocks (other binds): the first
 				seen[z] = true
 				b.zones = append(b.zones, z)
 			}
+		}
+		if pick != nil && len(b.zones) == 0 {
+			continue
 		}
 		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64}
 		if err := b.build(d, s, c, next); err != nil {
@@ -190,7 +210,6 @@ func (b *blockChain) build(d *Daemon, s *corefile.Server, c *fetchChain, next re
 			}
 			b.template = h
 			h.Asker = resolve.Asker
-			c.remote = c.remote || h.UsesRemote()
 			if d.Metrics != nil {
 				for i, tc := range s.Templates {
 					mc := d.Metrics.Directives.Template(tc.Zones[0], dns.ClassToString[tc.Class], dns.TypeToString[tc.Type])
@@ -321,7 +340,10 @@ type BlockStats struct {
 // directives, as running now (a Corefile change replaces them: call again
 // at each scrape).
 func (d *Daemon) DirectiveStats() []BlockStats {
-	c := d.chain.Load()
+	c := d.viewChain.Load() // with several views: the first view's blocks
+	if c == nil {
+		c = d.chain.Load()
+	}
 	if c == nil {
 		return nil
 	}

@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"slices"
+	"strings"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
@@ -42,3 +45,26 @@ func coreDNSZones(blocks []metrics.CDBlock) []server.CDZone {
 	}
 	return out
 }
+
+// coreDNSCacheBlocks are the Corefile blocks' caches for the per-block
+// cache series (entries carry their block's tag: config.ZonePolicy); nil
+// without a Corefile (one series for the one cache, as before).
+func coreDNSCacheBlocks(cfg *config.Config) []metrics.CacheBlock {
+	cc := cfg.DropIn.Corefile
+	if cc == nil {
+		return nil
+	}
+	out := make([]metrics.CacheBlock, len(cc.Servers))
+	for i, s := range cc.Servers {
+		out[i] = metrics.CacheBlock{Server: -1, Zones: strings.Join(s.Zones, ","), Cache: s.Cache != nil}
+		for j, a := range cfg.LocalIPs {
+			if slices.Contains(config.BlocksSeenFrom(cc.Servers, a), i) {
+				out[i].Server = j
+				break
+			}
+		}
+	}
+	return out
+}
+
+func (d *Daemon) cacheBlocksNow() []metrics.CacheBlock { return *d.cacheBlocks.Load() }

@@ -84,13 +84,27 @@ func (d *Daemon) readCorefile() bool {
 		return false
 	}
 	r.cf.err = ""
+	changed := false
+	if d.viewsChanged(n) { // views.go: which blocks each address sees
+		if err := d.reloadViews(n); err != nil {
+			// Nothing of this edit is applied: half of it would answer
+			// some addresses with the old blocks and some with the new.
+			if err.Error() != r.cf.err {
+				r.cf.err = err.Error()
+				d.Metrics.SetupError("configmap") // as an invalid Corefile
+				d.Metrics.ReloadFailed()
+				d.log.Error("Corefile change of the views refused; keeping the last good configuration", "file", cc.Source(), "err", err)
+			}
+			return false
+		}
+		changed = true
+	}
 	if diff := restartFields(d.cfg, n); len(diff) > 0 {
 		if s := strings.Join(diff, ", "); s != r.cf.restart {
 			r.cf.restart = s
 			d.log.Warn("Corefile changed settings that apply at the next restart; routes are updated now", "file", cc.Source(), "settings", s)
 		}
 	}
-	changed := false
 	d.swapPolicies(n)                               // the blocks' cache settings: applied now, no route change
 	if zones, err := d.reloadChain(n); err != nil { // chain.go: template, hosts, rewrite, dns64
 		d.log.Error("Corefile directives not rebuilt; keeping the old ones", "file", cc.Source(), "err", err)

@@ -138,3 +138,28 @@ func writeAtomic(t *testing.T, path, text string) {
 		t.Fatal(err)
 	}
 }
+
+// A Corefile edit that changes the views together with the listen
+// addresses (here: the same zone on a new bind with another upstream) is
+// refused whole until a restart: logged once, counted, the running routes
+// kept; a later edit without it applies. (An edit of the views on the
+// running addresses applies: test/dropin's TestReferenceManifestInNamespace
+// and TestViewsReload.)
+func TestCorefileViewAndBindChangeRefused(t *testing.T) {
+	a := startUpstream(t, answerA("10.0.0.1"))
+	b := startUpstream(t, answerA("10.0.0.2"))
+	conf := filepath.Join(t.TempDir(), "Corefile")
+	e := startCorefile(t, conf, corpCorefile(a))
+	errs := e.setupErrors(t)
+	views := corpCorefile(b) + fmt.Sprintf("corp.example:53 {\n  bind 127.0.0.3\n  forward . %s\n}\n", a.addr)
+	writeAtomic(t, conf, views)
+	e.waitSetupErrors(t, errs+1)
+	if got := e.firstA(t, "y.corp.example."); got != "10.0.0.1" {
+		t.Fatalf("a refused edit changed routing: %s", got)
+	}
+	writeAtomic(t, conf, corpCorefile(b))
+	e.eventually(t, "c", "corp.example.", "10.0.0.2")
+	if got := e.setupErrors(t); got != errs+1 {
+		t.Fatalf("setup errors %d, want %d (counted once)", got, errs+1)
+	}
+}

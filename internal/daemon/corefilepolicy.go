@@ -43,6 +43,8 @@ func (d *Daemon) swapPolicies(n *config.Config) bool {
 		return false
 	}
 	d.policy.Store(&f)
+	cb := coreDNSCacheBlocks(n) // the tags of the new policies name its blocks
+	d.cacheBlocks.Store(&cb)
 	d.reload.cf.zonePolicies = next.ZonePolicies
 	d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(next.ZonePolicies))
 	return true

@@ -77,6 +77,15 @@ type Daemon struct {
 	// The Corefile's fetch-side directives (chain.go): nil without them.
 	chain     atomic.Pointer[fetchChain]
 	chainNext resolve.FetchFunc
+	// The Corefile's views (views.go), owned like reload's state; res0 is
+	// the resolver of the one-view case (d.policy, d.chain), also
+	// autopath's.
+	views     *viewSet
+	viewChain atomic.Pointer[fetchChain]
+	res0      *resolve.Resolver
+	// The blocks the cache tags name now (coredns.go), swapped with the
+	// policies.
+	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -141,12 +150,14 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		d.closeGroups()
 		return nil, err
 	}
+	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
+	cb := coreDNSCacheBlocks(cfg)
+	d.cacheBlocks.Store(&cb)
 	fetch, err := d.chainFetch(d.forward)
 	if err != nil {
 		d.closeGroups()
 		return nil, err
 	}
-	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
 	res, err := resolve.New(resolve.Config{
 		Cache:        d.Cache,
 		Fetch:        fetch,
@@ -160,6 +171,14 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		d.closeGroups()
 		return nil, err
 	}
+	d.res0 = res
+	// Blocks seen from some addresses answer otherwise (views.go).
+	views, err := d.newViews(cfg, cfg.DropIn.Corefile, cfg.LocalIPs)
+	if err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	d.views = views // closeGroups closes its groups
 	cdBlocks := coreDNSBlocks(cfg)
 	d.autopath, err = d.newAutopath(res)
 	if err != nil {
@@ -190,12 +209,16 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.Server = srv
-	if c := d.chain.Load(); c != nil {
-		srv.SetRecordAskers(c.remote) // a template uses .Remote
+	if _, err := d.useViews(views); err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	if cc := cfg.DropIn.Corefile; cc != nil {
+		srv.SetRecordAskers(usesRemote(cc.Servers)) // a template uses .Remote
 	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,
-		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks),
+		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks), CacheBlocks: d.cacheBlocksNow,
 	})
 
 	if cfg.SetupInterface || cfg.SetupIPTables {
@@ -583,6 +606,11 @@ func (d *Daemon) teardown(ctx context.Context) error {
 func (d *Daemon) closeGroups() {
 	for _, g := range d.groups {
 		_ = g.Close()
+	}
+	if d.views != nil {
+		for _, g := range d.views.groups {
+			_ = g.Close()
+		}
 	}
 }
 

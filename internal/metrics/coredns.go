@@ -45,10 +45,30 @@ type CoreDNSConfig struct {
 	// one per listen address; Snapshot the per-query counters.
 	Servers  func() []string
 	Snapshot func() []server.CDBlock
-	// Cache is the daemon's one cache: its entries, prefetches and
-	// evictions are reported under the first server and CacheZones.
-	Cache      *cache.Cache
-	CacheZones string
+	// Cache is the daemon's one cache. Without CacheBlocks (or when it
+	// returns nil) its entries, prefetches and evictions are reported
+	// once, under the first server and CacheZones. With them (a Corefile),
+	// per block as CoreDNS has one cache per block: CacheBlocks()[t-1] is
+	// the block of the entries of cache.Policy.Tag t (the Corefile applied
+	// now).
+	Cache       *cache.Cache
+	CacheZones  string
+	CacheBlocks func() []CacheBlock
+}
+
+// CacheBlock is one Corefile block's cache as CoreDNS labels its series.
+type CacheBlock struct {
+	// Server is the index, in Servers(), of the first listen address the
+	// block serves: its series are shown there once (CoreDNS labels each
+	// update with the server of the query that caused it; one series per
+	// block keeps sums over server exact). -1: the block is seen from no
+	// address.
+	Server int
+	// Zones is CoreDNS's zones label: the block's zones joined by ",".
+	Zones string
+	// Cache: the block has a cache directive (else no series, as CoreDNS
+	// without the cache plugin).
+	Cache bool
 }
 
 // nonHandlers are the directives CoreDNS runs at setup only: they are no
@@ -349,7 +369,36 @@ func (c *cdCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	if c.cfg.Cache != nil && len(servers) > 0 {
+	var blocks []CacheBlock
+	if c.cfg.CacheBlocks != nil {
+		blocks = c.cfg.CacheBlocks()
+	}
+	if c.cfg.Cache != nil && blocks != nil {
+		tags := c.cfg.Cache.TagStats()
+		for i, b := range blocks {
+			if !b.Cache || b.Server < 0 || b.Server >= len(servers) {
+				continue
+			}
+			var ts cache.TagStats
+			if i+1 < len(tags) {
+				ts = tags[i+1]
+			}
+			srv := servers[b.Server]
+			// CoreDNS keeps SERVFAIL in its denial cache.
+			ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(ts.Entries[cache.Success]), srv, "success", b.Zones, "")
+			ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(ts.Entries[cache.Denial]+ts.Entries[cache.ServFail]), srv, "denial", b.Zones, "")
+			// Counters from their first event, as CoreDNS's.
+			if ts.Prefetches > 0 {
+				counter(descCDPrefetch, ts.Prefetches, srv, b.Zones, "")
+			}
+			if v := ts.Evictions[cache.Success]; v > 0 {
+				counter(descCDEvictions, v, srv, "success", b.Zones, "")
+			}
+			if v := ts.Evictions[cache.Denial] + ts.Evictions[cache.ServFail]; v > 0 {
+				counter(descCDEvictions, v, srv, "denial", b.Zones, "")
+			}
+		}
+	} else if c.cfg.Cache != nil && len(servers) > 0 {
 		st := c.cfg.Cache.Stats()
 		srv, z := servers[0], c.cfg.CacheZones
 		// CoreDNS keeps SERVFAIL in its denial cache.

@@ -159,7 +159,7 @@ func (s *Server) finishMiss(m *missReq) {
 
 // resolve asks the Resolver and appends the answer to m.out.
 func (s *Server) resolve(m *missReq) []byte {
-	e, stale, err := s.res.Resolve(context.Background(), &m.q)
+	e, stale, err := s.resolver(m.q.View).Resolve(context.Background(), &m.q)
 	switch {
 	case err != nil:
 		m.source = fromUpstream
@@ -179,7 +179,7 @@ func (s *Server) resolve(m *missReq) []byte {
 // shed answers a miss that was not admitted: with the stale answer if
 // there is one, else SERVFAIL, never cached.
 func (s *Server) shed(m *missReq) []byte {
-	if e := s.res.Shed(&m.q, s.cfg.Clock.Now().UnixNano()); e != nil {
+	if e := s.resolver(m.q.View).Shed(&m.q, s.cfg.Clock.Now().UnixNano()); e != nil {
 		m.source = fromStale
 		return s.writeStale(m, e)
 	}

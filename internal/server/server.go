@@ -41,6 +41,13 @@ type Config struct {
 	// Resolver answers hits and misses (cache, coalescing, serve-stale,
 	// admission of distinct questions).
 	Resolver *resolve.Resolver
+	// Views, when set, answer the queries of each view instead (views.go;
+	// Views[0] is Resolver): a query arriving on Addrs[i] is answered by
+	// Views[AddrViews[i]] with wire.Query.View set to that index (the
+	// Corefile's blocks seen from the address; config.View). SetViews
+	// replaces them.
+	Views     []*resolve.Resolver
+	AddrViews []uint8
 	// Clock is the time source for TTLs and the server's timers (nil:
 	// clock.Real). Socket deadlines are the kernel's and use real time.
 	Clock clock.Clock
@@ -113,8 +120,12 @@ func (c *Config) setDefaults() {
 
 // Server answers DNS queries on UDP and TCP.
 type Server struct {
-	cfg     Config
-	res     *resolve.Resolver
+	cfg   Config
+	res   *resolve.Resolver
+	views atomic.Pointer[viewTable] // views.go
+	// Every resolver that served (Snapshot sums their counters, so they
+	// never go back when SetViews replaces one). Under mu.
+	allRes  []*resolve.Resolver
 	waiting chan struct{} // one token per client waiting for a miss
 	stats   Stats
 	// CoreDNS-named counters (stats.go): cd is shared by TCP and the miss
@@ -159,6 +170,9 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("server: no listen address")
 	}
+	if len(cfg.Views) > 0 && cfg.Views[0] != cfg.Resolver {
+		return nil, errors.New("server: Views[0] must be Resolver")
+	}
 	s := &Server{
 		cfg:      cfg,
 		res:      cfg.Resolver,
@@ -170,6 +184,13 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.CoreDNSZones) > 0 {
 		s.cdz = newCDZones(cfg.CoreDNSZones)
 		s.cd = newCDCounters(len(cfg.Addrs), s.cdz.n, false)
+	}
+	views := cfg.Views
+	if len(views) == 0 {
+		views = []*resolve.Resolver{cfg.Resolver}
+	}
+	if err := s.SetViews(views, cfg.AddrViews); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -277,7 +298,7 @@ func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int
 		// request, but no cache event of its own (its candidates are).
 		return out, miss, ansAutopath
 	}
-	e := s.res.Hit(q, now)
+	e := s.resolver(q.View).Hit(q, now)
 	if e == nil {
 		return out, miss, ansHit
 	}

@@ -89,12 +89,17 @@ func (c *Counters) add(st *Stats) {
 func (s *Server) Snapshot() Counters {
 	var c Counters
 	c.add(&s.stats)
-	rs := s.res.Stats()
-	c.Rejected = rs.Rejected.Load()
-	c.Coalesced = rs.Coalesced.Load()
-	c.UpstreamErrors = rs.UpstreamErrors.Load()
-	c.CacheMisses = rs.Misses.Load()
-	c.StaleServed = rs.Stale.Load()
+	s.mu.Lock()
+	all := s.allRes
+	s.mu.Unlock()
+	for _, r := range all {
+		rs := r.Stats()
+		c.Rejected += rs.Rejected.Load()
+		c.Coalesced += rs.Coalesced.Load()
+		c.UpstreamErrors += rs.UpstreamErrors.Load()
+		c.CacheMisses += rs.Misses.Load()
+		c.StaleServed += rs.Stale.Load()
+	}
 	for _, l := range s.udp {
 		c.add(&l.stats)
 	}

@@ -120,9 +120,11 @@ func (s *Server) serveConn(tc *tcpConn) {
 	var buf []byte
 	state := connFirst
 	srv, k := -1, cdKey{}
-	if s.cd != nil {
-		if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
-			srv = s.cdServerIndex(la.AddrPort().Addr())
+	addrIdx := -1
+	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		addrIdx = s.cdServerIndex(la.AddrPort().Addr())
+		if s.cd != nil {
+			srv = addrIdx
 		}
 	}
 	for {
@@ -138,6 +140,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		t := s.cfg.Clock.Now()
 		start := len(pend)
+		q.View = s.viewFor(addrIdx) // kept by ParseQuery
 		var from netip.Addr
 		if s.askers.Load() {
 			from = remoteAddrPort(c).Addr()
@@ -166,6 +169,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		m := newMiss(buf, true, t)
 		m.q.From = from
+		m.q.View = q.View
 		m.tc = tc
 		m.cdk = k
 		tc.pending.Add(1)

@@ -245,6 +245,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		l.cd.Store(cd)
 	}
 	var k cdKey
+	addrIdx := s.cdServerIndex(l.local.Addr())
 	for !l.stop.Load() {
 		l.beat.Add(1) // odd: waiting
 		n, err := l.recv(b)
@@ -266,6 +267,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		qlog := s.cfg.QueryLog != nil
 		askers := s.askers.Load()
 		var from netip.Addr
+		b.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {
@@ -293,6 +295,7 @@ func (s *Server) serveUDP(l *udpListener) {
 			case miss:
 				m := newMiss(raw, false, t)
 				m.q.From = from
+				m.q.View = b.q.View
 				m.l = l
 				m.cdk = k
 				m.nlen = uint32(copy(m.name[:], name))

@@ -102,6 +102,21 @@ type Handler struct {
 // transport must record each query's client address.
 func (h *Handler) UsesRemote() bool { return h.remote }
 
+// ConfigsUseRemote reports whether a record template of cfgs uses .Remote
+// (one that does not compile does not: New refuses it).
+func ConfigsUseRemote(cfgs []Config) bool {
+	for _, c := range cfgs {
+		for _, sec := range [][]string{c.Answer, c.Additional, c.Authority} {
+			for _, text := range sec {
+				if tm, err := Compile("record", text); err == nil && usesField(tm.Tree.Root, "Remote") {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // maxRegexpLen is CoreDNS's bound on one match expression.
 const maxRegexpLen = 10000
 

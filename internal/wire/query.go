@@ -112,6 +112,11 @@ type Query struct {
 	// one upstream fetch its question gets (the first asker's, as behind
 	// CoreDNS's cache).
 	From netip.Addr
+	// View is not read from the packet (ParseQuery keeps it): the server
+	// sets it from the address the query arrived on (the Corefile's blocks
+	// seen there). It is part of the cache key, so two views keep separate
+	// answers.
+	View uint8
 }
 
 // CD reports whether the client disabled DNSSEC checking.
@@ -124,7 +129,7 @@ func (q *Query) CD() bool { return q.Flags&FlagCD != 0 }
 // clients send them (e.g. UPDATE prerequisites are not queries, but NOTIFY
 // and odd stubs exist); anything that does not parse is ErrFormat.
 func ParseQuery(b []byte, q *Query) error {
-	*q = Query{Size: MinUDPSize}
+	*q = Query{Size: MinUDPSize, View: q.View}
 	if len(b) < HeaderLen {
 		return ErrDrop
 	}

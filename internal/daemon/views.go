@@ -1,0 +1,241 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// Views (config.View): when the Corefile's blocks seen from one listen
+// address answer otherwise than those seen from another, each view gets
+// its own resolver over the shared cache (the view index is part of the
+// cache key, wire.Query.View, so the byte budget and capacities stay one
+// bound for all), its own policy table, its own fetch chain and its own
+// groups for the zones it forwards elsewhere than the shared route table.
+// The server picks the resolver by the socket a query arrived on. With one
+// view (Views nil) none of this exists and the daemon runs as before.
+//
+// One resolver per view rather than a view argument through resolve:
+// resolve.PolicyFunc and FetchFunc stay per name, and the hit path is the
+// same code with one more byte in the key. Each view's resolver admits up
+// to -max-inflight distinct questions; the groups bound what reaches an
+// upstream.
+
+// viewRoutes is one view's forwarding beyond the chain.
+type viewRoutes struct {
+	zones   []string                  // every zone of the Corefile, longest first
+	groups  map[string]*forward.Group // zones forwarded elsewhere than the shared table
+	refused map[string]bool           // zones no block of the view serves
+}
+
+// viewSet is the running views: their resolvers (by view index), the view
+// of each listen address (by index in cfg.LocalIPs), their own groups, and
+// the first view's chain (for DirectiveStats). nil res: one view, the
+// daemon's shared resolver.
+type viewSet struct {
+	cc     *config.CorefileConfig
+	res    []*resolve.Resolver
+	addr   []uint8
+	groups []*forward.Group
+	chain0 *fetchChain
+}
+
+// newViews builds a resolver per view of cc over the listen addresses
+// listen (the running ones). It changes nothing of d but creating groups,
+// which the caller owns (closed on error here).
+func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.Addr) (vs *viewSet, err error) {
+	vs = &viewSet{cc: cc}
+	if cc == nil || cc.Views == nil {
+		return vs, nil
+	}
+	defer func() {
+		if err != nil {
+			for _, g := range vs.groups {
+				_ = g.Close()
+			}
+		}
+	}()
+	var zones []string
+	for _, s := range cc.Servers {
+		for _, z := range s.Zones {
+			if !slices.Contains(zones, z) {
+				zones = append(zones, z)
+			}
+		}
+	}
+	slices.SortStableFunc(zones, func(a, b string) int { return len(b) - len(a) })
+	vs.addr = make([]uint8, len(listen))
+	for i, a := range listen {
+		vi := slices.IndexFunc(cc.Views, func(v config.View) bool { return slices.Contains(v.Addrs, a) })
+		if vi < 0 {
+			return nil, fmt.Errorf("listen address %s is in no view", a)
+		}
+		vs.addr[i] = uint8(vi)
+	}
+	for vi, v := range cc.Views {
+		pol, err := resolve.Zones(d.policyDefault, corefileZones(cfg, v.ZonePolicies)...)
+		if err != nil {
+			return nil, err
+		}
+		vr := &viewRoutes{zones: zones, groups: map[string]*forward.Group{}, refused: map[string]bool{}}
+		for _, z := range v.Refused {
+			vr.refused[z] = true
+		}
+		for _, zr := range v.Routes {
+			g, err := d.routeGroup(zr)
+			if err != nil {
+				return nil, fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
+			}
+			vs.groups = append(vs.groups, g)
+			vr.groups[zr.Zone] = g
+		}
+		next := vr.fetch(d.forward)
+		c, err := d.buildChains(cc.Servers, v.Pick, next)
+		if err != nil {
+			return nil, err
+		}
+		if vi == 0 {
+			vs.chain0 = c
+		}
+		res, err := resolve.New(resolve.Config{
+			Cache: d.Cache,
+			Fetch: func(ctx context.Context, qname string, query []byte) ([]byte, error) {
+				return c.fetch(ctx, qname, query, next)
+			},
+			Policy:       pol,
+			Clock:        d.clock,
+			FetchTimeout: cfg.ForwardTimeout,
+			UDPSize:      uint16(cfg.MaxUDPSize),
+			MaxFlights:   cfg.MaxInflight,
+		})
+		if err != nil {
+			return nil, err
+		}
+		vs.res = append(vs.res, res)
+	}
+	return vs, nil
+}
+
+// useViews makes the server answer by vs (before Start or live) and
+// returns the view set it replaces.
+func (d *Daemon) useViews(vs *viewSet) (*viewSet, error) {
+	res, addr := vs.res, vs.addr
+	if res == nil {
+		res, addr = []*resolve.Resolver{d.res0}, nil
+	}
+	if err := d.Server.SetViews(res, addr); err != nil {
+		return nil, err
+	}
+	old := d.views
+	d.views = vs
+	d.viewChain.Store(vs.chain0)
+	return old, nil
+}
+
+// reloadViews applies a reloaded Corefile whose views differ from the
+// running ones: new resolvers, chains and groups, swapped into the server
+// at once; the old groups are retired and the whole cache dropped by the
+// caller's apply (the view indexes changed meaning; CoreDNS too starts
+// with new caches on reload). A change of the listen addresses needs a
+// restart: refused.
+func (d *Daemon) reloadViews(n *config.Config) error {
+	if !slices.Equal(n.LocalIPs, d.cfg.LocalIPs) {
+		return fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
+	}
+	vs, err := d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
+	if err != nil {
+		return err
+	}
+	old, err := d.useViews(vs)
+	if err != nil {
+		for _, g := range vs.groups {
+			_ = g.Close()
+		}
+		return err
+	}
+	cb := coreDNSCacheBlocks(n) // the new views' tags name n's blocks
+	d.cacheBlocks.Store(&cb)
+	d.reload.retireLater = append(d.reload.retireLater, old.groups...)
+	d.reload.changedZones = append(d.reload.changedZones, ".")
+	d.log.Info("Corefile changed the views; applied", "views", describeViews(vs.cc))
+	return nil
+}
+
+// fetch forwards qname as the view's block for it would: to the view's own
+// group when the block forwards elsewhere than the shared table, REFUSED
+// when no block of the view serves it (as CoreDNS answers), else through
+// the shared route table (shared).
+func (vr *viewRoutes) fetch(shared resolve.FetchFunc) resolve.FetchFunc {
+	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
+		for _, z := range vr.zones {
+			if z != "." && qname != z && !strings.HasSuffix(qname, "."+z) {
+				continue
+			}
+			if vr.refused[z] {
+				return refusedAnswer(query)
+			}
+			if g := vr.groups[z]; g != nil {
+				return g.Exchange(ctx, query)
+			}
+			break
+		}
+		return shared(ctx, qname, query)
+	}
+}
+
+// refusedAnswer is the REFUSED response to query (its question and OPT
+// echoed), what CoreDNS answers a name no block of the server serves.
+func refusedAnswer(query []byte) ([]byte, error) {
+	if len(query) < wire.HeaderLen {
+		return nil, fmt.Errorf("views: short query")
+	}
+	b := append([]byte(nil), query...)
+	b[2] |= 0x80                         // QR
+	b[3] = b[3]&0x70 | wire.RcodeRefused // no RA, rcode REFUSED
+	return b, nil
+}
+
+// viewsChanged reports whether a reloaded Corefile sees other views than
+// the running one (then reloadViews applies it).
+func (d *Daemon) viewsChanged(n *config.Config) bool {
+	var cur *config.CorefileConfig
+	if d.views != nil {
+		cur = d.views.cc
+	}
+	next := n.DropIn.Corefile
+	if (cur == nil || cur.Views == nil) && (next == nil || next.Views == nil) {
+		return false
+	}
+	return !reflect.DeepEqual(viewSig(cur), viewSig(next))
+}
+
+func viewSig(cc *config.CorefileConfig) any {
+	if cc == nil {
+		return nil
+	}
+	var out []any
+	for _, v := range cc.Views {
+		out = append(out, v.Sig(cc.Servers))
+	}
+	return out
+}
+
+func describeViews(cc *config.CorefileConfig) string {
+	if cc == nil || cc.Views == nil {
+		return "one view"
+	}
+	vs := cc.Views
+	var parts []string
+	for _, v := range vs {
+		parts = append(parts, fmt.Sprintf("%v", v.Addrs))
+	}
+	return fmt.Sprintf("%d views %s", len(vs), strings.Join(parts, " "))
+}
