@@ -115,9 +115,28 @@ type udpSock struct {
 	sending bool
 	spare   []byte
 	spareQ  []udpOut
-	// The sender's, outside smu (one sender at a time).
-	shdr [udpSendBatch]unix.Mmsghdr
-	siov [udpSendBatch]unix.Iovec
+	// The sender's, outside smu (one sender at a time): the datagrams and the sendmmsg
+	// call given to RawConn.Write (made once: a closure per call would cost two allocations
+	// a miss), its arguments and results.
+	shdr   [udpSendBatch]unix.Mmsghdr
+	siov   [udpSendBatch]unix.Iovec
+	sendFn func(fd uintptr) bool
+	sn     int
+	sdone  int
+	serr   syscall.Errno
+}
+
+// sendmmsg sends s.shdr[:s.sn] once (never waiting: a full send buffer fails the first
+// datagram with EAGAIN) and leaves the count sent and the error in s.sdone and s.serr.
+func (s *udpSock) sendmmsg(fd uintptr) bool {
+	for {
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.shdr[0])), uintptr(s.sn), unix.MSG_DONTWAIT, 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		s.sdone, s.serr = int(r), e
+		return true
+	}
 }
 
 // udpOut is one queued datagram: its wire ID and where it is in sbuf.
@@ -239,6 +258,7 @@ func (m *udpMux) openLocked(ctx context.Context) (*udpSock, error) {
 		return nil, fmt.Errorf("dial %s: %w", m.upstream, err)
 	}
 	s := &udpSock{mux: m, nc: uc, rc: rc, pending: make(map[uint16]*udpWait)}
+	s.sendFn = s.sendmmsg
 	m.socks = append(m.socks, s)
 	m.active++
 	m.wg.Add(1)
@@ -358,18 +378,9 @@ func (s *udpSock) sendQueue(buf []byte, q []udpOut) {
 			s.shdr[i].Hdr.Iov = &s.siov[i]
 			s.shdr[i].Hdr.SetIovlen(1)
 		}
-		var sent int
-		var errno syscall.Errno
-		err := s.rc.Write(func(fd uintptr) bool {
-			for {
-				r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.shdr[0])), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
-				if e == unix.EINTR {
-					continue
-				}
-				sent, errno = int(r), e
-				return true
-			}
-		})
+		s.sn = n
+		err := s.rc.Write(s.sendFn)
+		sent, errno := s.sdone, s.serr
 		if err == nil && errno != 0 {
 			err = errno
 		}
@@ -403,6 +414,12 @@ func (s *udpSock) fail(id uint16, err error) {
 
 // readLoop reads datagrams in batches and hands each answer to its query, until the socket
 // closes. Its read deadline is the end of the socket's life: the socket then drains.
+//
+// The whole loop runs inside one RawConn.Read while it can: after a recvmmsg that took fewer
+// datagrams than it could (the socket was empty at that moment) it waits for the netpoller
+// instead of asking the kernel for an EAGAIN. The poller is edge-triggered, and a datagram
+// queued since that empty moment has marked the poll descriptor ready, which only a new Read
+// call would clear. That saves a recvmmsg per wake-up, most of them at moderate rates.
 func (s *udpSock) readLoop() {
 	m := s.mux
 	defer m.wg.Done()
@@ -417,23 +434,44 @@ func (s *udpSock) readLoop() {
 		hdr[i].Hdr.Iov = &iov[i]
 		hdr[i].Hdr.SetIovlen(1)
 	}
-	for {
-		var n int
-		var errno syscall.Errno
-		err := s.rc.Read(func(fd uintptr) bool {
+	// One closure for every Read: a new one per call would be an allocation per wake-up.
+	var errno syscall.Errno
+	retire := false
+	recv := func(fd uintptr) bool {
+		for {
 			for i := range hdr {
 				hdr[i].Hdr.Flags, hdr[i].Len = 0, 0
 			}
 			r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&hdr[0])), udpRecvBatch, unix.MSG_DONTWAIT, 0, 0)
 			switch e {
+			case 0:
 			case unix.EAGAIN:
 				return false // wait in the netpoller
 			case unix.EINTR:
+				continue
+			default:
+				errno = e
 				return true
 			}
-			n, errno = int(r), e
-			return true
-		})
+			n := int(r)
+			for i := range n {
+				retire = s.dispatch(bufs[i][:hdr[i].Len], hdr[i].Hdr.Flags&unix.MSG_TRUNC != 0) || retire
+			}
+			if retire {
+				return true // closed outside Read: Close waits for the Read to end
+			}
+			if n < udpRecvBatch {
+				return false // empty a moment ago: wait for the poller
+			}
+		}
+	}
+	for {
+		errno, retire = 0, false
+		err := s.rc.Read(recv)
+		if retire {
+			s.nc.Close() // the next read fails and the loop ends
+			continue
+		}
 		if err == nil && errno != 0 {
 			err = errno
 		}
@@ -443,9 +481,6 @@ func (s *udpSock) readLoop() {
 			}
 			s.end(err)
 			return
-		}
-		for i := range n {
-			s.dispatch(bufs[i][:hdr[i].Len], hdr[i].Hdr.Flags&unix.MSG_TRUNC != 0)
 		}
 	}
 }
@@ -469,12 +504,13 @@ func (s *udpSock) expire() bool {
 }
 
 // dispatch hands a datagram to the query waiting for it, or counts it and drops it. full: it
-// filled the buffer or the kernel cut it.
-func (s *udpSock) dispatch(msg []byte, full bool) {
+// filled the buffer or the kernel cut it. It reports true when the socket was retired (its
+// last query done while draining): the caller closes it.
+func (s *udpSock) dispatch(msg []byte, full bool) bool {
 	m := s.mux
 	if len(msg) < wire.HeaderLen {
 		m.obs.Failure(m.group, m.upstream, KindMalformed)
-		return
+		return false
 	}
 	id := wire.ID(msg)
 	m.mu.Lock()
@@ -485,7 +521,7 @@ func (s *udpSock) dispatch(msg []byte, full bool) {
 			// Neither waiting nor given up on: not an answer to anything we sent on it.
 			m.obs.Failure(m.group, m.upstream, KindMismatch)
 		}
-		return // a late answer to a query given up on
+		return false // a late answer to a query given up on
 	}
 	var r udpResult
 	switch {
@@ -497,7 +533,7 @@ func (s *udpSock) dispatch(msg []byte, full bool) {
 			// Not the answer to this query (forged, stray or garbage): count it; the
 			// query keeps waiting for the real one.
 			m.obs.Failure(m.group, m.upstream, failureKind(err))
-			return
+			return false
 		}
 		r.msg = append([]byte(nil), msg...)
 	}
@@ -505,10 +541,8 @@ func (s *udpSock) dispatch(msg []byte, full bool) {
 	s.outstanding--
 	retire := s.settleLocked()
 	m.mu.Unlock()
-	if retire {
-		s.nc.Close() // the reader's next read fails and it ends
-	}
 	w.ch <- r
+	return retire
 }
 
 // end fails the queries waiting on s after its read failed (a pending ICMP error such as
