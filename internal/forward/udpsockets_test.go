@@ -17,6 +17,7 @@ func TestUDPSocketsSharedAndRotated(t *testing.T) {
 	srv := startUDP(t, func(q []byte, reply func([]byte)) { reply(answerFor(q)) })
 	rec := newRecorder()
 	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: UDP}, rec)
+	g.u0().udp.life = time.Hour // rotation by count only, however slow the machine
 	const n = 2*udpSocketQueries + 1
 	for i := range n {
 		name := fmt.Sprintf("n%d.example.", i)
@@ -69,6 +70,7 @@ func TestUDPConcurrentQueriesShareSockets(t *testing.T) {
 	})
 	rec := newRecorder()
 	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: UDP, TryTimeout: 30 * time.Second, MaxInflight: n}, rec)
+	g.u0().udp.life = time.Hour
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
@@ -132,6 +134,7 @@ func TestUDPLateAnswerDroppedSocketKept(t *testing.T) {
 	rec := newRecorder()
 	clk := newFake()
 	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: UDP, TryTimeout: try, Clock: clk}, rec)
+	g.u0().udp.life = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
