@@ -74,8 +74,8 @@
 // takes the answers in batches (recvmmsg through the netpoller) and hands each to the query
 // waiting for its ID and question; queries queued while a send is in progress leave together
 // in one sendmmsg. A waiting query parks on a recycled channel and a recycled timer, not on a
-// socket, and holds no receive buffer: the reader's buffers (1233 bytes each, for the server's
-// 1232) belong to the socket. An answer that fills one is larger than we asked for and is
+// socket, and holds no receive buffer: the reader's buffers (the largest size advertised + 1:
+// 1233 bytes for the server's default 1232) belong to the socket. An answer that fills one is larger than we asked for and is
 // treated as truncated. Spoofing defence (RFC 5452): a random ID per query, unique among the
 // IDs in use on its socket (in flight, or given up on until the socket closes, so a late answer
 // is told apart and dropped), answers must match the ID and the question, and the source ports

@@ -23,9 +23,10 @@ import (
 
 // udpBufSize is the receive buffer of one datagram for a query advertising 1232 bytes (what the
 // server advertises upstream by default, -max-udp-size), plus one: an answer that fills the
-// buffer is larger than we asked for, so it is treated as truncated and asked over TCP. The
-// buffers belong to a socket's reader (udpRecvBatch of them), not to the queries waiting: 1000
-// misses in flight hold no receive buffer at all.
+// buffer is larger than we asked for, so it is treated as truncated and asked over TCP. A
+// socket opened for a query advertising more (a larger -max-udp-size or bufsize) gets buffers
+// of that size + 1. The buffers belong to a socket's reader (udpRecvBatch of them), not to the
+// queries waiting: 1000 misses in flight hold no receive buffer at all.
 const udpBufSize = 1232 + 1
 
 // errOversized: a UDP answer with our ID filled the receive buffer, so it is larger than the
@@ -83,11 +84,12 @@ type udpMux struct {
 	obs      Observer
 	log      *slog.Logger
 
-	mu     sync.Mutex
-	socks  []*udpSock // open: active ones take queries, draining ones wait for theirs
-	active int        // open and not draining
-	closed bool
-	wg     sync.WaitGroup // readers
+	mu      sync.Mutex
+	bufSize int        // a new socket's datagram buffer: the largest size advertised + 1
+	socks   []*udpSock // open: active ones take queries, draining ones wait for theirs
+	active  int        // open and not draining
+	closed  bool
+	wg      sync.WaitGroup // readers
 
 	// timers recycles the try timers (on clk): a waiting query is bounded by one of them.
 	timers sync.Pool
@@ -95,9 +97,10 @@ type udpMux struct {
 
 // udpSock is one connected socket and its reader.
 type udpSock struct {
-	mux *udpMux
-	nc  *net.UDPConn
-	rc  syscall.RawConn
+	mux     *udpMux
+	nc      *net.UDPConn
+	rc      syscall.RawConn
+	bufSize int // each datagram's receive buffer; an answer that fills it is oversized
 
 	// Guarded by mux.mu.
 	pending     map[uint16]*udpWait // wire ID → waiter; nil: given up on, a late answer may come
@@ -159,7 +162,7 @@ type udpResult struct {
 var udpWaits = sync.Pool{New: func() any { return &udpWait{ch: make(chan udpResult, 1)} }}
 
 func newUDPMux(cfg *GroupConfig, upstream string, clk clock.Clock, obs Observer, log *slog.Logger) *udpMux {
-	return &udpMux{group: cfg.Name, upstream: upstream, try: cfg.TryTimeout, life: udpSocketLife, clk: clk, obs: obs, log: log}
+	return &udpMux{group: cfg.Name, upstream: upstream, try: cfg.TryTimeout, life: udpSocketLife, clk: clk, obs: obs, log: log, bufSize: udpBufSize}
 }
 
 // exchange sends query (whose parsed question is q) and returns its answer with the wire ID
@@ -220,6 +223,11 @@ func (m *udpMux) acquire(ctx context.Context, q question) (*udpSock, uint16, *ud
 			best = s
 		}
 	}
+	if q.size+1 > m.bufSize {
+		// Sockets opened from now on take the larger answers over UDP; the open ones send
+		// them to TCP as oversized until they are replaced.
+		m.bufSize = q.size + 1
+	}
 	reused := true
 	if best == nil || best.outstanding > 0 && m.active < udpActiveSockets {
 		reused = false
@@ -257,7 +265,7 @@ func (m *udpMux) openLocked(ctx context.Context) (*udpSock, error) {
 		uc.Close()
 		return nil, fmt.Errorf("dial %s: %w", m.upstream, err)
 	}
-	s := &udpSock{mux: m, nc: uc, rc: rc, pending: make(map[uint16]*udpWait)}
+	s := &udpSock{mux: m, nc: uc, rc: rc, bufSize: m.bufSize, pending: make(map[uint16]*udpWait)}
 	s.sendFn = s.sendmmsg
 	m.socks = append(m.socks, s)
 	m.active++
@@ -423,14 +431,15 @@ func (s *udpSock) fail(id uint16, err error) {
 func (s *udpSock) readLoop() {
 	m := s.mux
 	defer m.wg.Done()
+	size := s.bufSize
+	buf := make([]byte, udpRecvBatch*size)
 	var (
-		bufs [udpRecvBatch][udpBufSize]byte
-		iov  [udpRecvBatch]unix.Iovec
-		hdr  [udpRecvBatch]unix.Mmsghdr
+		iov [udpRecvBatch]unix.Iovec
+		hdr [udpRecvBatch]unix.Mmsghdr
 	)
 	for i := range hdr {
-		iov[i].Base = &bufs[i][0]
-		iov[i].SetLen(udpBufSize)
+		iov[i].Base = &buf[i*size]
+		iov[i].SetLen(size)
 		hdr[i].Hdr.Iov = &iov[i]
 		hdr[i].Hdr.SetIovlen(1)
 	}
@@ -455,7 +464,8 @@ func (s *udpSock) readLoop() {
 			}
 			n := int(r)
 			for i := range n {
-				retire = s.dispatch(bufs[i][:hdr[i].Len], hdr[i].Hdr.Flags&unix.MSG_TRUNC != 0) || retire
+				n, full := int(hdr[i].Len), hdr[i].Hdr.Flags&unix.MSG_TRUNC != 0 || int(hdr[i].Len) >= size
+				retire = s.dispatch(buf[i*size:i*size+n], full) || retire
 			}
 			if retire {
 				return true // closed outside Read: Close waits for the Read to end
@@ -525,7 +535,7 @@ func (s *udpSock) dispatch(msg []byte, full bool) bool {
 	}
 	var r udpResult
 	switch {
-	case (full || len(msg) == udpBufSize) && wire.Flags(msg)&wire.FlagQR != 0:
+	case full && wire.Flags(msg)&wire.FlagQR != 0:
 		r.err = fmt.Errorf("answer from %s: %w (%d)", m.upstream, errOversized, w.q.size)
 	default:
 		if err := matchAnswer(msg, id, w.q); err != nil && !truncatedWithoutQuestion(msg, id) {
