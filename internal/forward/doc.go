@@ -69,11 +69,21 @@
 //
 // # UDP
 //
-// Connected sockets, reused for up to 64 answered queries (random kernel-chosen source ports), a
-// random ID per query. The receive buffer is the size the query advertises plus one (1233 bytes
-// for the server's 1232, pooled), not 64 KiB: an answer that fills it is larger than we asked for
-// and is treated as truncated. A truncated answer is asked again over a one-shot TCP connection to
-// the same server, with its own TryTimeout; that read, too, grows with the bytes received.
+// A few connected sockets per upstream shared by every query (at most 4 take new queries; a new
+// one opens only when each open one has queries waiting), each with one reader goroutine that
+// takes the answers in batches (recvmmsg through the netpoller) and hands each to the query
+// waiting for its ID and question; queries queued while a send is in progress leave together
+// in one sendmmsg. A waiting query parks on a recycled channel and a recycled timer, not on a
+// socket, and holds no receive buffer: the reader's buffers (the largest size advertised + 1:
+// 1233 bytes for the server's default 1232) belong to the socket. An answer that fills one is larger than we asked for and is
+// treated as truncated. Spoofing defence (RFC 5452): a random ID per query, unique among the
+// IDs in use on its socket (in flight, or given up on until the socket closes, so a late answer
+// is told apart and dropped), answers must match the ID and the question, and the source ports
+// are random kernel-chosen ones, replaced after 256 queries or 5 s. A pending ICMP error
+// (refused) fails the socket's waiting queries at once. A truncated answer is asked again over
+// a one-shot TCP connection to the same server, with its own TryTimeout; that read, too, grows
+// with the bytes received. Observer.SocketUse counts a query sent over an open socket (hit) or
+// one that opened a socket (miss).
 //
 // # Router
 //

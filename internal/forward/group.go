@@ -109,7 +109,7 @@ type upstream struct {
 	addr  netip.AddrPort
 	name  string
 	tcp   *tcpPool // TCP groups only
-	udp   udpSockets
+	udp   *udpMux  // UDP groups only
 	fails atomic.Int32
 	down  atomic.Bool
 	// answers counts the valid answers the server gave (probes included): a timeout counts
@@ -139,6 +139,8 @@ func NewGroup(cfg GroupConfig, obs Observer) (*Group, error) {
 		u := &upstream{addr: a, name: a.String()}
 		if cfg.Proto == TCP {
 			u.tcp = newTCPPool(a, &g.cfg, g.clk, obs, log)
+		} else {
+			u.udp = newUDPMux(&g.cfg, u.name, g.clk, obs, log)
 		}
 		g.ups = append(g.ups, u)
 		obs.Health(g.name, u.name, true)
@@ -330,8 +332,8 @@ func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, 
 		defer release(cancel, timer)
 		return exchangeTCPOnce(tctx, u.name, query, q)
 	}
-	// UDP: the try is bounded by its socket's deadline (see exchangeOn), without a context and
-	// timer of its own (5 allocations per miss).
+	// UDP: the try is bounded by a recycled timer of the upstream's sockets (see
+	// udpMux.exchange), without a context of its own (5 allocations per miss).
 	ans, err := g.exchangeUDP(ctx, u, query, q)
 	if err != nil && !errors.Is(err, errOversized) || err == nil && !truncated(ans) {
 		return ans, err
@@ -385,7 +387,9 @@ func (g *Group) Close() error {
 		if u.tcp != nil {
 			u.tcp.close()
 		}
-		u.udp.close()
+		if u.udp != nil {
+			u.udp.close()
+		}
 	}
 	return nil
 }

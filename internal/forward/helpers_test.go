@@ -137,10 +137,11 @@ type recorder struct {
 	connsMax    int
 	inflight    int
 	inflightMax int
+	sockets     map[string]int // "upstream proto hit|miss" → queries
 }
 
 func newRecorder() *recorder {
-	return &recorder{failures: map[string]int{}, exchanges: map[string]int{}, rcodes: map[int]int{}, conns: map[string]int{}}
+	return &recorder{failures: map[string]int{}, exchanges: map[string]int{}, rcodes: map[int]int{}, conns: map[string]int{}, sockets: map[string]int{}}
 }
 
 func (r *recorder) Exchange(group, upstream string, rcode int, d time.Duration) {
@@ -186,6 +187,23 @@ func (r *recorder) Inflight(group string, delta int) {
 	defer r.mu.Unlock()
 	r.inflight += delta
 	r.inflightMax = max(r.inflightMax, r.inflight)
+}
+
+func (r *recorder) SocketUse(group, upstream, proto string, reused bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := "miss"
+	if reused {
+		k = "hit"
+	}
+	r.sockets[upstream+" "+proto+" "+k]++
+}
+
+// socketUses returns the hits and misses counted for upstream's proto sockets.
+func (r *recorder) socketUses(upstream, proto string) (hits, misses int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sockets[upstream+" "+proto+" hit"], r.sockets[upstream+" "+proto+" miss"]
 }
 
 func (r *recorder) failuresOf(upstream, kind string) int {
@@ -494,6 +512,8 @@ type udpServer struct {
 	addr    netip.AddrPort
 	queries atomic.Int32
 	wg      sync.WaitGroup
+	mu      sync.Mutex
+	sources []netip.AddrPort // the source of every query, in order
 }
 
 func startUDPOn(t testing.TB, addr string, handle func(q []byte, reply func([]byte))) *udpServer {
@@ -513,12 +533,26 @@ func startUDPOn(t testing.TB, addr string, handle func(q []byte, reply func([]by
 				return
 			}
 			s.queries.Add(1)
+			s.mu.Lock()
+			s.sources = append(s.sources, from.(*net.UDPAddr).AddrPort())
+			s.mu.Unlock()
 			q := append([]byte(nil), buf[:n]...)
 			handle(q, func(b []byte) { pc.WriteTo(b, from) })
 		}
 	}()
 	t.Cleanup(func() { pc.Close(); s.wg.Wait() })
 	return s
+}
+
+// ports returns the source ports the queries came from: port → queries.
+func (s *udpServer) ports() map[uint16]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[uint16]int{}
+	for _, a := range s.sources {
+		out[a.Port()]++
+	}
+	return out
 }
 
 func startUDP(t testing.TB, handle func(q []byte, reply func([]byte))) *udpServer {

@@ -49,7 +49,7 @@ func goStatements(t *testing.T) []string {
 // The leak check knows every goroutine the package starts: the go statements in its code are
 // the ones listed here, and each of them (and a timer callback) is caught when left running.
 func TestLeakCheckKnowsEveryGoroutine(t *testing.T) {
-	want := []string{"c.readLoop", "c.writeLoop", "g.probe"}
+	want := []string{"c.readLoop", "c.writeLoop", "g.probe", "s.readLoop"}
 	if got := goStatements(t); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("the package starts %v; this test (and a leak of each) covers %v: add the new one", got, want)
 	}
@@ -90,6 +90,23 @@ func TestLeakCheckKnowsEveryGoroutine(t *testing.T) {
 	waitFor(t, 5*time.Second, "leak check to see a leaked writeLoop", func() bool { return found("(*tcpConn).writeLoop") })
 	close(leaked.wdone)
 	waitFor(t, 5*time.Second, "leaked writeLoop to end", func() bool { return !found("(*tcpConn).writeLoop") })
+
+	// An open UDP socket's reader, and its end with the group.
+	usrv := startUDP(t, func(q []byte, reply func([]byte)) { reply(answerFor(q)) })
+	ug, err := NewGroup(GroupConfig{Name: "leak-udp", Servers: []netip.AddrPort{usrv.addr}, Proto: UDP}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ug.Exchange(context.Background(), query(t, "a.example.", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if !found("(*udpSock).readLoop") {
+		t.Error("leak check does not see the reader of an open UDP socket")
+	}
+	ug.Close()
+	if found("(*udpSock).readLoop") {
+		t.Error("a UDP socket's reader outlived its group's Close")
+	}
 
 	// A probe and a try timer's callback.
 	dead := deadAddr(t)

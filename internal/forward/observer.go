@@ -19,6 +19,10 @@ type Observer interface {
 	Conns(group, upstream string, delta int)
 	// Inflight: a query entered (+1) or left (-1) the group.
 	Inflight(group string, delta int)
+	// SocketUse: a query to upstream was sent over an already open socket of proto ("udp")
+	// (reused) or made the transport open one (not reused, counted before the open, so a
+	// failed open counts too): CoreDNS's connection cache hits and misses.
+	SocketUse(group, upstream, proto string, reused bool)
 }
 
 // nopObserver is used when NewGroup is given a nil Observer.
@@ -29,5 +33,6 @@ func (nopObserver) Failure(string, string, string)              {}
 func (nopObserver) Health(string, string, bool)                 {}
 func (nopObserver) Conns(string, string, int)                   {}
 func (nopObserver) Inflight(string, int)                        {}
+func (nopObserver) SocketUse(string, string, string, bool)      {}
 
 var _ Observer = nopObserver{}

@@ -168,3 +168,41 @@ func TestUDPOversizedRetriedOverTCP(t *testing.T) {
 		t.Errorf("UDP saw %d queries, TCP %d; want 1 and 1", u, c)
 	}
 }
+
+// A query advertising more than 1232 bytes (a larger -max-udp-size) gets its larger answer over
+// UDP: the socket it opens has receive buffers of the advertised size + 1.
+func TestUDPLargerAdvertisedSizeStaysOnUDP(t *testing.T) {
+	udp := startUDP(t, func(q []byte, reply func([]byte)) {
+		m := new(dns.Msg)
+		m.Unpack(q)
+		r := new(dns.Msg)
+		r.SetReply(m)
+		big := make([]string, 8)
+		for i := range big {
+			big[i] = strings.Repeat("x", 250)
+		}
+		r.Answer = append(r.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 30}, Txt: big})
+		b, _ := r.Pack()
+		reply(b) // about 2 KB
+	})
+	m := new(dns.Msg)
+	m.SetQuestion("big.example.com.", dns.TypeTXT)
+	m.Id = 33
+	m.SetEdns0(4096, false)
+	q, _ := m.Pack()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{udp.addr}, Proto: UDP}, newRecorder())
+	ans, err := g.Exchange(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := new(dns.Msg)
+	if err := r.Unpack(ans); err != nil {
+		t.Fatal(err)
+	}
+	if len(ans) < 2000 || r.Id != 33 || r.Truncated || len(r.Answer) != 1 {
+		t.Fatalf("answer of %d bytes, ID %d, TC %v, %d records: want the whole 2 KB one", len(ans), r.Id, r.Truncated, len(r.Answer))
+	}
+	if n := udp.queries.Load(); n != 1 {
+		t.Errorf("UDP saw %d queries, want 1", n)
+	}
+}

@@ -228,6 +228,17 @@ func (c *cdMetrics) conns(upstream string, delta int) {
 	c.connMisses.WithLabelValues(proxyName, upstream, "tcp").Inc()
 }
 
+// socketUse counts a query over an open socket (hit) or one that opened a
+// socket (miss): CoreDNS's proxy Transport.Dial, which counts one or the
+// other for every query it sends, UDP included.
+func (c *cdMetrics) socketUse(upstream, proto string, reused bool) {
+	if reused {
+		c.connHits.WithLabelValues(proxyName, upstream, proto).Inc()
+		return
+	}
+	c.connMisses.WithLabelValues(proxyName, upstream, proto).Inc()
+}
+
 // timedHealth is CoreDNS's health plugin's accounting of its /health
 // checks: their duration, and the ones that failed.
 func (c *cdMetrics) timedHealth(p Probe) Probe {

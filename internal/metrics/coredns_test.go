@@ -102,8 +102,20 @@ func TestForwardEventsUnderCoreDNSNames(t *testing.T) {
 	if v := testutil.ToFloat64(m.cd.connHits.WithLabelValues("forward", "10.96.0.10:53", "tcp")); v != 1 {
 		t.Errorf("conn cache hits %v", v)
 	}
-	if n := testutil.CollectAndCount(m.cd.proxyDuration, "coredns_proxy_request_duration_seconds"); n != 1 {
-		t.Errorf("%d proxy duration series", n)
+	// UDP sockets (issue 14): a query that opened one is a miss, one over an open one a hit;
+	// the answer itself adds nothing.
+	m.SocketUse("node", "10.0.0.1:53", "udp", false)
+	m.SocketUse("node", "10.0.0.1:53", "udp", true)
+	m.SocketUse("node", "10.0.0.1:53", "udp", true)
+	m.Exchange("node", "10.0.0.1:53", 0, 1e6)
+	if h, mi := testutil.ToFloat64(m.cd.connHits.WithLabelValues("forward", "10.0.0.1:53", "udp")), testutil.ToFloat64(m.cd.connMisses.WithLabelValues("forward", "10.0.0.1:53", "udp")); h != 2 || mi != 1 {
+		t.Errorf("udp conn cache hits %v, misses %v; want 2 and 1", h, mi)
+	}
+	if n := testutil.CollectAndCount(m.cd.connHits, "coredns_proxy_conn_cache_hits_total"); n != 2 {
+		t.Errorf("%d conn cache hit series, want tcp and udp", n)
+	}
+	if n := testutil.CollectAndCount(m.cd.proxyDuration, "coredns_proxy_request_duration_seconds"); n != 2 {
+		t.Errorf("%d proxy duration series, want one per upstream", n)
 	}
 	probe := m.cd.timedHealth(func(context.Context) error { return errors.New("wedged") })
 	_ = probe(context.Background())

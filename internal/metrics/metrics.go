@@ -154,6 +154,13 @@ func (m *Metrics) Conns(group, upstream string, delta int) {
 	m.cd.conns(upstream, delta)
 }
 
+// SocketUse counts a query sent over an already open upstream socket (a
+// connection cache hit) or one that opened a socket (a miss), as CoreDNS's
+// forward does for its UDP sockets (forward.Observer).
+func (m *Metrics) SocketUse(group, upstream, proto string, reused bool) {
+	m.cd.socketUse(upstream, proto, reused)
+}
+
 // Inflight moves the in-flight gauge (forward.Observer).
 func (m *Metrics) Inflight(group string, delta int) {
 	m.upstreamInflight.WithLabelValues(group).Add(float64(delta))

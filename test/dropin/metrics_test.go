@@ -50,6 +50,11 @@ var promQueries = []struct{ from, expr string }{
 	{"dashboard cache misses", `sum(rate(coredns_cache_misses_total{job=~"$job"}[1m]))`},
 	{"dashboard cache hit ratio", `sum(rate(coredns_cache_hits_total{job=~"$job"}[1m])) / sum(rate(coredns_cache_requests_total{job=~"$job"}[1m]))`},
 	{"dashboard forward requests by to", `sum(rate(coredns_proxy_request_duration_seconds_count{job=~"$job"}[1m])) by (to, rcode)`},
+	// Issue 14: the connection cache counts UDP sockets too (CoreDNS's
+	// Transport.Dial: a query over an open socket is a hit, one that opens a
+	// socket a miss), for the node resolver's and the stub's upstreams.
+	{"connection cache hits over UDP", `sum(coredns_proxy_conn_cache_hits_total{job=~"$job",proto="udp"}) by (proxy_name, to, proto) > 0`},
+	{"connection cache misses over UDP", `sum(coredns_proxy_conn_cache_misses_total{job=~"$job",proto="udp"}) by (proxy_name, to, proto) > 0`},
 	{"dashboard plugins", `count(coredns_plugin_enabled{job=~"$job"}) by (server, zone, name)`},
 	{"dashboard versions", `count(coredns_build_info{job=~"$job"}) by (goversion)`},
 	{"dashboard reloads", `sum(coredns_reload_failed_total{job=~"$job"})`},
