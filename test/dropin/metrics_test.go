@@ -92,6 +92,19 @@ scrape_configs:
 	}
 	start(t, []string{prom, "--config.file=" + cfgFile, "--storage.tsdb.path=" + filepath.Join(dir, "tsdb"),
 		"--web.listen-address=" + promAddr, "--log.level=warn"}, &lp)
+	// Its API answers 503 until the TSDB is open: wait for /-/ready.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get("http://" + promAddr + "/-/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Prometheus not ready after 60 s (%v); log:\n%s", err, lp.String())
+		}
+	}
 
 	// The same queries to both, before and while Prometheus scrapes: UDP
 	// and TCP, hits and misses, NXDOMAIN, NODATA, SERVFAIL, a reverse name
