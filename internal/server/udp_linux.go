@@ -257,14 +257,12 @@ func (s *Server) serveUDP(l *udpListener) {
 			// (usleep(3) in runtime.runqgrab: 55 µs or more with the
 			// default 50 µs timer slack). That hand-off was a miss's
 			// largest latency at a moderate rate: 115 µs median, 550 µs
-			// p99 at 10k misses/s on one core (a runtime trace; after
-			// this, 3-13 µs median). Yielding runs them here, on this
-			// thread. The second yield lets the goroutines that yielded
-			// during the first to collect a burst (the TCP forwarder's
-			// writer, the miss answers' sender in reply) run as well,
-			// rather than wait behind this loop in the global run queue.
+			// p99 at 10k misses/s on one core (a runtime trace). Yielding
+			// runs them here, on this thread (3-13 µs median). One yield:
+			// a second one (for the goroutines that yielded during the
+			// first, e.g. the TCP forwarder's writer) cost more wake-ups
+			// of idle Ms than it saved (bench/MISS-PROFILE.md, session 3).
 			handed = false
-			runtime.Gosched()
 			runtime.Gosched()
 		}
 		l.beat.Add(1) // odd: waiting
