@@ -7,6 +7,9 @@ package daemon
 //
 //	BenchmarkMissTCP: cluster names, forwarded to kube-dns over pipelined TCP
 //	BenchmarkMissUDP: external names, forwarded to the node's resolver over UDP
+//	BenchmarkMissTCPSerial, BenchmarkMissUDPSerial: the same, one miss at a
+//	time from one client, so ns/op is the latency of an isolated miss, where
+//	hand-offs between goroutines and threads count rather than batching
 //
 // The upstream and the clients are written not to allocate per query, so
 // allocs/op is the daemon's (go test -bench Miss -benchmem ./internal/daemon).
@@ -366,6 +369,37 @@ func BenchmarkMissTCP(b *testing.B) { benchMiss(b, "default.svc.cluster.local", 
 
 // BenchmarkMissUDP: unique external names, forwarded to the node's resolver over UDP.
 func BenchmarkMissUDP(b *testing.B) { benchMiss(b, "site-7.example.com", false) }
+
+// benchMissSerial runs b.N misses one after the other from one client.
+func benchMissSerial(b *testing.B, zone string, wantTCP bool) {
+	u := startBenchUpstream(b)
+	addr := startMissDaemon(b, u)
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(addr))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	q := newMissQuery(zone)
+	in := make([]byte, 2048)
+	b.ReportAllocs()
+	udp0, tcp0 := u.udpN.Load(), u.tcpN.Load()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := askMiss(c, q, uint16(i), in); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if err := checkUpstream(u, udp0, tcp0, int64(b.N), wantTCP); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkMissTCPSerial: isolated cluster-name misses (TCP to kube-dns).
+func BenchmarkMissTCPSerial(b *testing.B) { benchMissSerial(b, "default.svc.cluster.local", true) }
+
+// BenchmarkMissUDPSerial: isolated external-name misses (UDP to the node's resolver).
+func BenchmarkMissUDPSerial(b *testing.B) { benchMissSerial(b, "site-7.example.com", false) }
 
 // TestMissBenchmarksMiss runs the benchmarks' setup and queries: every
 // query reaches the upstream over the transport the benchmark is named for,

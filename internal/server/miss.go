@@ -76,13 +76,14 @@ func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
 // destination needs until deliver (the UDP socket's reference, the TCP
 // connection's pipeline slot). Past MaxWaiting the client is answered at
 // once (stale or SERVFAIL); otherwise a goroutine waits for the Resolver
-// and delivers the answer.
-func (s *Server) startMiss(m *missReq) {
+// and delivers the answer. It reports whether it made a goroutine runnable
+// (a miss worker), which the UDP receive loop must yield to (serveUDP).
+func (s *Server) startMiss(m *missReq) bool {
 	if !s.admit() {
 		m.source = fromOverload
 		m.out = s.shed(m)
 		s.finishMiss(m)
-		return
+		return false
 	}
 	select {
 	case s.missQ <- m: // an idle miss worker took it
@@ -90,6 +91,7 @@ func (s *Server) startMiss(m *missReq) {
 		s.missWG.Add(1)
 		go s.missWorker(m)
 	}
+	return true
 }
 
 // missWorkerIdle is how long a miss worker waits for another miss before it

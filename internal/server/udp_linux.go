@@ -234,6 +234,8 @@ func newBatch() *batch {
 // GOMAXPROCS by one per loop so the rest of the program (misses, TCP,
 // HTTP, timers) always has Ps of its own, and the loop yields at every
 // timeout or signal so garbage collection can stop it within rcvTimeout.
+// Goroutines it makes runnable itself (the miss workers) land on its own
+// P, so it also yields after every batch that handed off a miss.
 func (s *Server) serveUDP(l *udpListener) {
 	b := newBatch()
 	var cd *cdCounters
@@ -246,7 +248,24 @@ func (s *Server) serveUDP(l *udpListener) {
 	}
 	var k cdKey
 	addrIdx := s.cdServerIndex(l.local.Addr())
+	handed := false // a miss of the last batch readied a worker
 	for !l.stop.Load() {
+		if handed {
+			// Run what this batch's misses made runnable before we sleep
+			// in recvmmsg again. ready() put the miss workers on this P's
+			// run queue, which the blocked loop keeps: only another P's
+			// spinning M could take them, and it backs off first
+			// (usleep(3) in runtime.runqgrab: 55 µs or more with the
+			// default 50 µs timer slack). That hand-off was a miss's
+			// largest latency at a moderate rate: 115 µs median, 550 µs
+			// p99 at 10k misses/s on one core (a runtime trace). Yielding
+			// runs them here, on this thread (3-13 µs median). One yield:
+			// a second one (for the goroutines that yielded during the
+			// first, e.g. the TCP forwarder's writer) cost more wake-ups
+			// of idle Ms than it saved (bench/MISS-PROFILE.md, session 3).
+			handed = false
+			runtime.Gosched()
+		}
 		l.beat.Add(1) // odd: waiting
 		n, err := l.recv(b)
 		l.beat.Add(1) // even: busy
@@ -300,7 +319,9 @@ func (s *Server) serveUDP(l *udpListener) {
 				m.cdk = k
 				m.nlen = uint32(copy(m.name[:], name))
 				l.ref() // released once the answer is sent (reply)
-				s.startMiss(m)
+				if s.startMiss(m) {
+					handed = true
+				}
 				continue
 			}
 			if qlog {
