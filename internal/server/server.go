@@ -123,9 +123,13 @@ type Server struct {
 	cfg   Config
 	res   *resolve.Resolver
 	views atomic.Pointer[viewTable] // views.go
-	// Every resolver that served (Snapshot sums their counters, so they
-	// never go back when SetViews replaces one). Under mu.
+	// The resolvers whose counters Snapshot sums (under mu): those of the
+	// current views and those the last SetViews replaced (misses may still
+	// finish on them). One generation later a replaced resolver's counts
+	// move into retired and it is let go, so counters never go back and
+	// reloads keep nothing alive.
 	allRes  []*resolve.Resolver
+	retired Counters
 	waiting chan struct{} // one token per client waiting for a miss
 	stats   Stats
 	// CoreDNS-named counters (stats.go): cd is shared by TCP and the miss

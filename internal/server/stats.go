@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -91,19 +92,26 @@ func (s *Server) Snapshot() Counters {
 	c.add(&s.stats)
 	s.mu.Lock()
 	all := s.allRes
+	c.Rejected, c.Coalesced, c.UpstreamErrors = s.retired.Rejected, s.retired.Coalesced, s.retired.UpstreamErrors
+	c.CacheMisses, c.StaleServed = s.retired.CacheMisses, s.retired.StaleServed
 	s.mu.Unlock()
 	for _, r := range all {
-		rs := r.Stats()
-		c.Rejected += rs.Rejected.Load()
-		c.Coalesced += rs.Coalesced.Load()
-		c.UpstreamErrors += rs.UpstreamErrors.Load()
-		c.CacheMisses += rs.Misses.Load()
-		c.StaleServed += rs.Stale.Load()
+		addResolverStats(&c, r)
 	}
 	for _, l := range s.udp {
 		c.add(&l.stats)
 	}
 	return c
+}
+
+// addResolverStats adds r's counters to c.
+func addResolverStats(c *Counters, r *resolve.Resolver) {
+	rs := r.Stats()
+	c.Rejected += rs.Rejected.Load()
+	c.Coalesced += rs.Coalesced.Load()
+	c.UpstreamErrors += rs.UpstreamErrors.Load()
+	c.CacheMisses += rs.Misses.Load()
+	c.StaleServed += rs.Stale.Load()
 }
 
 // RcodeLabel names index i of Counters.Responses.

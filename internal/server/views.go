@@ -39,11 +39,21 @@ func (s *Server) SetViews(views []*resolve.Resolver, addrViews []uint8) error {
 		}
 	}
 	s.mu.Lock()
-	for _, r := range views {
-		if !slices.Contains(s.allRes, r) {
-			s.allRes = append(s.allRes, r)
+	var cur []*resolve.Resolver
+	if t := s.views.Load(); t != nil {
+		cur = t.res
+	}
+	keep := slices.Clone(views)
+	for _, r := range s.allRes {
+		switch {
+		case slices.Contains(keep, r):
+		case slices.Contains(cur, r): // replaced now: misses may still finish on it
+			keep = append(keep, r)
+		default: // replaced one SetViews ago
+			addResolverStats(&s.retired, r)
 		}
 	}
+	s.allRes = keep
 	s.mu.Unlock()
 	s.views.Store(&viewTable{res: slices.Clone(views), addr: slices.Clone(addrViews)})
 	return nil
