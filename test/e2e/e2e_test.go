@@ -486,17 +486,23 @@ func TestKill9Recovers(t *testing.T) {
 		}
 	}
 	// Its sockets close when its last thread has exited, which can be
-	// after the thread group leader shows as a zombie (seen: a query sent
-	// at that moment waited in the dying socket's queue and vanished with
-	// it, no port unreachable). Wait until no socket on the address is the
-	// old process's.
+	// after the thread group leader shows as a zombie, and while they close
+	// ss shows them with no owner (seen: a query sent then waited in the
+	// dying socket's queue and vanished with it, no port unreachable).
+	// Wait until every socket on the address belongs to a live process
+	// other than the old one (none, or the restarted daemon's).
 	poll(t, 10*time.Second, func() error {
 		out, err := exec.Command("ss", "-Hlunp", "src", localDNS+":53").CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("ss: %v: %s", err, out)
 		}
-		if bytes.Contains(out, []byte(fmt.Sprintf("pid=%d,", pid))) {
-			return fmt.Errorf("pid %d still holds a socket on %s:53", pid, localDNS)
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if line == "" {
+				continue
+			}
+			if !strings.Contains(line, "pid=") || strings.Contains(line, fmt.Sprintf("pid=%d,", pid)) {
+				return fmt.Errorf("a socket of the old process is still open: %s", line)
+			}
 		}
 		return nil
 	})
