@@ -225,66 +225,127 @@ func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 		g.obs.Inflight(g.name, -1)
 	}()
 
-	var lastErr error
-	var fallback []byte // a SERVFAIL or REFUSED answer, kept while later servers are tried
-	for pass := 0; pass < maxPasses && ctx.Err() == nil; pass++ {
-		tried := 0
-		start, n := 0, len(g.ups)
-		if g.cfg.Spread && n > 1 {
-			start = int(g.turn.Add(1)-1) % n
+	var w walk
+	g.begin(&w)
+	ans, err := g.walk(ctx, query, q, &w)
+	if err != nil {
+		return nil, err
+	}
+	return ans, nil
+}
+
+// walk is one query's way through the group's servers: healthy ones in order (from a turning
+// start with Spread), at most maxPasses times, with the one try on a down server when every
+// server is down. Exchange goes through it in one goroutine; ExchangeAsync makes its first try
+// without one and hands the rest of the walk to a goroutine only when that try did not answer.
+type walk struct {
+	pass, start, k int // pass number, its first server, the next position in it
+	tried          int // servers tried in this pass
+	allDown        bool
+	last           int // position (in the pass) of the server tried last; -1: the all-down try
+	fallback       []byte
+	lastErr        error
+}
+
+// begin starts w's first pass.
+func (g *Group) begin(w *walk) {
+	*w = walk{}
+	w.start = g.passStart()
+}
+
+// passStart is the first server of a pass.
+func (g *Group) passStart() int {
+	if n := len(g.ups); g.cfg.Spread && n > 1 {
+		return int(g.turn.Add(1)-1) % n
+	}
+	return 0
+}
+
+// nextServer returns the server w tries next, or nil when the walk is over (its result is then
+// end's).
+func (g *Group) nextServer(w *walk) *upstream {
+	n := len(g.ups)
+	for w.pass < maxPasses && !w.allDown {
+		for w.k < n {
+			k := w.k
+			w.k++
+			if u := g.ups[(w.start+k)%n]; !u.down.Load() {
+				w.tried++
+				w.last = k
+				return u
+			}
 		}
-		for k := range n {
-			i := (start + k) % n
-			u := g.ups[i]
-			if u.down.Load() {
-				continue
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			tried++
-			ans, err := g.attempt(ctx, u, query, q)
-			if err != nil {
-				if errors.Is(err, errAbandoned) {
-					return nil, fmt.Errorf("group %s: %w", g.name, err)
-				}
-				lastErr = err
-				continue
-			}
-			if rc := wire.Rcode(ans); (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(start, k) {
-				fallback = ans
-				continue
-			}
-			wire.SetID(ans, q.id)
-			return ans, nil
+		if w.fallback != nil {
+			return nil
 		}
-		if fallback != nil {
-			wire.SetID(fallback, q.id)
-			return fallback, nil
-		}
-		if tried == 0 {
-			if pass > 0 {
-				break
+		if w.tried == 0 {
+			if w.pass > 0 {
+				return nil
 			}
 			// Every server is marked down. Failing with nothing sent would make the
 			// down-marking an outage of its own; ask one, in turn, once.
-			u := g.ups[int(g.next.Add(1)-1)%len(g.ups)]
-			ans, err := g.attempt(ctx, u, query, q)
-			if err != nil {
-				if errors.Is(err, errAbandoned) {
-					return nil, fmt.Errorf("group %s: %w", g.name, err)
-				}
-				lastErr = err
-				break
-			}
-			wire.SetID(ans, q.id)
-			return ans, nil
+			w.allDown, w.last = true, -1
+			return g.ups[int(g.next.Add(1)-1)%n]
+		}
+		w.pass++
+		w.k, w.tried = 0, 0
+		w.start = g.passStart()
+	}
+	return nil
+}
+
+// take handles the result of the try nextServer chose last: final reports that the walk is
+// over with ans (the caller's ID set) or err.
+func (g *Group) take(w *walk, q question, ans []byte, err error) (final bool, _ []byte, _ error) {
+	if err != nil {
+		if errors.Is(err, errAbandoned) {
+			return true, nil, fmt.Errorf("group %s: %w", g.name, err)
+		}
+		w.lastErr = err
+		if w.allDown {
+			return true, nil, g.noAnswer(w, nil)
+		}
+		return false, nil, nil
+	}
+	if rc := wire.Rcode(ans); !w.allDown && (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(w.start, w.last) {
+		w.fallback = ans
+		return false, nil, nil
+	}
+	wire.SetID(ans, q.id)
+	return true, ans, nil
+}
+
+// end is the walk's result once nextServer has nothing more: the SERVFAIL or REFUSED kept as
+// fallback, or the error.
+func (g *Group) end(w *walk, q question, ctxErr error) ([]byte, error) {
+	if w.fallback != nil {
+		wire.SetID(w.fallback, q.id)
+		return w.fallback, nil
+	}
+	return nil, g.noAnswer(w, ctxErr)
+}
+
+func (g *Group) noAnswer(w *walk, ctxErr error) error {
+	lastErr := w.lastErr
+	if lastErr == nil {
+		lastErr = ctxErr
+	}
+	return fmt.Errorf("group %s: %w: %w", g.name, ErrNoAnswer, lastErr)
+}
+
+// walk tries servers until one answers or the walk is over, within ctx.
+func (g *Group) walk(ctx context.Context, query []byte, q question, w *walk) ([]byte, error) {
+	for ctx.Err() == nil {
+		u := g.nextServer(w)
+		if u == nil {
+			break
+		}
+		ans, err := g.attempt(ctx, u, query, q)
+		if final, ans, err := g.take(w, q, ans, err); final {
+			return ans, err
 		}
 	}
-	if lastErr == nil {
-		lastErr = ctx.Err()
-	}
-	return nil, fmt.Errorf("group %s: %w: %w", g.name, ErrNoAnswer, lastErr)
+	return g.end(w, q, ctx.Err())
 }
 
 // errAbandoned marks a try that ended for a reason that is not the upstream's fault: the caller

@@ -11,7 +11,10 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -78,16 +81,21 @@ type tcpConn struct {
 	// Writes are combined: a query appends its frame to wbuf and wakes the
 	// connection's writer goroutine, which first yields once, so the other
 	// queries of a burst (a batch of misses from one recvmmsg) append
-	// theirs, then writes everything with one write(2). Frames never
-	// interleave.
-	wmu   sync.Mutex
-	wbuf  []byte
-	wake  chan struct{} // capacity 1
-	wdone chan struct{} // closed when the reader exits
+	// theirs, then writes everything with one write(2). An ExchangeAsync
+	// try writes the queue itself instead, without blocking, when nobody
+	// is writing (writeQuery). Frames never interleave: whoever sets
+	// writing owns the socket's write side until it finds wbuf empty.
+	wmu     sync.Mutex
+	wbuf    []byte
+	wspare  []byte
+	writing bool
+	rc      syscall.RawConn
+	wake    chan struct{} // capacity 1
+	wdone   chan struct{} // closed when the reader exits
 
 	// Guarded by pool.mu.
-	pending     map[uint16]chan tcpResult // wire ID → waiter; nil value: cancelled, answer may still come
-	outstanding int                       // non-nil entries of pending
+	pending     map[uint16]*tcpWait // wire ID → waiter; nil value: cancelled, answer may still come
+	outstanding int                 // non-nil entries of pending
 	nextID      uint16
 	sent        int
 	frames      uint64 // complete frames read: a query that saw none for a whole try closes c
@@ -100,6 +108,29 @@ type tcpConn struct {
 type tcpResult struct {
 	msg []byte
 	err error
+}
+
+// tcpWait is a query waiting for its answer on a connection: Exchange's parks on ch; an
+// ExchangeAsync try (a non-nil) gets its result in a.tcpAnswer, and timer (on clk, recycled
+// with the wait) ends the try.
+type tcpWait struct {
+	ch     chan tcpResult // capacity 1: exactly one send
+	a      *asyncExchange
+	timer  clock.Timer
+	clk    clock.Clock
+	c      *tcpConn
+	id     uint16
+	q      question
+	frames uint64 // c's frames read when the query was sent (see cancel)
+}
+
+// tcpWaits recycles waits: a Exchange's once its result is taken (a cancelled one may still
+// get its late answer: it is not reused), an ExchangeAsync's once its result is handed over.
+var tcpWaits = sync.Pool{New: func() any { return &tcpWait{ch: make(chan tcpResult, 1)} }}
+
+func recycleTCPWait(w *tcpWait) {
+	w.a, w.c, w.q = nil, nil, question{}
+	tcpWaits.Put(w)
 }
 
 func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, clk clock.Clock, obs Observer, log *slog.Logger) *tcpPool {
@@ -144,18 +175,18 @@ func (p *tcpPool) exchange(ctx context.Context, query []byte, q question) ([]byt
 
 // exchangeOnce is one send of the query; expired fires when the try's time is up.
 func (p *tcpPool) exchangeOnce(ctx context.Context, expired <-chan time.Time, query []byte, q question) ([]byte, error) {
-	c, id, ch, frames, err := p.acquire(ctx, expired)
+	c, id, w, frames, err := p.acquire(ctx, expired)
 	if err != nil {
 		return nil, err
 	}
 	sent := p.clk.Now()
-	c.writeQuery(query, id)
+	c.writeQuery(query, id, false)
 	select {
-	case r := <-ch:
-		// Each channel gets exactly one send (dispatch or fail, after taking it out of
+	case r := <-w.ch:
+		// Each wait gets exactly one send (dispatch or fail, after taking it out of
 		// pending under the lock): once received, it is free. A cancelled one may still
 		// get its late answer: it is not reused.
-		resultChans.Put(ch)
+		recycleTCPWait(w)
 		if r.err != nil {
 			return nil, r.err
 		}
@@ -177,7 +208,7 @@ func (p *tcpPool) exchangeOnce(ctx context.Context, expired <-chan time.Time, qu
 // full and every open one already has queries outstanding, to spread queries: an upstream built
 // on miekg/dns (CoreDNS) answers one connection's queries one at a time, in order.
 // It also returns the connection's count of frames read so far.
-func (p *tcpPool) acquire(ctx context.Context, expired <-chan time.Time) (*tcpConn, uint16, chan tcpResult, uint64, error) {
+func (p *tcpPool) acquire(ctx context.Context, expired <-chan time.Time) (*tcpConn, uint16, *tcpWait, uint64, error) {
 	p.mu.Lock()
 	for {
 		if p.closed {
@@ -196,10 +227,10 @@ func (p *tcpPool) acquire(ctx context.Context, expired <-chan time.Time) (*tcpCo
 			best = c
 		}
 		if best != nil {
-			id, ch := best.reserve()
+			id, w := best.reserve()
 			frames := best.frames
 			p.mu.Unlock()
-			return best, id, ch, frames, nil
+			return best, id, w, frames, nil
 		}
 		if open < p.size {
 			// No connection, and dialling is held back after failures: fail now so the
@@ -274,10 +305,16 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 		p.log.Info("reconnected to upstream", "upstream", p.upstream, "failed_dials", p.dialFails)
 	}
 	p.dialFails, p.dialErr, p.heldErr, p.nextDial = 0, nil, nil, time.Time{}
+	rc, err := nc.(syscall.Conn).SyscallConn()
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("dial %s: %w", p.upstream, err)
+	}
 	c := &tcpConn{
 		pool:     p,
 		nc:       nc,
-		pending:  make(map[uint16]chan tcpResult),
+		rc:       rc,
+		pending:  make(map[uint16]*tcpWait),
 		nextID:   uint16(rand.Uint32()),
 		lastUsed: time.Now(),
 		wake:     make(chan struct{}, 1),
@@ -317,12 +354,8 @@ func (p *tcpPool) heldBack() error {
 	return nil
 }
 
-// resultChans recycles the one-slot channels a query waits on: one allocation less per miss
-// (two for a channel whose element holds pointers).
-var resultChans = sync.Pool{New: func() any { return make(chan tcpResult, 1) }}
-
 // reserve takes a free wire ID on c. Called with pool.mu held on a live, non-draining conn.
-func (c *tcpConn) reserve() (uint16, chan tcpResult) {
+func (c *tcpConn) reserve() (uint16, *tcpWait) {
 	id := c.nextID
 	for {
 		if _, used := c.pending[id]; !used {
@@ -331,15 +364,76 @@ func (c *tcpConn) reserve() (uint16, chan tcpResult) {
 		id++
 	}
 	c.nextID = id + 1
-	ch := resultChans.Get().(chan tcpResult)
-	c.pending[id] = ch
+	w := tcpWaits.Get().(*tcpWait)
+	c.pending[id] = w
 	c.outstanding++
 	c.sent++
 	if c.sent >= c.pool.maxQueries {
 		c.draining = true
 	}
 	c.lastUsed = time.Now()
-	return id, ch
+	return id, w
+}
+
+// start sends query as ExchangeAsync's try when a connection has a free slot now; it reports
+// false (nothing sent) when the try would have to dial or wait for a slot, or the pool is
+// closed: the caller then makes it with exchange. The answer, a failure or the end of the try
+// (TryTimeout) goes to a.tcpAnswer from the connection's reader or the try's timer.
+func (p *tcpPool) start(query []byte, q question, a *asyncExchange) bool {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	best := p.leastLoaded()
+	mayDial := len(p.conns)+p.dialing < p.size && !p.clk.Now().Before(p.nextDial)
+	if best == nil || best.outstanding > 0 && mayDial {
+		p.mu.Unlock()
+		return false
+	}
+	id, w := best.reserve()
+	w.a, w.c, w.id, w.q, w.frames = a, best, id, q, best.frames
+	if w.timer == nil || w.clk != p.clk {
+		w.clk = p.clk
+		w.timer = p.clk.AfterFunc(p.try, w.expire)
+	} else {
+		w.timer.Reset(p.try)
+	}
+	p.mu.Unlock()
+	best.writeQuery(query, id, true)
+	return true
+}
+
+// deliver hands r to the query waiting on w, which the caller took out of pending.
+func (c *tcpConn) deliver(w *tcpWait, r tcpResult) {
+	if w.a == nil {
+		w.ch <- r
+		return
+	}
+	a, id, q := w.a, w.id, w.q
+	if w.timer.Stop() {
+		recycleTCPWait(w)
+	} // else the timer's function runs now: it finds w gone and recycles it
+	if r.err == nil {
+		if err := checkAnswer(r.msg, id, q); err != nil {
+			r.msg, r.err = nil, fmt.Errorf("answer from %s: %w", c.pool.upstream, err)
+		}
+	}
+	a.tcpAnswer(r.msg, r.err)
+}
+
+// expire ends an asynchronous try at its timeout, unless its result was handed over first:
+// as exchangeOnce's wait for a whole try, it may close a stalled connection.
+func (w *tcpWait) expire() {
+	c := w.c
+	p := c.pool
+	if !p.cancelWait(c, w.id, w, true, w.frames) {
+		recycleTCPWait(w) // deliver took it, and left w to us
+		return
+	}
+	a := w.a
+	recycleTCPWait(w)
+	a.tcpAnswer(nil, fmt.Errorf("wait for answer from %s: %w", p.upstream, errTryTimeout))
 }
 
 // cancel gives up on a query whose caller stopped waiting. Its ID stays reserved (a tombstone)
@@ -348,12 +442,23 @@ func (c *tcpConn) reserve() (uint16, chan tcpResult) {
 // (frames), c is closed: it may be stuck in a frame that never completes, and an idle
 // connection would otherwise be preferred over dialling a new one.
 func (p *tcpPool) cancel(c *tcpConn, id uint16, wholeTry bool, frames uint64) {
+	p.cancelWait(c, id, nil, wholeTry, frames)
+}
+
+// cancelWait is cancel for the query waiting on want (nil: whichever waits under id). It reports
+// whether the query still waited (it did not when its result was handed over first).
+func (p *tcpPool) cancelWait(c *tcpConn, id uint16, want *tcpWait, wholeTry bool, frames uint64) bool {
 	p.mu.Lock()
-	retired := false
-	if ch, ok := c.pending[id]; ok && ch != nil {
+	retired, waited := false, false
+	if w, ok := c.pending[id]; ok && w != nil && (want == nil || w == want) {
 		c.pending[id] = nil
 		c.outstanding--
 		retired = p.settleLocked(c)
+		waited = true
+	}
+	if want != nil && !waited {
+		p.mu.Unlock()
+		return false
 	}
 	stalled := wholeTry && c.frames == frames && !c.dead
 	p.mu.Unlock()
@@ -364,6 +469,7 @@ func (p *tcpPool) cancel(c *tcpConn, id uint16, wholeTry bool, frames uint64) {
 		p.log.Warn("closing upstream connection that delivered no answer for a whole try", "upstream", p.upstream, "try", p.try)
 		c.closeWith(fmt.Errorf("%w (%s, %v)", errStalled, p.upstream, p.try))
 	}
+	return waited
 }
 
 // settleLocked runs after a query left c: it wakes waiters for the freed slot and retires c if
@@ -403,16 +509,84 @@ func (p *tcpPool) wake() {
 	}
 }
 
-// writeQuery queues query's frame (length prefix, the query with wire ID id) for the writer
-// goroutine, built in place in its buffer. A write error closes the connection, which fails
-// every query pending on it, this one included.
-func (c *tcpConn) writeQuery(query []byte, id uint16) {
+// writeQuery queues query's frame (length prefix, the query with wire ID id), built in place
+// in the connection's buffer. The writer goroutine writes it, or, inline, the caller itself
+// when nobody is writing: as many bytes as the socket takes without blocking, the rest (a full
+// send buffer: an upstream that stopped reading) handed to the writer goroutine, which waits
+// with a deadline. An inline write costs no goroutine hand-off; the writer goroutine combines
+// the frames of concurrent callers. A write error closes the connection, which fails every
+// query pending on it, this one included.
+func (c *tcpConn) writeQuery(query []byte, id uint16, inline bool) {
 	c.wmu.Lock()
 	start := len(c.wbuf)
 	c.wbuf = binary.BigEndian.AppendUint16(c.wbuf, uint16(len(query)))
 	c.wbuf = append(c.wbuf, query...)
 	wire.SetID(c.wbuf[start+2:], id)
-	c.wmu.Unlock()
+	if !inline || c.writing {
+		// The owner of the write side takes it (it looks at wbuf before it lets go).
+		c.wmu.Unlock()
+		if !inline {
+			c.wakeWriter()
+		}
+		return
+	}
+	c.writing = true
+	for {
+		out := c.wbuf
+		c.wbuf = c.wspare[:0]
+		c.wmu.Unlock()
+		n, err := c.writeNow(out)
+		c.wmu.Lock()
+		if err != nil || n < len(out) {
+			// Give the rest back, ahead of what others queued meanwhile, to the
+			// writer goroutine: it waits for the socket, or fails the connection.
+			rest := append(out[n:len(out):len(out)], c.wbuf...)
+			c.wbuf, c.writing = rest, false
+			c.wmu.Unlock()
+			if err != nil {
+				c.closeWith(fmt.Errorf("write to %s: %w", c.pool.upstream, err))
+				return
+			}
+			c.wakeWriter()
+			return
+		}
+		c.wspare = out[:0]
+		if len(c.wbuf) == 0 {
+			c.writing = false
+			c.wmu.Unlock()
+			return
+		}
+	}
+}
+
+// writeNow writes out without waiting: it returns how much the socket took.
+func (c *tcpConn) writeNow(out []byte) (int, error) {
+	var n int
+	var werr error
+	err := c.rc.Write(func(fd uintptr) bool {
+		for n < len(out) {
+			m, e := unix.Write(int(fd), out[n:])
+			if e == unix.EINTR {
+				continue
+			}
+			if e == unix.EAGAIN {
+				break
+			}
+			if e != nil {
+				werr = e
+				break
+			}
+			n += m
+		}
+		return true
+	})
+	if err == nil {
+		err = werr
+	}
+	return n, err
+}
+
+func (c *tcpConn) wakeWriter() {
 	select {
 	case c.wake <- struct{}{}:
 	default: // already woken; it will take this frame too
@@ -423,7 +597,6 @@ func (c *tcpConn) writeQuery(query []byte, id uint16) {
 func (c *tcpConn) writeLoop() {
 	p := c.pool
 	defer p.wg.Done()
-	var spare []byte
 	for {
 		select {
 		case <-c.wake:
@@ -433,19 +606,29 @@ func (c *tcpConn) writeLoop() {
 		// Let the queries that are runnable now queue their frames first.
 		runtime.Gosched()
 		c.wmu.Lock()
-		out := c.wbuf
-		c.wbuf = spare[:0]
+		if c.writing || len(c.wbuf) == 0 {
+			c.wmu.Unlock() // an inline writer owns the write side: it takes them
+			continue
+		}
+		c.writing = true
+		for len(c.wbuf) > 0 {
+			out := c.wbuf
+			c.wbuf = c.wspare[:0]
+			c.wmu.Unlock()
+			err := c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+			if err == nil {
+				_, err = c.nc.Write(out)
+			}
+			if err != nil {
+				// The stream may hold half a frame: close it.
+				c.closeWith(fmt.Errorf("write to %s: %w", p.upstream, err))
+				return
+			}
+			c.wmu.Lock()
+			c.wspare = out[:0]
+		}
+		c.writing = false
 		c.wmu.Unlock()
-		err := c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
-		if err == nil {
-			_, err = c.nc.Write(out)
-		}
-		spare = out[:0]
-		if err != nil {
-			// The stream may hold half a frame: close it.
-			c.closeWith(fmt.Errorf("write to %s: %w", p.upstream, err))
-			return
-		}
 	}
 }
 
@@ -542,12 +725,12 @@ func (c *tcpConn) dispatch(frame []byte) {
 	}
 	id := binary.BigEndian.Uint16(frame)
 	p.mu.Lock()
-	ch, ok := c.pending[id]
+	w, ok := c.pending[id]
 	c.frames++
 	retired := false
 	if ok {
 		delete(c.pending, id)
-		if ch != nil {
+		if w != nil {
 			c.outstanding--
 			c.lastUsed = time.Now()
 			retired = p.settleLocked(c)
@@ -561,8 +744,8 @@ func (c *tcpConn) dispatch(frame []byte) {
 	case !ok:
 		// Neither pending nor cancelled: an answer to a query never sent on this connection.
 		p.obs.Failure(p.group, p.upstream, KindMismatch)
-	case ch != nil:
-		ch <- tcpResult{msg: append([]byte(nil), frame...)}
+	case w != nil:
+		c.deliver(w, tcpResult{msg: append([]byte(nil), frame...)})
 	}
 }
 
@@ -594,9 +777,9 @@ func (c *tcpConn) fail(readErr error) {
 	default:
 		err = fmt.Errorf("connection to %s retired", p.upstream)
 	}
-	for _, ch := range pending {
-		if ch != nil {
-			ch <- tcpResult{err: err}
+	for _, w := range pending {
+		if w != nil {
+			c.deliver(w, tcpResult{err: err})
 		}
 	}
 	if len(pending) > 0 && readErr != nil && !closed {

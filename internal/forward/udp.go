@@ -152,6 +152,13 @@ type udpOut struct {
 type udpWait struct {
 	q  question
 	ch chan udpResult // capacity 1: exactly one send (an answer or a failure)
+	// An ExchangeAsync try (a non-nil): the result goes to a.udpAnswer instead of ch, and
+	// timer (on clk, recycled with the wait) ends the try. s and id locate it for the timer.
+	a     *asyncExchange
+	timer clock.Timer
+	clk   clock.Clock
+	s     *udpSock
+	id    uint16
 }
 
 type udpResult struct {
@@ -179,7 +186,7 @@ func (m *udpMux) exchange(ctx context.Context, query []byte, q question) ([]byte
 		t.Stop()
 		m.timers.Put(t)
 	}()
-	s, id, w, err := m.acquire(ctx, q)
+	s, id, w, err := m.acquire(ctx, q, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -200,10 +207,61 @@ func (m *udpMux) exchange(ctx context.Context, query []byte, q question) ([]byte
 	return nil, fmt.Errorf("read from %s: %w", m.upstream, cause)
 }
 
+// start sends query as ExchangeAsync's try: the answer, a failure or the end of the try goes
+// to a.udpAnswer from the socket's reader or the try's timer. An error (the mux closed, a socket
+// that cannot be opened) is returned instead, and a.udpAnswer is not called.
+func (m *udpMux) start(query []byte, q question, a *asyncExchange) error {
+	s, id, _, err := m.acquire(context.Background(), q, a)
+	if err != nil {
+		return err
+	}
+	s.send(query, id)
+	return nil
+}
+
+// deliver hands r to the query waiting on w, which the caller took out of pending.
+func (m *udpMux) deliver(w *udpWait, r udpResult) {
+	if w.a == nil {
+		w.ch <- r
+		return
+	}
+	a := w.a
+	if w.timer.Stop() {
+		recycleWait(w)
+	} // else the timer's function runs now: it finds w gone and recycles it
+	a.udpAnswer(r.msg, r.err)
+}
+
+// expire ends an asynchronous try at its timeout, unless its result was handed over first.
+func (w *udpWait) expire() {
+	s := w.s
+	m := s.mux
+	m.mu.Lock()
+	if s.pending[w.id] != w {
+		m.mu.Unlock()
+		recycleWait(w) // deliver took it, and left w to us
+		return
+	}
+	s.pending[w.id] = nil // a tombstone, as giveUp
+	s.outstanding--
+	retire := s.settleLocked()
+	m.mu.Unlock()
+	if retire {
+		s.nc.Close()
+	}
+	a := w.a
+	recycleWait(w)
+	a.udpAnswer(nil, fmt.Errorf("read from %s: %w", m.upstream, errTryTimeout))
+}
+
+func recycleWait(w *udpWait) {
+	w.q, w.a, w.s = question{}, nil, nil
+	udpWaits.Put(w)
+}
+
 // done recycles w, whose result r was taken.
 func (m *udpMux) done(w *udpWait, r udpResult) ([]byte, error) {
-	w.q = question{}
-	udpWaits.Put(w)
+	recycleWait(w)
 	return r.msg, r.err
 }
 
@@ -211,7 +269,8 @@ func (m *udpMux) done(w *udpWait, r udpResult) ([]byte, error) {
 // fewer than udpActiveSockets are active and each has queries waiting (or none is open).
 // Opening a UDP socket sends nothing and never blocks, so it is done under the lock: a burst
 // of queries finding no socket opens one, not one each.
-func (m *udpMux) acquire(ctx context.Context, q question) (*udpSock, uint16, *udpWait, error) {
+// With a (ExchangeAsync) the wait's timer is armed before the query can be answered.
+func (m *udpMux) acquire(ctx context.Context, q question, a *asyncExchange) (*udpSock, uint16, *udpWait, error) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -242,6 +301,15 @@ func (m *udpMux) acquire(ctx context.Context, q question) (*udpSock, uint16, *ud
 	id := best.reserveLocked()
 	w := udpWaits.Get().(*udpWait)
 	w.q = q
+	if a != nil {
+		w.a, w.s, w.id = a, best, id
+		if w.timer == nil || w.clk != m.clk {
+			w.clk = m.clk
+			w.timer = m.clk.AfterFunc(m.try, w.expire)
+		} else {
+			w.timer.Reset(m.try)
+		}
+	}
 	best.pending[id] = w
 	m.mu.Unlock()
 	m.obs.SocketUse(m.group, m.upstream, "udp", reused)
@@ -318,8 +386,7 @@ func (m *udpMux) giveUp(s *udpSock, id uint16, w *udpWait) bool {
 		s.nc.Close()
 	}
 	// Nothing sends on w's channel any more: every sender takes w out of pending first.
-	w.q = question{}
-	udpWaits.Put(w)
+	recycleWait(w)
 	return true
 }
 
@@ -417,7 +484,7 @@ func (s *udpSock) fail(id uint16, err error) {
 	if retire {
 		s.nc.Close()
 	}
-	w.ch <- udpResult{err: err}
+	m.deliver(w, udpResult{err: err})
 }
 
 // readLoop reads datagrams in batches and hands each answer to its query, until the socket
@@ -551,7 +618,7 @@ func (s *udpSock) dispatch(msg []byte, full bool) bool {
 	s.outstanding--
 	retire := s.settleLocked()
 	m.mu.Unlock()
-	w.ch <- r
+	m.deliver(w, r)
 	return retire
 }
 
@@ -574,7 +641,7 @@ func (s *udpSock) end(readErr error) {
 	}
 	for _, w := range pending {
 		if w != nil {
-			w.ch <- udpResult{err: err}
+			m.deliver(w, udpResult{err: err})
 		}
 	}
 }

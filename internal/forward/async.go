@@ -1,0 +1,192 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// Done receives the result of ExchangeAsync.
+type Done interface {
+	// ExchangeDone gets the answer (the caller's ID set; the receiver owns the slice) or
+	// the error, exactly once. It runs on the goroutine that learnt the result (an
+	// upstream's reader, a try's timer, or the goroutine that went on with the failover),
+	// possibly before ExchangeAsync returns: it must not block for long, and the next
+	// answers of that reader wait for it.
+	ExchangeDone(ans []byte, err error)
+}
+
+// ExchangeAsync is Exchange without a goroutine waiting for the answer: the first try is sent
+// from the caller's goroutine and its answer handed to done by the upstream's reader, so a
+// miss that the first server answers costs no goroutine and no hand-off between goroutines.
+// When that try fails, times out, is truncated, or its answer is one Exchange would not keep
+// (SERVFAIL or REFUSED while another server is healthy), the rest of the walk runs as
+// Exchange's does, in a goroutine of its own, bounded by timeout from now (Exchange's ctx).
+// A TCP try that would have to dial or wait for a free slot is made that way too.
+//
+// query must not change until done is called. The result is the one Exchange would give.
+func (g *Group) ExchangeAsync(query []byte, timeout time.Duration, done Done) {
+	if g.ctx.Err() != nil {
+		done.ExchangeDone(nil, fmt.Errorf("group %s: %w", g.name, ErrClosed))
+		return
+	}
+	q, err := parseQuery(query)
+	if err != nil {
+		done.ExchangeDone(nil, fmt.Errorf("group %s: %w", g.name, err))
+		return
+	}
+	if g.inflight.Add(1) > int64(g.cfg.MaxInflight) {
+		g.inflight.Add(-1)
+		g.obs.Failure(g.name, "", KindOverloaded)
+		done.ExchangeDone(nil, fmt.Errorf("group %s: %w (%d)", g.name, ErrOverloaded, g.cfg.MaxInflight))
+		return
+	}
+	g.obs.Inflight(g.name, 1)
+	a := asyncPool.Get().(*asyncExchange)
+	a.g, a.query, a.q, a.done = g, query, q, done
+	a.deadline = time.Now().Add(timeout) // real time, as a context deadline
+	g.begin(&a.w)
+	u := g.nextServer(&a.w)
+	a.u = u
+	if u == nil || u.down.Load() {
+		// Only the try when every server is down gets here: rare, and held back
+		// (heldBack) on TCP; the blocking path has it all.
+		go a.resume(true)
+		return
+	}
+	a.seen = u.answers.Load()
+	a.start = g.clk.Now()
+	if u.udp != nil {
+		if err := u.udp.start(query, q, a); err != nil {
+			a.tried(nil, err)
+		}
+		return
+	}
+	if !u.tcp.start(query, q, a) {
+		go a.resume(true) // needs a dial or a free slot: wait for it in a goroutine
+	}
+}
+
+// asyncExchange is one ExchangeAsync: the walk and what its first try needs.
+type asyncExchange struct {
+	g        *Group
+	query    []byte
+	q        question
+	done     Done
+	deadline time.Time
+	w        walk
+	u        *upstream // the first try's server
+	seen     uint64    // u's answers when the try began
+	start    time.Time // on the group's clock
+}
+
+var asyncPool = sync.Pool{New: func() any { return new(asyncExchange) }}
+
+// udpAnswer is the first try's result over UDP, as exchangeUDP returns it.
+func (a *asyncExchange) udpAnswer(ans []byte, err error) {
+	if err == nil && !truncated(ans) {
+		if cerr := wire.CheckMessage(ans); cerr != nil {
+			err = fmt.Errorf("answer from %s: %w: %w", a.u.name, errMalformed, cerr)
+		}
+	}
+	if err == nil && truncated(ans) || errors.Is(err, errOversized) {
+		// The full answer over TCP from the same server (Group.try), then on.
+		go a.resumeTCP()
+		return
+	}
+	a.tried(ans, err)
+}
+
+// tcpAnswer is the first try's result over a pooled TCP connection. A connection closed
+// before it answered is not the server's fault: the try is made again the blocking way
+// (tcpPool.exchange sends it once more on another connection).
+func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
+	if err != nil && (errors.Is(err, errPeerClosed) || errors.Is(err, errStalled)) {
+		a.g.obs.Failure(a.g.name, a.u.name, KindClosed)
+		go a.resume(true)
+		return
+	}
+	a.tried(ans, err)
+}
+
+// tried accounts for the first try as Group.attempt does and finishes, or goes on with the
+// walk in a goroutine.
+func (a *asyncExchange) tried(ans []byte, err error) {
+	g, u := a.g, a.u
+	if err != nil {
+		if errors.Is(err, ErrClosed) {
+			err = fmt.Errorf("%w: %w", errAbandoned, err)
+		} else {
+			kind := failureKind(err)
+			g.obs.Failure(g.name, u.name, kind)
+			g.failed(u, kind, a.seen)
+		}
+	} else {
+		g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
+		g.answered(u)
+	}
+	final, ans, err := g.take(&a.w, a.q, ans, err)
+	if !final {
+		go a.resume(false)
+		return
+	}
+	a.finish(ans, err)
+}
+
+// resume goes on with the walk, blocking; redo: the server nextServer chose last was not tried
+// yet (or its try is to be made again whole).
+func (a *asyncExchange) resume(redo bool) {
+	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	defer cancel()
+	g := a.g
+	if redo && a.u != nil {
+		ans, err := g.attempt(ctx, a.u, a.query, a.q)
+		if final, ans, err := g.take(&a.w, a.q, ans, err); final {
+			a.finish(ans, err)
+			return
+		}
+	}
+	ans, err := g.walk(ctx, a.query, a.q, &a.w)
+	a.finish(ans, err)
+}
+
+// resumeTCP asks the first try's server again over TCP after a truncated or oversized UDP
+// answer, with a try of its own (Group.try), and goes on.
+func (a *asyncExchange) resumeTCP() {
+	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	defer cancel()
+	g := a.g
+	tctx, tcancel, timer := g.tryContext(ctx)
+	ans, err := exchangeTCPOnce(tctx, a.u.name, a.query, a.q)
+	release(tcancel, timer)
+	if err != nil && (errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed)) {
+		err = fmt.Errorf("%w: %w", errAbandoned, err)
+	} else if err != nil {
+		kind := failureKind(err)
+		g.obs.Failure(g.name, a.u.name, kind)
+		g.failed(a.u, kind, a.seen)
+	} else {
+		g.obs.Exchange(g.name, a.u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
+		g.answered(a.u)
+	}
+	if final, ans, err := g.take(&a.w, a.q, ans, err); final {
+		a.finish(ans, err)
+		return
+	}
+	ans, err = g.walk(ctx, a.query, a.q, &a.w)
+	a.finish(ans, err)
+}
+
+// finish hands the result to the caller and recycles a.
+func (a *asyncExchange) finish(ans []byte, err error) {
+	g, done := a.g, a.done
+	*a = asyncExchange{}
+	asyncPool.Put(a)
+	g.inflight.Add(-1)
+	g.obs.Inflight(g.name, -1)
+	done.ExchangeDone(ans, err)
+}
