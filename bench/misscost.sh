@@ -19,7 +19,9 @@
 # saw completed.
 #
 # Environment: MC_N [20000], MC_WARM [3000], MC_RATE [10000], MC_REPS [3],
-#   MC_WORKLOADS [unique uniqext], MC_OUT [bench/out/misscost].
+#   MC_WORKLOADS [unique uniqext], MC_OUT [bench/out/misscost],
+#   MC_RECORD [unset; set: also `perf record -g` each measured part into
+#   $MC_OUT/LABEL.WORKLOAD.REP.data, kernel included].
 # Addresses: upstream 127.0.0.92:53 (node resolver) and 127.0.0.93:53
 # (kube-dns), servers on 127.0.0.91:5391 (away from bench/run.sh's).
 set -euo pipefail
@@ -77,7 +79,11 @@ ready() {
 	return 1
 }
 
-printf 'nameserver %s\n' "$NODE_RESOLVER" >"$OUT/resolv.conf"
+# In a directory of its own: the daemon watches resolv.conf's directory (inotify), and
+# dnsperf -v writes a line per query into $OUT while it runs, which would wake the
+# watcher (a read(2) and a goroutine) for every few queries.
+mkdir -p "$OUT/etc"
+printf 'nameserver %s\n' "$NODE_RESOLVER" >"$OUT/etc/resolv.conf"
 spawn "$OUT/upstream.log" 1 "$BIN/upstream" -listen "$NODE_RESOLVER:53,$KUBE_DNS:53"
 sleep 0.5
 
@@ -118,7 +124,7 @@ start() { # LABEL BINARY
 		spawn "$OUT/$1.log" 0 unbound -d -c "$OUT/unbound.conf"
 	else
 		spawn "$OUT/$1.log" 0 "$2" -localip "$LISTEN" -port "$PORT" -kube-dns "$KUBE_DNS:53" \
-			-resolv-conf "$OUT/resolv.conf" -setupinterface=false -setupiptables=false \
+			-resolv-conf "$OUT/etc/resolv.conf" -setupinterface=false -setupiptables=false \
 			-metrics-listen-address "$LISTEN:19391" -health-port 18391 -cluster-domain cluster.local
 	fi
 	SPID=$SPAWNED
@@ -157,11 +163,20 @@ measure() { # LABEL BINARY WORKLOAD REP
 	s0=$(ctxsw "$SPID")
 	perf stat -x '	' -e "$EVENTS" -p "$SPID" -o "$OUT/$tag.perf" &
 	pp=$!
+	local pr=""
+	if [[ -n ${MC_RECORD:-} ]]; then # a call-graph profile of the measured part, kernel included
+		perf record -q -g -F 4999 -p "$SPID" -o "$OUT/$tag.data" >/dev/null 2>&1 &
+		pr=$!
+	fi
 	sleep 0.3
 	taskset -c 1 dnsperf -s "$LISTEN" -p "$PORT" -d "$OUT/q.txt" -n 1 -c 32 -q 100 -Q "$RATE" -v >"$OUT/$tag.txt" 2>&1 || true
 	sleep 0.3
 	kill -INT "$pp"
 	wait "$pp" || true
+	if [[ -n $pr ]]; then
+		kill -INT "$pr"
+		wait "$pr" || true
+	fi
 	read -r c1 < <("$BIN/cpuns" "$SPID" | awk '{ print $2 }')
 	s1=$(ctxsw "$SPID")
 	local threads

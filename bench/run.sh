@@ -430,8 +430,11 @@ run_workload() {
 
 # --------------------------------------------------------------- the servers
 
+# In a directory of its own: nodelocaldns watches resolv.conf's directory
+# (inotify), and nothing the bench writes while a server runs may wake it.
 write_resolv_conf() {
-	printf 'nameserver %s\n' "$NODE_RESOLVER" >"$OUT/resolv.conf"
+	mkdir -p "$OUT/etc"
+	printf 'nameserver %s\n' "$NODE_RESOLVER" >"$OUT/etc/resolv.conf"
 }
 
 # start_server NAME: starts it, sets SPID; false when it could not start.
@@ -448,7 +451,7 @@ start_server() {
 		# shellcheck disable=SC2086 # extra flags split on purpose
 		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/nodelocaldns" \
 			-localip "$LISTEN" -port "$port" -kube-dns "$KUBE_DNS:53" \
-			-resolv-conf "$OUT/resolv.conf" -setupinterface=false -setupiptables=false \
+			-resolv-conf "$OUT/etc/resolv.conf" -setupinterface=false -setupiptables=false \
 			-metrics-listen-address "$LISTEN:${MPORT[$s]}" -health-port "${HPORT[$s]}" \
 			-cluster-domain cluster.local ${BENCH_NODELOCALDNS_ARGS:-}
 		;;
@@ -536,7 +539,7 @@ EOF
     reload
     loop
     bind $LISTEN
-    forward . $OUT/resolv.conf
+    forward . $OUT/etc/resolv.conf
     prometheus $LISTEN:${MPORT[coredns]}
 }
 EOF

@@ -161,6 +161,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	res, err := resolve.New(resolve.Config{
 		Cache:        d.Cache,
 		Fetch:        fetch,
+		Start:        d.startForward,
 		Policy:       d.lookupPolicy,
 		Clock:        opt.Clock,
 		FetchTimeout: cfg.ForwardTimeout,

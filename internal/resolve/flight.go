@@ -58,6 +58,34 @@ type call struct {
 	key  string
 	q    wire.Query
 	name [255]byte
+
+	// Waiters of Resolver.Start (under flights.mu until finish takes them), and what a
+	// started fetch needs when its answer comes (Fetched).
+	w0   Waiter
+	more []Waiter
+	r    *Resolver
+	pol  *Policy
+	uq   []byte
+	uqb  [maxUpstreamQuery]byte
+}
+
+// maxUpstreamQuery holds the upstream query of any question in the call itself: header (12),
+// the longest name (255), type and class (4), an OPT record with no options (11).
+const maxUpstreamQuery = 12 + 255 + 4 + 11
+
+// joinAsync is join for a Waiter: w counts against the question's waiter cap and is called at
+// finish.
+func (f *flights) joinAsync(q *wire.Query, w Waiter) (c *call, joined, ok bool) {
+	return f.joinWith(q, true, false, w)
+}
+
+// addWaiter registers w on c; f.mu is held.
+func (c *call) addWaiter(w Waiter) {
+	if c.w0 == nil {
+		c.w0 = w
+	} else {
+		c.more = append(c.more, w)
+	}
 }
 
 // join returns the call in flight for q's question, or registers a new one
@@ -66,6 +94,12 @@ type call struct {
 // needDone, has its done channel. ok is false when the call cannot be had:
 // a new question over the flight bound, or a client over the waiter cap.
 func (f *flights) join(q *wire.Query, wait, needDone bool) (c *call, joined, ok bool) {
+	return f.joinWith(q, wait, needDone, nil)
+}
+
+// joinWith is join, registering w (when not nil) as a waiter under the same lock: a waiter
+// needs no done channel.
+func (f *flights) joinWith(q *wire.Query, wait, needDone bool, w Waiter) (c *call, joined, ok bool) {
 	var kb [maxFlightKey]byte
 	k := kb[:0]
 	if len(q.Name) > 255 {
@@ -84,7 +118,9 @@ func (f *flights) join(q *wire.Query, wait, needDone bool) (c *call, joined, ok 
 			}
 			c.waiters++
 		}
-		if c.done == nil {
+		if w != nil {
+			c.addWaiter(w)
+		} else if c.done == nil {
 			c.done = make(chan struct{})
 		}
 		return c, true, true
@@ -98,6 +134,9 @@ func (f *flights) join(q *wire.Query, wait, needDone bool) (c *call, joined, ok 
 	}
 	if wait {
 		c.waiters = 1
+	}
+	if w != nil {
+		c.addWaiter(w)
 	}
 	if len(q.Name) <= len(c.name) {
 		c.q.Name = wire.AppendLower(c.name[:0], q.Name)
@@ -121,9 +160,17 @@ func (f *flights) finish(c *call, e *cache.Entry, err error) {
 	f.mu.Lock()
 	delete(f.calls, c.key)
 	done := c.done // no one can join (and make it) once the call is out of the map
+	w0, more := c.w0, c.more
+	c.w0, c.more = nil, nil
 	f.mu.Unlock()
 	if done != nil {
 		close(done)
+	}
+	if w0 != nil {
+		w0.Resolved(e, err)
+	}
+	for _, w := range more {
+		w.Resolved(e, err)
 	}
 }
 

@@ -31,6 +31,25 @@ import (
 // fetch's deadline (Config.FetchTimeout).
 type FetchFunc func(ctx context.Context, qname string, query []byte) ([]byte, error)
 
+// StartFunc starts fetching query (wire format, ID chosen by the transport) for the wire-format,
+// lower-case question name without blocking, as FetchFunc would fetch it, and reports true; the
+// answer or the error then goes to done.Fetched exactly once, within timeout, from whichever
+// goroutine learnt it (possibly before StartFunc returns). It reports false, having started
+// nothing, when this question must be fetched by FetchFunc (its fetch is not a plain forward).
+// query stays unchanged until done is called.
+type StartFunc func(qname []byte, query []byte, timeout time.Duration, done FetchDone) bool
+
+// FetchDone receives the result of a StartFunc.
+type FetchDone interface {
+	Fetched(resp []byte, err error)
+}
+
+// Waiter receives the answer to a miss started with Resolver.Start: the entry, or the error
+// (the client gets SERVFAIL), exactly once.
+type Waiter interface {
+	Resolved(e *cache.Entry, err error)
+}
+
 // askerKey is the context key of the client whose question a fetch asks.
 type askerKey struct{}
 
@@ -78,6 +97,9 @@ type PolicyFunc func(name []byte) *Policy
 type Config struct {
 	Cache *cache.Cache
 	Fetch FetchFunc
+	// Start, if set, fetches without a goroutine waiting (Resolver.Start); nil: Start always
+	// reports Blocking.
+	Start StartFunc
 	// Policy picks the policy of a question name (see Zones).
 	Policy PolicyFunc
 	// Clock is the time source (nil: clock.Real).
@@ -253,6 +275,72 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	return c.entry, false, nil
 }
 
+// Started says how Start took a miss.
+type Started int
+
+const (
+	// Now: the result is what Start returned (an entry inserted since the caller looked, or
+	// ErrOverloaded).
+	Now Started = iota
+	// Later: the Waiter gets the result, from another goroutine or before Start returned.
+	Later
+	// Blocking: Start did nothing; the caller resolves with Resolve (a stale entry is there
+	// to be weighed against its refresh, or the resolver has no StartFunc).
+	Blocking
+)
+
+// Start resolves a miss without blocking the caller and without a goroutine waiting for it:
+// the question joins the flight for it, or starts one whose fetch (Config.Start) hands the
+// answer to the goroutine that reads it from the upstream, which caches it and calls every
+// Waiter of the flight. Coalescing, admission (MaxFlights, MaxWaiters) and caching are
+// Resolve's. A question with a stale entry is Resolve's alone (Blocking): its client may get
+// the stale entry when the refresh is slow, which needs a timer per client.
+//
+// w may be called before Start returns (Later): the caller must not touch what w's call
+// gives away.
+func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, error, Started) {
+	if r.cfg.Start == nil {
+		return nil, nil, Blocking
+	}
+	now := r.clk.Now().UnixNano()
+	if e := r.Hit(q, now); e != nil {
+		return e, nil, Now // inserted since the caller looked
+	}
+	if _, status, _ := r.cfg.Cache.Lookup(q, now); status == cache.Stale {
+		return nil, nil, Blocking
+	}
+	c, joined, ok := r.flights.joinAsync(q, w)
+	r.stats.Misses.Add(1)
+	if !ok {
+		r.stats.Rejected.Add(1)
+		return nil, ErrOverloaded, Now
+	}
+	if joined {
+		r.stats.Coalesced.Add(1)
+		return nil, nil, Later
+	}
+	// As runMiss: a flight that finished between the caller's lookup and this join has
+	// put its answer in the cache already.
+	if e, status, _ := r.cfg.Cache.Lookup(&c.q, r.clk.Now().UnixNano()); status == cache.Fresh {
+		r.flights.finish(c, e, nil)
+		return nil, nil, Later
+	}
+	c.r = r
+	c.pol = r.policy(c.q.Name)
+	c.uq = wire.AppendUpstreamQuery(c.uqb[:0], &c.q, r.cfg.UDPSize)
+	if !r.cfg.Start(c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
+		go r.run(c) // not a plain forward: the fetch blocks, in a goroutine of its own
+	}
+	return nil, nil, Later
+}
+
+// Fetched finishes a call started by Start: it caches the answer and hands it to the waiters.
+func (c *call) Fetched(resp []byte, err error) {
+	r := c.r
+	e, err := r.store(&c.q, c.pol, resp, err)
+	r.flights.finish(c, e, err)
+}
+
 // Shed answers a miss the caller could not admit (its own bound on waiting
 // clients): the stale entry for q if there is one, counted as stale, else
 // nil, counted as a rejected miss (the client gets SERVFAIL).
@@ -316,6 +404,12 @@ func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, error) {
 	}
 	uq := wire.AppendUpstreamQuery(make([]byte, 0, 64+len(q.Name)), q, r.cfg.UDPSize)
 	resp, err := r.cfg.Fetch(ctx, wire.NameString(q.Name), uq)
+	return r.store(q, pol, resp, err)
+}
+
+// store builds the entry from a fetch's result and caches it when it may be cached, as fetch
+// describes.
+func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*cache.Entry, error) {
 	var e *cache.Entry
 	if err == nil {
 		e, err = cache.BuildStale(resp, q, pol.TTL, pol.ServFailTTL, pol.StaleWindow, r.clk.Now().UnixNano())

@@ -35,6 +35,11 @@ type missReq struct {
 	// answer is our SERVFAIL, not the block's.
 	cdk    cdKey
 	cdSelf bool
+	// srv: the server, for Resolved; async: the answer is sent from the
+	// goroutine that read it from the upstream (Resolved), which must
+	// not yield before it sends (reply).
+	srv   *Server
+	async bool
 }
 
 var missPool = sync.Pool{New: func() any {
@@ -44,7 +49,7 @@ var missPool = sync.Pool{New: func() any {
 // putMiss returns m to the pool unless it grew past a UDP answer.
 func putMiss(m *missReq) {
 	if cap(m.out) <= udpOutSize && cap(m.raw) <= udpBufSize {
-		m.l, m.tc = nil, nil
+		m.l, m.tc, m.srv = nil, nil, nil
 		missPool.Put(m)
 	}
 }
@@ -64,7 +69,7 @@ func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
 	// Re-parse on the copy so the query's slices point into m.raw.
 	_ = wire.ParseQuery(m.raw, &m.q)
 	m.tcp, m.t0 = tcp, t0
-	m.cdk, m.cdSelf = cdKey{zone: -1}, false
+	m.cdk, m.cdSelf, m.async = cdKey{zone: -1}, false, false
 	m.out = m.out[:0]
 	if tcp {
 		m.out = append(m.out, 0, 0)
@@ -75,15 +80,38 @@ func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
 // startMiss is the one miss path of UDP and TCP. The caller holds what the
 // destination needs until deliver (the UDP socket's reference, the TCP
 // connection's pipeline slot). Past MaxWaiting the client is answered at
-// once (stale or SERVFAIL); otherwise a goroutine waits for the Resolver
-// and delivers the answer. It reports whether it made a goroutine runnable
-// (a miss worker), which the UDP receive loop must yield to (serveUDP).
+// once (stale or SERVFAIL). Otherwise the Resolver takes the miss without
+// blocking (resolve.Resolver.Start): no goroutine waits for it, and the
+// goroutine that reads the upstream's answer writes the client's
+// (Resolved). What Start leaves to the blocking path (a stale entry to
+// weigh against its refresh, an autopath candidate, a fetch that is not a
+// plain forward) goes to a miss worker. It reports whether it made a
+// goroutine runnable (a miss worker), which the UDP receive loop must
+// yield to (serveUDP). m is not the caller's any more.
 func (s *Server) startMiss(m *missReq) bool {
 	if !s.admit() {
 		m.source = fromOverload
 		m.out = s.shed(m)
 		s.finishMiss(m)
 		return false
+	}
+	if !s.isCandidate(&m.q) {
+		m.srv, m.async = s, true
+		s.missWG.Add(1)
+		e, err, how := s.resolver(m.q.View).Start(&m.q, m)
+		switch how {
+		case resolve.Later:
+			return false // m is Resolved's
+		case resolve.Now:
+			m.async = false
+			m.out = s.written(m, e, false, err)
+			s.release()
+			s.finishMiss(m)
+			s.missWG.Done()
+			return false
+		}
+		m.async = false
+		s.missWG.Done()
 	}
 	select {
 	case s.missQ <- m: // an idle miss worker took it
@@ -130,6 +158,16 @@ func (s *Server) missWorker(m *missReq) {
 	}
 }
 
+// Resolved answers a miss taken by resolve.Resolver.Start, on the goroutine
+// that learnt the answer (an upstream's reader, mostly).
+func (m *missReq) Resolved(e *cache.Entry, err error) {
+	s := m.srv
+	m.out = s.written(m, e, false, err)
+	s.release()
+	s.finishMiss(m)
+	s.missWG.Done()
+}
+
 // finishMiss logs the query and hands the answer to its transport, which
 // returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
@@ -162,6 +200,12 @@ func (s *Server) finishMiss(m *missReq) {
 // resolve asks the Resolver and appends the answer to m.out.
 func (s *Server) resolve(m *missReq) []byte {
 	e, stale, err := s.resolver(m.q.View).Resolve(context.Background(), &m.q)
+	return s.written(m, e, stale, err)
+}
+
+// written appends to m.out the answer the Resolver gave: the entry (stale
+// or not), or SERVFAIL for an error.
+func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) []byte {
 	switch {
 	case err != nil:
 		m.source = fromUpstream

@@ -407,11 +407,14 @@ func (l *udpListener) reply(m *missReq) {
 		return
 	}
 	l.sending = true
-	// Let the misses that are runnable now (answers that arrived together)
-	// queue theirs first.
-	l.smu.Unlock()
-	runtime.Gosched()
-	l.smu.Lock()
+	if !m.async {
+		// Let the misses that are runnable now (answers that arrived
+		// together) queue theirs first. Not on an upstream's reader
+		// (Resolved): the answers it read after this one wait for it.
+		l.smu.Unlock()
+		runtime.Gosched()
+		l.smu.Lock()
+	}
 	for len(l.sq) > 0 {
 		q := l.sq
 		l.sq = l.sspare[:0]
