@@ -85,6 +85,18 @@
 // with the bytes received. Observer.SocketUse counts a query sent over an open socket (hit) or
 // one that opened a socket (miss).
 //
+// # Without a waiting goroutine (ExchangeAsync)
+//
+// ExchangeAsync gives the result Exchange would give, to a Done instead of a returning call: the
+// first try is sent from the caller's goroutine (the UDP datagram through the socket's send queue,
+// the TCP frame written at once without blocking when no write is in progress), and the upstream
+// socket's reader hands the matched answer to the Done, so a miss the first server answers costs
+// no goroutine and no hand-off between goroutines. The try's end is a recycled timer of the wait;
+// exactly one of the reader, the timer and a failing connection completes it. When the first try
+// does not give the final answer (an error, a timeout, a truncated or oversized UDP answer, SERVFAIL
+// or REFUSED while another server is healthy, a connection closed under it) or a TCP pool would have
+// to dial or wait for a slot, the rest of the walk runs as Exchange's in a goroutine of its own.
+//
 // # Router
 //
 // Longest zone suffix on label boundaries ("xcluster.local." is not in "cluster.local."); "." is
