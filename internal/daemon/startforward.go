@@ -22,6 +22,12 @@ func (d *Daemon) startForward(qname []byte, query []byte, timeout time.Duration,
 			return false
 		}
 	}
+	return d.startShared(name, query, timeout, done)
+}
+
+// startShared starts the forward of name through the shared routes (the
+// Router), as forward does.
+func (d *Daemon) startShared(name string, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
 	g := d.Router.Lookup(name)
 	if g == nil {
 		return false

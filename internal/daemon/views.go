@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
@@ -110,6 +111,7 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 			Fetch: func(ctx context.Context, qname string, query []byte) ([]byte, error) {
 				return c.fetch(ctx, qname, query, next)
 			},
+			Start:        vr.start(d, c),
 			Policy:       pol,
 			Clock:        d.clock,
 			FetchTimeout: cfg.ForwardTimeout,
@@ -190,6 +192,38 @@ func (vr *viewRoutes) fetch(shared resolve.FetchFunc) resolve.FetchFunc {
 		return shared(ctx, qname, query)
 	}
 }
+
+// start is the view's StartFunc, as fetch routes: a name of a zone the view
+// forwards elsewhere goes to its group, a name of the shared table to
+// startForward's; a name whose block runs directives, or that the view
+// refuses, takes the blocking path (fetch).
+func (vr *viewRoutes) start(d *Daemon, c *fetchChain) resolve.StartFunc {
+	return func(qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
+		name := wire.NameString(qname)
+		if b := c.block(name); b != nil && b.run != nil {
+			return false
+		}
+		for _, z := range vr.zones {
+			if z != "." && name != z && !strings.HasSuffix(name, "."+z) {
+				continue
+			}
+			if vr.refused[z] {
+				return false
+			}
+			if g := vr.groups[z]; g != nil {
+				g.ExchangeAsync(query, timeout, fetchDone{done})
+				return true
+			}
+			break
+		}
+		return d.startShared(name, query, timeout, done)
+	}
+}
+
+// fetchDone hands a group's result to a resolver's FetchDone.
+type fetchDone struct{ done resolve.FetchDone }
+
+func (f fetchDone) ExchangeDone(ans []byte, err error) { f.done.Fetched(ans, err) }
 
 // refusedAnswer is the REFUSED response to query (its question and OPT
 // echoed), what CoreDNS answers a name no block of the server serves.
