@@ -12,8 +12,9 @@ import (
 
 // Done receives the result of ExchangeAsync.
 type Done interface {
-	// ExchangeDone gets the answer (the caller's ID set; the receiver owns the slice) or
-	// the error, exactly once. It runs on the goroutine that learnt the result (an
+	// ExchangeDone gets the answer (the caller's ID set) or the error, exactly once. The
+	// answer may be the upstream reader's buffer: it is valid only until ExchangeDone
+	// returns (copy what is kept). It runs on the goroutine that learnt the result (an
 	// upstream's reader, a try's timer, or the goroutine that went on with the failover),
 	// possibly before ExchangeAsync returns: it must not block for long, and the next
 	// answers of that reader wait for it.
@@ -114,7 +115,8 @@ func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
 }
 
 // tried accounts for the first try as Group.attempt does and finishes, or goes on with the
-// walk in a goroutine.
+// walk in a goroutine. ans may be borrowed (the reader's buffer): what outlives the call (a
+// fallback kept for the rest of the walk) is copied.
 func (a *asyncExchange) tried(ans []byte, err error) {
 	g, u := a.g, a.u
 	if err != nil {
@@ -131,6 +133,9 @@ func (a *asyncExchange) tried(ans []byte, err error) {
 	}
 	final, ans, err := g.take(&a.w, a.q, ans, err)
 	if !final {
+		if a.w.fallback != nil {
+			a.w.fallback = append([]byte(nil), a.w.fallback...)
+		}
 		go a.resume(false)
 		return
 	}

@@ -90,6 +90,13 @@ type tcpConn struct {
 	wspare  []byte
 	writing bool
 	rc      syscall.RawConn
+	// The inline writer's (one at a time, under writing): the write call given to
+	// RawConn.Write (made once: a closure per call is an allocation per miss), its
+	// argument and results.
+	wfn  func(fd uintptr) bool
+	wout []byte
+	wn   int
+	werr error
 	wake    chan struct{} // capacity 1
 	wdone   chan struct{} // closed when the reader exits
 
@@ -561,29 +568,35 @@ func (c *tcpConn) writeQuery(query []byte, id uint16, inline bool) {
 
 // writeNow writes out without waiting: it returns how much the socket took.
 func (c *tcpConn) writeNow(out []byte) (int, error) {
-	var n int
-	var werr error
-	err := c.rc.Write(func(fd uintptr) bool {
-		for n < len(out) {
-			m, e := unix.Write(int(fd), out[n:])
-			if e == unix.EINTR {
-				continue
-			}
-			if e == unix.EAGAIN {
-				break
-			}
-			if e != nil {
-				werr = e
-				break
-			}
-			n += m
-		}
-		return true
-	})
-	if err == nil {
-		err = werr
+	if c.wfn == nil {
+		c.wfn = c.writeFD
 	}
+	c.wout, c.wn, c.werr = out, 0, nil
+	err := c.rc.Write(c.wfn)
+	n := c.wn
+	if err == nil {
+		err = c.werr
+	}
+	c.wout, c.werr = nil, nil
 	return n, err
+}
+
+// writeFD is writeNow's write: as much of c.wout as the socket takes now.
+func (c *tcpConn) writeFD(fd uintptr) bool {
+	for c.wn < len(c.wout) {
+		m, e := unix.Write(int(fd), c.wout[c.wn:])
+		if e == unix.EINTR {
+			continue
+		}
+		if e != nil {
+			if e != unix.EAGAIN {
+				c.werr = e
+			}
+			break
+		}
+		c.wn += m
+	}
+	return true
 }
 
 func (c *tcpConn) wakeWriter() {
@@ -744,6 +757,8 @@ func (c *tcpConn) dispatch(frame []byte) {
 	case !ok:
 		// Neither pending nor cancelled: an answer to a query never sent on this connection.
 		p.obs.Failure(p.group, p.upstream, KindMismatch)
+	case w != nil && w.a != nil:
+		c.deliver(w, tcpResult{msg: frame}) // borrowed: the receiver runs before the next read
 	case w != nil:
 		c.deliver(w, tcpResult{msg: append([]byte(nil), frame...)})
 	}

@@ -3,6 +3,7 @@ package resolve
 import (
 	"encoding/binary"
 	"sync"
+	"unsafe"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -16,8 +17,10 @@ import (
 // It is also admission: at most max questions are in flight, and at most
 // maxWaiters clients wait on one of them.
 //
-// A miss that nobody joins costs two allocations here: the call (which
-// holds the query's copy and its lower-cased name) and the map key.
+// A miss that nobody joins costs two allocations here: the call, and one
+// buffer sized to the question that holds its lower-cased name, the map key
+// (the name and 5 bytes, a string over the same bytes) and, for Start, the
+// upstream query.
 type flights struct {
 	mu         sync.Mutex
 	calls      map[string]*call // key: see appendFlightKey
@@ -54,24 +57,23 @@ type call struct {
 
 	// What the run needs, private to the call (it may outlive the client
 	// that started it): the key, and the query with its name lower-cased
-	// into name.
-	key  string
-	q    wire.Query
-	name [255]byte
+	// (both in buf).
+	key string
+	q   wire.Query
+	buf []byte
 
 	// Waiters of Resolver.Start (under flights.mu until finish takes them), and what a
 	// started fetch needs when its answer comes (Fetched).
 	w0   Waiter
 	more []Waiter
-	r    *Resolver
-	pol  *Policy
-	uq   []byte
-	uqb  [maxUpstreamQuery]byte
+	r   *Resolver
+	pol *Policy
+	uq  []byte
 }
 
-// maxUpstreamQuery holds the upstream query of any question in the call itself: header (12),
-// the longest name (255), type and class (4), an OPT record with no options (11).
-const maxUpstreamQuery = 12 + 255 + 4 + 11
+// upstreamQueryExtra is what an upstream query holds beside its name: header (12), type and
+// class (4), an OPT record with no options (11).
+const upstreamQueryExtra = 12 + 4 + 11
 
 // joinAsync is join for a Waiter: w counts against the question's waiter cap and is called at
 // finish.
@@ -128,7 +130,12 @@ func (f *flights) joinWith(q *wire.Query, wait, needDone bool, w Waiter) (c *cal
 	if len(f.calls) >= f.max {
 		return nil, false, false
 	}
-	c = &call{key: string(k), q: *q}
+	// The key's bytes, then room for the upstream query (Start), in one
+	// buffer; the key string is those bytes, which nothing changes.
+	buf := make([]byte, len(k), len(k)+len(k)+upstreamQueryExtra)
+	copy(buf, k)
+	c = &call{key: unsafe.String(&buf[0], len(k)), q: *q, buf: buf}
+	c.q.Name = buf[:len(q.Name):len(q.Name)] // the lower-cased name starts the key
 	if needDone {
 		c.done = make(chan struct{})
 	}
@@ -137,11 +144,6 @@ func (f *flights) joinWith(q *wire.Query, wait, needDone bool, w Waiter) (c *cal
 	}
 	if w != nil {
 		c.addWaiter(w)
-	}
-	if len(q.Name) <= len(c.name) {
-		c.q.Name = wire.AppendLower(c.name[:0], q.Name)
-	} else {
-		c.q.Name = wire.AppendLower(nil, q.Name)
 	}
 	f.calls[c.key] = c
 	return c, false, true

@@ -39,7 +39,8 @@ type FetchFunc func(ctx context.Context, qname string, query []byte) ([]byte, er
 // query stays unchanged until done is called.
 type StartFunc func(qname []byte, query []byte, timeout time.Duration, done FetchDone) bool
 
-// FetchDone receives the result of a StartFunc.
+// FetchDone receives the result of a StartFunc. resp may be the transport's buffer: it is
+// valid only until Fetched returns.
 type FetchDone interface {
 	Fetched(resp []byte, err error)
 }
@@ -327,7 +328,7 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, error, Started)
 	}
 	c.r = r
 	c.pol = r.policy(c.q.Name)
-	c.uq = wire.AppendUpstreamQuery(c.uqb[:0], &c.q, r.cfg.UDPSize)
+	c.uq = wire.AppendUpstreamQuery(c.buf[len(c.buf):], &c.q, r.cfg.UDPSize)
 	if !r.cfg.Start(c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
 		go r.run(c) // not a plain forward: the fetch blocks, in a goroutine of its own
 	}
