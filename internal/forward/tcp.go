@@ -93,12 +93,12 @@ type tcpConn struct {
 	// The inline writer's (one at a time, under writing): the write call given to
 	// RawConn.Write (made once: a closure per call is an allocation per miss), its
 	// argument and results.
-	wfn  func(fd uintptr) bool
-	wout []byte
-	wn   int
-	werr error
-	wake    chan struct{} // capacity 1
-	wdone   chan struct{} // closed when the reader exits
+	wfn   func(fd uintptr) bool
+	wout  []byte
+	wn    int
+	werr  error
+	wake  chan struct{} // capacity 1
+	wdone chan struct{} // closed when the reader exits
 
 	// Guarded by pool.mu.
 	pending     map[uint16]*tcpWait // wire ID → waiter; nil value: cancelled, answer may still come

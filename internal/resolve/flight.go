@@ -66,9 +66,9 @@ type call struct {
 	// started fetch needs when its answer comes (Fetched).
 	w0   Waiter
 	more []Waiter
-	r   *Resolver
-	pol *Policy
-	uq  []byte
+	r    *Resolver
+	pol  *Policy
+	uq   []byte
 }
 
 // upstreamQueryExtra is what an upstream query holds beside its name: header (12), type and
