@@ -150,8 +150,14 @@ type env struct {
 
 func start(t *testing.T, mutate func(*config.Config)) *env {
 	t.Helper()
+	return startWith(t, records, mutate)
+}
+
+// startWith is start with kube-dns answering by kube.
+func startWith(t *testing.T, kube func(r *dns.Msg) *dns.Msg, mutate func(*config.Config)) *env {
+	t.Helper()
 	e := &env{
-		kube:  startUpstream(t, records),
+		kube:  startUpstream(t, kube),
 		node:  startUpstream(t, records),
 		clock: clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 	}

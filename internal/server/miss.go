@@ -164,6 +164,16 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 	s := m.srv
 	m.out = s.written(m, e, false, err)
 	s.release()
+	if m.tcp {
+		// A TCP client that stops reading would block the write (up to
+		// its timeout), and with it every answer behind this one on the
+		// upstream's reader: its own goroutine writes it.
+		go func() {
+			s.finishMiss(m)
+			s.missWG.Done()
+		}()
+		return
+	}
 	s.finishMiss(m)
 	s.missWG.Done()
 }
