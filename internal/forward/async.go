@@ -25,7 +25,8 @@ type Done interface {
 // miss that the first server answers costs no goroutine and no hand-off between goroutines.
 // When that try fails, times out, is truncated, or its answer is one Exchange would not keep
 // (SERVFAIL or REFUSED while another server is healthy), the rest of the walk runs as
-// Exchange's does, in a goroutine of its own, bounded by timeout from now (Exchange's ctx).
+// Exchange's does, in a goroutine of its own. The whole exchange, first try included, is
+// bounded by timeout from now (Exchange's ctx deadline).
 // A TCP try that would have to dial or wait for a free slot is made that way too.
 //
 // query must not change until done is called. The result is the one Exchange would give.
@@ -49,7 +50,15 @@ func (g *Group) ExchangeAsync(query []byte, timeout time.Duration, done Done) {
 	a := asyncPool.Get().(*asyncExchange)
 	a.g, a.query, a.q, a.done = g, query, q, done
 	a.deadline = time.Now().Add(timeout) // real time, as a context deadline
+	// The first try ends at TryTimeout or at the caller's deadline, whichever comes first, as
+	// Exchange's try does within its ctx.
+	a.try = min(g.cfg.TryTimeout, timeout)
 	g.begin(&a.w)
+	if a.try <= 0 {
+		// Past the deadline already: Exchange tries nothing, neither does this.
+		a.resume(false)
+		return
+	}
 	u := g.nextServer(&a.w)
 	a.u = u
 	if u == nil || u.down.Load() {
@@ -78,6 +87,7 @@ type asyncExchange struct {
 	q        question
 	done     Done
 	deadline time.Time
+	try      time.Duration // the first try's bound: TryTimeout, or less before the deadline
 	w        walk
 	u        *upstream // the first try's server
 	seen     uint64    // u's answers when the try began

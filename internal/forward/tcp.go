@@ -122,6 +122,7 @@ type tcpWait struct {
 	id     uint16
 	q      question
 	frames uint64 // c's frames read when the query was sent (see cancel)
+	whole  bool   // the timer ends a whole try (not the caller's deadline before it)
 }
 
 // tcpWaits recycles waits: a Exchange's once its result is taken (a cancelled one may still
@@ -378,7 +379,8 @@ func (c *tcpConn) reserve() (uint16, *tcpWait) {
 // start sends query as ExchangeAsync's try when a connection has a free slot now; it reports
 // false (nothing sent) when the try would have to dial or wait for a slot, or the pool is
 // closed: the caller then makes it with exchange. The answer, a failure or the end of the try
-// (TryTimeout) goes to a.tcpAnswer from the connection's reader or the try's timer.
+// (a.try: TryTimeout, or the caller's deadline before it) goes to a.tcpAnswer from the
+// connection's reader or the try's timer.
 func (p *tcpPool) start(query []byte, q question, a *asyncExchange) bool {
 	p.mu.Lock()
 	if p.closed {
@@ -393,11 +395,12 @@ func (p *tcpPool) start(query []byte, q question, a *asyncExchange) bool {
 	}
 	id, w := best.reserve()
 	w.a, w.c, w.id, w.q, w.frames = a, best, id, q, best.frames
+	w.whole = a.try >= p.try
 	if w.timer == nil || w.clk != p.clk {
 		w.clk = p.clk
-		w.timer = p.clk.AfterFunc(p.try, w.expire)
+		w.timer = p.clk.AfterFunc(a.try, w.expire)
 	} else {
-		w.timer.Reset(p.try)
+		w.timer.Reset(a.try)
 	}
 	p.mu.Unlock()
 	best.writeQuery(query, id, true)
@@ -427,7 +430,7 @@ func (c *tcpConn) deliver(w *tcpWait, r tcpResult) {
 func (w *tcpWait) expire() {
 	c := w.c
 	p := c.pool
-	if !p.cancelWait(c, w.id, w, true, w.frames) {
+	if !p.cancelWait(c, w.id, w, w.whole, w.frames) {
 		recycleTCPWait(w) // deliver took it, and left w to us
 		return
 	}

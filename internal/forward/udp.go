@@ -305,9 +305,9 @@ func (m *udpMux) acquire(ctx context.Context, q question, a *asyncExchange) (*ud
 		w.a, w.s, w.id = a, best, id
 		if w.timer == nil || w.clk != m.clk {
 			w.clk = m.clk
-			w.timer = m.clk.AfterFunc(m.try, w.expire)
+			w.timer = m.clk.AfterFunc(a.try, w.expire)
 		} else {
-			w.timer.Reset(m.try)
+			w.timer.Reset(a.try)
 		}
 	}
 	best.pending[id] = w
