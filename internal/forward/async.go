@@ -112,15 +112,43 @@ func (a *asyncExchange) udpAnswer(ans []byte, err error) {
 }
 
 // tcpAnswer is the first try's result over a pooled TCP connection. A connection closed
-// before it answered is not the server's fault: the try is made again the blocking way
-// (tcpPool.exchange sends it once more on another connection).
+// before it answered is not the server's fault: the query is sent once more, on another
+// connection, within what is left of the try, as tcpPool.exchange does (resumeClosed).
 func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
 	if err != nil && (errors.Is(err, errPeerClosed) || errors.Is(err, errStalled)) {
 		a.g.obs.Failure(a.g.name, a.u.name, KindClosed)
-		go a.resume(true)
+		go a.resumeClosed(err)
 		return
 	}
 	a.tried(ans, err)
+}
+
+// resumeClosed is tcpPool.exchange's second send after the first try's connection closed
+// before answering (with err), bounded by the rest of the try; then the walk goes on.
+func (a *asyncExchange) resumeClosed(err error) {
+	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	defer cancel()
+	g := a.g
+	var ans []byte
+	if ctx.Err() == nil {
+		ans, err = a.u.tcp.exchangeWithin(ctx, a.try-g.clk.Now().Sub(a.start), a.query, a.q)
+	}
+	if err != nil && (errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed)) {
+		err = fmt.Errorf("%w: %w", errAbandoned, err)
+	} else if err != nil {
+		kind := failureKind(err)
+		g.obs.Failure(g.name, a.u.name, kind)
+		g.failed(a.u, kind, a.seen)
+	} else {
+		g.obs.Exchange(g.name, a.u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
+		g.answered(a.u)
+	}
+	if final, ans, err := g.take(&a.w, a.q, ans, err); final {
+		a.finish(ans, err)
+		return
+	}
+	ans, err = g.walk(ctx, a.query, a.q, &a.w)
+	a.finish(ans, err)
 }
 
 // tried accounts for the first try as Group.attempt does and finishes, or goes on with the

@@ -174,6 +174,15 @@ func (p *tcpPool) exchange(ctx context.Context, query []byte, q question) ([]byt
 	return ans, err
 }
 
+// exchangeWithin is one send of the query bounded by left on the pool's clock: the second
+// send of an ExchangeAsync try whose connection closed before answering, within what is left
+// of that try.
+func (p *tcpPool) exchangeWithin(ctx context.Context, left time.Duration, query []byte, q question) ([]byte, error) {
+	t := p.clk.NewTimer(max(left, 0))
+	defer t.Stop()
+	return p.exchangeOnce(ctx, t.C(), query, q)
+}
+
 // exchangeOnce is one send of the query; expired fires when the try's time is up.
 func (p *tcpPool) exchangeOnce(ctx context.Context, expired <-chan time.Time, query []byte, q question) ([]byte, error) {
 	c, id, w, frames, err := p.acquire(ctx, expired)
