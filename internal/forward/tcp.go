@@ -416,22 +416,41 @@ func (p *tcpPool) start(query []byte, q question, a *asyncExchange) bool {
 	return true
 }
 
-// deliver hands r to the query waiting on w, which the caller took out of pending.
-func (c *tcpConn) deliver(w *tcpWait, r tcpResult) {
+// tcpClaim is what deliver needs of a wait, taken under pool.mu (claimLocked).
+type tcpClaim struct {
+	a   *asyncExchange // nil: an Exchange's wait, which gets its result on ch
+	id  uint16
+	q   question
+	own bool // the ExchangeAsync try's timer was stopped: the deliverer recycles w
+}
+
+// claimLocked is called, with pool.mu held, by whoever took w out of pending (the reader's
+// dispatch or fail). It stops an asynchronous try's timer there, under the lock: if the timer
+// fired first, its function (expire) waits for pool.mu, finds w gone and recycles w, so w may
+// be reused by another query as soon as pool.mu is released, and nothing of it may be read
+// after that but what the claim holds.
+func (w *tcpWait) claimLocked() tcpClaim {
 	if w.a == nil {
+		return tcpClaim{}
+	}
+	return tcpClaim{a: w.a, id: w.id, q: w.q, own: w.timer.Stop()}
+}
+
+// deliver hands r to the query waiting on w, which the caller took out of pending and claimed.
+func (c *tcpConn) deliver(w *tcpWait, cl tcpClaim, r tcpResult) {
+	if cl.a == nil {
 		w.ch <- r
 		return
 	}
-	a, id, q := w.a, w.id, w.q
-	if w.timer.Stop() {
+	if cl.own {
 		recycleTCPWait(w)
-	} // else the timer's function runs now: it finds w gone and recycles it
+	} // else the timer's function recycles it
 	if r.err == nil {
-		if err := checkAnswer(r.msg, id, q); err != nil {
+		if err := checkAnswer(r.msg, cl.id, cl.q); err != nil {
 			r.msg, r.err = nil, fmt.Errorf("answer from %s: %w", c.pool.upstream, err)
 		}
 	}
-	a.tcpAnswer(r.msg, r.err)
+	cl.a.tcpAnswer(r.msg, r.err)
 }
 
 // expire ends an asynchronous try at its timeout, unless its result was handed over first:
@@ -440,7 +459,7 @@ func (w *tcpWait) expire() {
 	c := w.c
 	p := c.pool
 	if !p.cancelWait(c, w.id, w, w.whole, w.frames) {
-		recycleTCPWait(w) // deliver took it, and left w to us
+		recycleTCPWait(w) // taken out and claimed while this ran: left to us
 		return
 	}
 	a := w.a
@@ -740,12 +759,14 @@ func (c *tcpConn) dispatch(frame []byte) {
 	w, ok := c.pending[id]
 	c.frames++
 	retired := false
+	var cl tcpClaim
 	if ok {
 		delete(c.pending, id)
 		if w != nil {
 			c.outstanding--
 			c.lastUsed = time.Now()
 			retired = p.settleLocked(c)
+			cl = w.claimLocked()
 		}
 	}
 	p.mu.Unlock()
@@ -757,7 +778,7 @@ func (c *tcpConn) dispatch(frame []byte) {
 		// Neither pending nor cancelled: an answer to a query never sent on this connection.
 		p.obs.Failure(p.group, p.upstream, KindMismatch)
 	case w != nil:
-		c.deliver(w, tcpResult{msg: append([]byte(nil), frame...)})
+		c.deliver(w, cl, tcpResult{msg: append([]byte(nil), frame...)})
 	}
 }
 
@@ -768,6 +789,12 @@ func (c *tcpConn) fail(readErr error) {
 	retired := p.retireLocked(c)
 	pending := c.pending
 	c.pending, c.outstanding = nil, 0
+	claims := make(map[*tcpWait]tcpClaim, len(pending))
+	for _, w := range pending {
+		if w != nil {
+			claims[w] = w.claimLocked()
+		}
+	}
 	cause, closed := c.cause, p.closed
 	p.mu.Unlock()
 	if retired {
@@ -789,10 +816,8 @@ func (c *tcpConn) fail(readErr error) {
 	default:
 		err = fmt.Errorf("connection to %s retired", p.upstream)
 	}
-	for _, w := range pending {
-		if w != nil {
-			c.deliver(w, tcpResult{err: err})
-		}
+	for w, cl := range claims {
+		c.deliver(w, cl, tcpResult{err: err})
 	}
 	if len(pending) > 0 && readErr != nil && !closed {
 		p.log.Debug("upstream connection failed with queries pending", "upstream", p.upstream, "pending", len(pending), "err", err)
