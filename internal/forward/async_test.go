@@ -315,6 +315,7 @@ func TestExchangeAsyncSameAsExchange(t *testing.T) {
 		err     error // wantErr
 		within  time.Duration
 		try     time.Duration // 0: try
+		spread  bool
 	}{
 		{name: "udp answer", ups: func(t *testing.T, u *upstreams) { udpUp(t, u, answering) }},
 		{name: "udp silent then answer", ups: func(t *testing.T, u *upstreams) { udpUp(t, u, silent); udpUp(t, u, answering) }},
@@ -387,6 +388,11 @@ func TestExchangeAsyncSameAsExchange(t *testing.T) {
 		}, prep: func(g *Group) { g.ups[0].down.Store(true) }, want: wantRcode, rcode: dns.RcodeServerFailure},
 		{name: "udp deadline before the try ends", ups: func(t *testing.T, u *upstreams) { udpUp(t, u, silent) },
 			timeout: 100 * time.Millisecond, try: 3 * time.Second, want: wantErr, err: ErrNoAnswer, within: time.Second},
+		{name: "udp spread", spread: true, ups: func(t *testing.T, u *upstreams) { udpUp(t, u, answering); udpUp(t, u, answering) }},
+		{name: "udp spread, servfail from the first's turn", spread: true, ups: func(t *testing.T, u *upstreams) {
+			udpUp(t, u, rcodeUDP(dns.RcodeServerFailure))
+			udpUp(t, u, answering)
+		}},
 		{name: "bad query", ups: func(t *testing.T, u *upstreams) { udpUp(t, u, answering) },
 			query: func(*testing.T) []byte { return []byte{1, 2, 3} }, want: wantErr, err: ErrBadQuery},
 
@@ -443,7 +449,7 @@ func TestExchangeAsyncSameAsExchange(t *testing.T) {
 				if tryTimeout == 0 {
 					tryTimeout = try
 				}
-				g := newGroup(t, GroupConfig{Servers: u.addrs, Proto: tt.proto, TryTimeout: tryTimeout}, rec)
+				g := newGroup(t, GroupConfig{Servers: u.addrs, Proto: tt.proto, TryTimeout: tryTimeout, Spread: tt.spread}, rec)
 				if tt.warm {
 					g.Exchange(context.Background(), query(t, "warm.example.", 1))
 				}
