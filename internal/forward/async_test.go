@@ -1136,3 +1136,99 @@ func BenchmarkExchangeAsyncUDP(b *testing.B) { benchmarkExchangeAsync(b, UDP, ec
 // BenchmarkExchangeAsyncTCP is BenchmarkTCPPoolExchange through ExchangeAsync: the frame
 // written inline, the answer handed to Done by the connection's reader.
 func BenchmarkExchangeAsyncTCP(b *testing.B) { benchmarkExchangeAsync(b, TCP, echoTCP(b)) }
+
+// bigQuery is a TXT query for name padded (EDNS padding) to about size bytes.
+func bigQuery(t testing.TB, name string, id uint16, size int) []byte {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(name, dns.TypeTXT)
+	m.Id = id
+	m.SetEdns0(1232, false)
+	opt := m.IsEdns0()
+	opt.Option = append(opt.Option, &dns.EDNS0_PADDING{Padding: make([]byte, size)})
+	b, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Inline TCP writes against an upstream that stops reading: once the socket takes no more,
+// the rest of the frame goes to the connection's writer goroutine, and the frames queued
+// after it follow it; when the upstream reads again every frame arrives whole, in one piece
+// each, and every query gets its own answer.
+func TestExchangeAsyncTCPInlineWriteBackpressure(t *testing.T) {
+	const (
+		size = 60000 // bytes of padding: a few hundred frames fill any loopback socket's buffers
+		most = 400
+	)
+	release := make(chan struct{})
+	var bad atomic.Int32
+	srv := startTCP(t, func(s *tcpServer, c net.Conn, _ int) {
+		for n := 0; ; n++ {
+			if n == 1 {
+				<-release // the warm-up answered, then nothing read until released
+			}
+			q, err := s.read(c)
+			if err != nil {
+				return
+			}
+			m := new(dns.Msg)
+			if err := m.Unpack(q); err != nil || len(m.Question) != 1 {
+				bad.Add(1) // a frame cut or mixed with another
+				return
+			}
+			if writeFrame(c, answerFor(q)) != nil {
+				return
+			}
+		}
+	})
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, PoolSize: 1, MaxPerConn: most, TryTimeout: time.Minute}, nil)
+	if _, err := g.Exchange(context.Background(), query(t, "warm.example.", 1)); err != nil {
+		t.Fatal(err)
+	}
+	pool := g.ups[0].tcp
+	pool.mu.Lock()
+	c := pool.conns[0]
+	pool.mu.Unlock()
+	handedOver := func() bool {
+		// The inline writer (this goroutine) lets go of the write side before
+		// ExchangeAsync returns: if someone holds it now, it is the writer goroutine,
+		// woken only by an inline write that could not finish.
+		c.wmu.Lock()
+		defer c.wmu.Unlock()
+		return c.writing || len(c.wbuf) > 0
+	}
+	var dones []*doneRec
+	name := func(i int) string { return fmt.Sprintf("big%d.example.", i) }
+	after := -1
+	for i := 0; i < most && (after < 0 || i < after+5); i++ {
+		d := newDoneRec()
+		dones = append(dones, d)
+		g.ExchangeAsync(bigQuery(t, name(i), uint16(i), size), time.Minute, d)
+		if after < 0 && handedOver() {
+			after = i
+		}
+	}
+	if after < 0 {
+		t.Fatalf("%d frames of %d bytes written inline without the socket ever filling", most, size)
+	}
+	t.Logf("the socket took no more at frame %d", after)
+	close(release)
+	for i, d := range dones {
+		ans, err := d.wait(t)
+		if err == nil {
+			err = checkTXT(ans, name(i), uint16(i))
+		}
+		if err != nil {
+			t.Fatalf("query %d: %v", i, err)
+		}
+	}
+	if n := bad.Load(); n != 0 {
+		t.Errorf("%d frames arrived broken", n)
+	}
+	if n := srv.accepted.Load(); n != 1 {
+		t.Errorf("%d connections, want the one", n)
+	}
+	settleOnce(t, g, nil, dones...)
+}
