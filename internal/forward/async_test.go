@@ -984,6 +984,7 @@ func TestExchangeAsyncRaceAtTryTimeout(t *testing.T) {
 	const (
 		queries = 1000
 		callers = 4
+		wave    = 25
 	)
 	for _, tc := range []struct {
 		proto Proto
@@ -1023,6 +1024,18 @@ func TestExchangeAsyncRaceAtTryTimeout(t *testing.T) {
 			// Never down: every query walks both servers twice, four races each.
 			// MaxPerConn: no TCP try waits for a slot (it would time out waiting, not racing).
 			g := newGroup(t, GroupConfig{Servers: u.addrs, Proto: proto, TryTimeout: try, MaxInflight: 2 * queries, MaxFails: -1, MaxPerConn: queries}, rec)
+			if proto == TCP {
+				// A connection to each server first, so the tries race answers, not dials.
+				for i := range g.ups {
+					for j, u := range g.ups {
+						u.down.Store(j != i)
+					}
+					g.Exchange(context.Background(), query(t, "warm.example.", 1))
+				}
+				for _, u := range g.ups {
+					u.down.Store(false)
+				}
+			}
 			dones := make([]*doneRec, queries)
 			name := func(i int) string { return fmt.Sprintf("r%d.example.", i) }
 			var wg sync.WaitGroup
@@ -1030,9 +1043,26 @@ func TestExchangeAsyncRaceAtTryTimeout(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
+					// Waves of `wave` queries per caller, each wave waited for: a steady
+					// load of answers and timers around the try's end, not one burst
+					// that times out waiting for the machine.
+					var inWave []*doneRec
 					for i := c; i < queries; i += callers {
 						dones[i] = newDoneRec()
+						inWave = append(inWave, dones[i])
 						g.ExchangeAsync(query(t, name(i), uint16(i)), 2*time.Second, dones[i])
+						if len(inWave) < wave && i+callers < queries {
+							continue
+						}
+						for _, d := range inWave {
+							select {
+							case <-d.got:
+							case <-time.After(10 * time.Second):
+								t.Error("ExchangeDone not called within 10 s")
+								return
+							}
+						}
+						inWave = inWave[:0]
 					}
 				}()
 			}
