@@ -388,6 +388,8 @@ func TestExchangeAsyncSameAsExchange(t *testing.T) {
 		}, prep: func(g *Group) { g.ups[0].down.Store(true) }, want: wantRcode, rcode: dns.RcodeServerFailure},
 		{name: "udp deadline before the try ends", ups: func(t *testing.T, u *upstreams) { udpUp(t, u, silent) },
 			timeout: 100 * time.Millisecond, try: 3 * time.Second, want: wantErr, err: ErrNoAnswer, within: time.Second},
+		{name: "deadline already past", ups: func(t *testing.T, u *upstreams) { udpUp(t, u, answering) },
+			timeout: -time.Second, want: wantErr, err: ErrNoAnswer, within: time.Second},
 		{name: "udp spread", spread: true, ups: func(t *testing.T, u *upstreams) { udpUp(t, u, answering); udpUp(t, u, answering) }},
 		{name: "udp spread, servfail from the first's turn", spread: true, ups: func(t *testing.T, u *upstreams) {
 			udpUp(t, u, rcodeUDP(dns.RcodeServerFailure))
