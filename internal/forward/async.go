@@ -29,7 +29,9 @@ type Done interface {
 // bounded by timeout from now (Exchange's ctx deadline).
 // A TCP try that would have to dial or wait for a free slot is made that way too.
 //
-// query must not change until done is called. The result is the one Exchange would give.
+// query must not change until done is called and ExchangeAsync has returned: done may run
+// (on another goroutine: a try's timer, a connection's failure) before the first try's query
+// is copied out. The result is the one Exchange would give.
 func (g *Group) ExchangeAsync(query []byte, timeout time.Duration, done Done) {
 	if g.ctx.Err() != nil {
 		done.ExchangeDone(nil, fmt.Errorf("group %s: %w", g.name, ErrClosed))
