@@ -26,10 +26,13 @@ type Done interface {
 // miss that the first server answers costs no goroutine and no hand-off between goroutines.
 // When that try fails, times out, is truncated, or its answer is one Exchange would not keep
 // (SERVFAIL or REFUSED while another server is healthy), the rest of the walk runs as
-// Exchange's does, in a goroutine of its own, bounded by timeout from now (Exchange's ctx).
+// Exchange's does, in a goroutine of its own. The whole exchange, first try included, is
+// bounded by timeout from now (Exchange's ctx deadline).
 // A TCP try that would have to dial or wait for a free slot is made that way too.
 //
-// query must not change until done is called. The result is the one Exchange would give.
+// query must not change until done is called and ExchangeAsync has returned: done may run
+// (on another goroutine: a try's timer, a connection's failure) before the first try's query
+// is copied out. The result is the one Exchange would give.
 func (g *Group) ExchangeAsync(query []byte, timeout time.Duration, done Done) {
 	if g.ctx.Err() != nil {
 		done.ExchangeDone(nil, fmt.Errorf("group %s: %w", g.name, ErrClosed))
@@ -50,7 +53,15 @@ func (g *Group) ExchangeAsync(query []byte, timeout time.Duration, done Done) {
 	a := asyncPool.Get().(*asyncExchange)
 	a.g, a.query, a.q, a.done = g, query, q, done
 	a.deadline = time.Now().Add(timeout) // real time, as a context deadline
+	// The first try ends at TryTimeout or at the caller's deadline, whichever comes first, as
+	// Exchange's try does within its ctx.
+	a.try = min(g.cfg.TryTimeout, timeout)
 	g.begin(&a.w)
+	if a.try <= 0 {
+		// Past the deadline already: Exchange tries nothing, neither does this.
+		a.resume(false)
+		return
+	}
 	u := g.nextServer(&a.w)
 	a.u = u
 	if u == nil || u.down.Load() {
@@ -79,6 +90,7 @@ type asyncExchange struct {
 	q        question
 	done     Done
 	deadline time.Time
+	try      time.Duration // the first try's bound: TryTimeout, or less before the deadline
 	w        walk
 	u        *upstream // the first try's server
 	seen     uint64    // u's answers when the try began
@@ -103,15 +115,43 @@ func (a *asyncExchange) udpAnswer(ans []byte, err error) {
 }
 
 // tcpAnswer is the first try's result over a pooled TCP connection. A connection closed
-// before it answered is not the server's fault: the try is made again the blocking way
-// (tcpPool.exchange sends it once more on another connection).
+// before it answered is not the server's fault: the query is sent once more, on another
+// connection, within what is left of the try, as tcpPool.exchange does (resumeClosed).
 func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
 	if err != nil && (errors.Is(err, errPeerClosed) || errors.Is(err, errStalled)) {
 		a.g.obs.Failure(a.g.name, a.u.name, KindClosed)
-		go a.resume(true)
+		go a.resumeClosed(err)
 		return
 	}
 	a.tried(ans, err)
+}
+
+// resumeClosed is tcpPool.exchange's second send after the first try's connection closed
+// before answering (with err), bounded by the rest of the try; then the walk goes on.
+func (a *asyncExchange) resumeClosed(err error) {
+	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	defer cancel()
+	g := a.g
+	var ans []byte
+	if ctx.Err() == nil {
+		ans, err = a.u.tcp.exchangeWithin(ctx, a.try-g.clk.Now().Sub(a.start), a.query, a.q)
+	}
+	if err != nil && (errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed)) {
+		err = fmt.Errorf("%w: %w", errAbandoned, err)
+	} else if err != nil {
+		kind := failureKind(err)
+		g.obs.Failure(g.name, a.u.name, kind)
+		g.failed(a.u, kind, a.seen)
+	} else {
+		g.obs.Exchange(g.name, a.u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
+		g.answered(a.u)
+	}
+	if final, ans, err := g.take(&a.w, a.q, ans, err); final {
+		a.finish(ans, err)
+		return
+	}
+	ans, err = g.walk(ctx, a.query, a.q, &a.w)
+	a.finish(ans, err)
 }
 
 // tried accounts for the first try as Group.attempt does and finishes, or goes on with the

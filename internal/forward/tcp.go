@@ -90,15 +90,15 @@ type tcpConn struct {
 	wspare  []byte
 	writing bool
 	rc      syscall.RawConn
-	// The inline writer's (one at a time, under writing): the write call given to
-	// RawConn.Write (made once: a closure per call is an allocation per miss), its
-	// argument and results.
-	wfn   func(fd uintptr) bool
-	wout  []byte
-	wn    int
-	werr  error
-	wake  chan struct{} // capacity 1
-	wdone chan struct{} // closed when the reader exits
+	// writeNow's argument and results, and the function given to rc.Write (made once: a
+	// closure per call would cost three allocations a query). Used by the owner of the
+	// write side only (writing).
+	wout    []byte
+	wn      int
+	werr    error
+	writeFn func(fd uintptr) bool
+	wake    chan struct{} // capacity 1
+	wdone   chan struct{} // closed when the reader exits
 
 	// Guarded by pool.mu.
 	pending     map[uint16]*tcpWait // wire ID → waiter; nil value: cancelled, answer may still come
@@ -129,6 +129,7 @@ type tcpWait struct {
 	id     uint16
 	q      question
 	frames uint64 // c's frames read when the query was sent (see cancel)
+	whole  bool   // the timer ends a whole try (not the caller's deadline before it)
 }
 
 // tcpWaits recycles waits: a Exchange's once its result is taken (a cancelled one may still
@@ -178,6 +179,15 @@ func (p *tcpPool) exchange(ctx context.Context, query []byte, q question) ([]byt
 		ans, err = p.exchangeOnce(ctx, t.C(), query, q)
 	}
 	return ans, err
+}
+
+// exchangeWithin is one send of the query bounded by left on the pool's clock: the second
+// send of an ExchangeAsync try whose connection closed before answering, within what is left
+// of that try.
+func (p *tcpPool) exchangeWithin(ctx context.Context, left time.Duration, query []byte, q question) ([]byte, error) {
+	t := p.clk.NewTimer(max(left, 0))
+	defer t.Stop()
+	return p.exchangeOnce(ctx, t.C(), query, q)
 }
 
 // exchangeOnce is one send of the query; expired fires when the try's time is up.
@@ -327,6 +337,7 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 		wake:     make(chan struct{}, 1),
 		wdone:    make(chan struct{}),
 	}
+	c.writeFn = c.writeSome
 	p.conns = append(p.conns, c)
 	p.obs.Conns(p.group, p.upstream, 1)
 	p.wg.Add(2)
@@ -385,7 +396,8 @@ func (c *tcpConn) reserve() (uint16, *tcpWait) {
 // start sends query as ExchangeAsync's try when a connection has a free slot now; it reports
 // false (nothing sent) when the try would have to dial or wait for a slot, or the pool is
 // closed: the caller then makes it with exchange. The answer, a failure or the end of the try
-// (TryTimeout) goes to a.tcpAnswer from the connection's reader or the try's timer.
+// (a.try: TryTimeout, or the caller's deadline before it) goes to a.tcpAnswer from the
+// connection's reader or the try's timer.
 func (p *tcpPool) start(query []byte, q question, a *asyncExchange) bool {
 	p.mu.Lock()
 	if p.closed {
@@ -400,33 +412,53 @@ func (p *tcpPool) start(query []byte, q question, a *asyncExchange) bool {
 	}
 	id, w := best.reserve()
 	w.a, w.c, w.id, w.q, w.frames = a, best, id, q, best.frames
+	w.whole = a.try >= p.try
 	if w.timer == nil || w.clk != p.clk {
 		w.clk = p.clk
-		w.timer = p.clk.AfterFunc(p.try, w.expire)
+		w.timer = p.clk.AfterFunc(a.try, w.expire)
 	} else {
-		w.timer.Reset(p.try)
+		w.timer.Reset(a.try)
 	}
 	p.mu.Unlock()
 	best.writeQuery(query, id, true)
 	return true
 }
 
-// deliver hands r to the query waiting on w, which the caller took out of pending.
-func (c *tcpConn) deliver(w *tcpWait, r tcpResult) {
+// tcpClaim is what deliver needs of a wait, taken under pool.mu (claimLocked).
+type tcpClaim struct {
+	a   *asyncExchange // nil: an Exchange's wait, which gets its result on ch
+	id  uint16
+	q   question
+	own bool // the ExchangeAsync try's timer was stopped: the deliverer recycles w
+}
+
+// claimLocked is called, with pool.mu held, by whoever took w out of pending (the reader's
+// dispatch or fail). It stops an asynchronous try's timer there, under the lock: if the timer
+// fired first, its function (expire) waits for pool.mu, finds w gone and recycles w, so w may
+// be reused by another query as soon as pool.mu is released, and nothing of it may be read
+// after that but what the claim holds.
+func (w *tcpWait) claimLocked() tcpClaim {
 	if w.a == nil {
+		return tcpClaim{}
+	}
+	return tcpClaim{a: w.a, id: w.id, q: w.q, own: w.timer.Stop()}
+}
+
+// deliver hands r to the query waiting on w, which the caller took out of pending and claimed.
+func (c *tcpConn) deliver(w *tcpWait, cl tcpClaim, r tcpResult) {
+	if cl.a == nil {
 		w.ch <- r
 		return
 	}
-	a, id, q := w.a, w.id, w.q
-	if w.timer.Stop() {
+	if cl.own {
 		recycleTCPWait(w)
-	} // else the timer's function runs now: it finds w gone and recycles it
+	} // else the timer's function recycles it
 	if r.err == nil {
-		if err := checkAnswer(r.msg, id, q); err != nil {
+		if err := checkAnswer(r.msg, cl.id, cl.q); err != nil {
 			r.msg, r.err = nil, fmt.Errorf("answer from %s: %w", c.pool.upstream, err)
 		}
 	}
-	a.tcpAnswer(r.msg, r.err)
+	cl.a.tcpAnswer(r.msg, r.err)
 }
 
 // expire ends an asynchronous try at its timeout, unless its result was handed over first:
@@ -434,8 +466,8 @@ func (c *tcpConn) deliver(w *tcpWait, r tcpResult) {
 func (w *tcpWait) expire() {
 	c := w.c
 	p := c.pool
-	if !p.cancelWait(c, w.id, w, true, w.frames) {
-		recycleTCPWait(w) // deliver took it, and left w to us
+	if !p.cancelWait(c, w.id, w, w.whole, w.frames) {
+		recycleTCPWait(w) // taken out and claimed while this ran: left to us
 		return
 	}
 	a := w.a
@@ -568,30 +600,29 @@ func (c *tcpConn) writeQuery(query []byte, id uint16, inline bool) {
 
 // writeNow writes out without waiting: it returns how much the socket took.
 func (c *tcpConn) writeNow(out []byte) (int, error) {
-	if c.wfn == nil {
-		c.wfn = c.writeFD
-	}
 	c.wout, c.wn, c.werr = out, 0, nil
-	err := c.rc.Write(c.wfn)
-	n := c.wn
+	err := c.rc.Write(c.writeFn)
+	n, werr := c.wn, c.werr
+	c.wout = nil
 	if err == nil {
-		err = c.werr
+		err = werr
 	}
-	c.wout, c.werr = nil, nil
 	return n, err
 }
 
-// writeFD is writeNow's write: as much of c.wout as the socket takes now.
-func (c *tcpConn) writeFD(fd uintptr) bool {
+// writeSome is writeNow's function for rc.Write: it writes c.wout from c.wn on until the
+// socket takes no more.
+func (c *tcpConn) writeSome(fd uintptr) bool {
 	for c.wn < len(c.wout) {
 		m, e := unix.Write(int(fd), c.wout[c.wn:])
 		if e == unix.EINTR {
 			continue
 		}
+		if e == unix.EAGAIN {
+			break
+		}
 		if e != nil {
-			if e != unix.EAGAIN {
-				c.werr = e
-			}
+			c.werr = e
 			break
 		}
 		c.wn += m
@@ -741,12 +772,14 @@ func (c *tcpConn) dispatch(frame []byte) {
 	w, ok := c.pending[id]
 	c.frames++
 	retired := false
+	var cl tcpClaim
 	if ok {
 		delete(c.pending, id)
 		if w != nil {
 			c.outstanding--
 			c.lastUsed = time.Now()
 			retired = p.settleLocked(c)
+			cl = w.claimLocked()
 		}
 	}
 	p.mu.Unlock()
@@ -757,10 +790,10 @@ func (c *tcpConn) dispatch(frame []byte) {
 	case !ok:
 		// Neither pending nor cancelled: an answer to a query never sent on this connection.
 		p.obs.Failure(p.group, p.upstream, KindMismatch)
-	case w != nil && w.a != nil:
-		c.deliver(w, tcpResult{msg: frame}) // borrowed: the receiver runs before the next read
+	case w != nil && cl.a != nil:
+		c.deliver(w, cl, tcpResult{msg: frame}) // borrowed: the receiver runs before the next read
 	case w != nil:
-		c.deliver(w, tcpResult{msg: append([]byte(nil), frame...)})
+		c.deliver(w, cl, tcpResult{msg: append([]byte(nil), frame...)})
 	}
 }
 
@@ -771,6 +804,12 @@ func (c *tcpConn) fail(readErr error) {
 	retired := p.retireLocked(c)
 	pending := c.pending
 	c.pending, c.outstanding = nil, 0
+	claims := make(map[*tcpWait]tcpClaim, len(pending))
+	for _, w := range pending {
+		if w != nil {
+			claims[w] = w.claimLocked()
+		}
+	}
 	cause, closed := c.cause, p.closed
 	p.mu.Unlock()
 	if retired {
@@ -792,10 +831,8 @@ func (c *tcpConn) fail(readErr error) {
 	default:
 		err = fmt.Errorf("connection to %s retired", p.upstream)
 	}
-	for _, w := range pending {
-		if w != nil {
-			c.deliver(w, tcpResult{err: err})
-		}
+	for w, cl := range claims {
+		c.deliver(w, cl, tcpResult{err: err})
 	}
 	if len(pending) > 0 && readErr != nil && !closed {
 		p.log.Debug("upstream connection failed with queries pending", "upstream", p.upstream, "pending", len(pending), "err", err)

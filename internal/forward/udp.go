@@ -219,17 +219,34 @@ func (m *udpMux) start(query []byte, q question, a *asyncExchange) error {
 	return nil
 }
 
-// deliver hands r to the query waiting on w, which the caller took out of pending.
-func (m *udpMux) deliver(w *udpWait, r udpResult) {
+// udpClaim is what deliver needs of a wait, taken under m.mu (claimLocked).
+type udpClaim struct {
+	a   *asyncExchange // nil: an Exchange's wait, which gets its result on ch
+	own bool           // the ExchangeAsync try's timer was stopped: the deliverer recycles w
+}
+
+// claimLocked is called, with m.mu held, by whoever took w out of pending (its reader, a
+// failed send, the socket's end). It stops an asynchronous try's timer there, under the lock:
+// if the timer fired first, its function (expire) waits for m.mu, finds w gone and recycles
+// w, so w may be reused by another query as soon as m.mu is released, and nothing of it may
+// be read after that but what the claim holds.
+func (w *udpWait) claimLocked() udpClaim {
 	if w.a == nil {
+		return udpClaim{}
+	}
+	return udpClaim{a: w.a, own: w.timer.Stop()}
+}
+
+// deliver hands r to the query waiting on w, which the caller took out of pending and claimed.
+func (m *udpMux) deliver(w *udpWait, c udpClaim, r udpResult) {
+	if c.a == nil {
 		w.ch <- r
 		return
 	}
-	a := w.a
-	if w.timer.Stop() {
+	if c.own {
 		recycleWait(w)
-	} // else the timer's function runs now: it finds w gone and recycles it
-	a.udpAnswer(r.msg, r.err)
+	} // else the timer's function recycles it
+	c.a.udpAnswer(r.msg, r.err)
 }
 
 // expire ends an asynchronous try at its timeout, unless its result was handed over first.
@@ -239,7 +256,7 @@ func (w *udpWait) expire() {
 	m.mu.Lock()
 	if s.pending[w.id] != w {
 		m.mu.Unlock()
-		recycleWait(w) // deliver took it, and left w to us
+		recycleWait(w) // taken out and claimed while this ran: left to us
 		return
 	}
 	s.pending[w.id] = nil // a tombstone, as giveUp
@@ -305,9 +322,9 @@ func (m *udpMux) acquire(ctx context.Context, q question, a *asyncExchange) (*ud
 		w.a, w.s, w.id = a, best, id
 		if w.timer == nil || w.clk != m.clk {
 			w.clk = m.clk
-			w.timer = m.clk.AfterFunc(m.try, w.expire)
+			w.timer = m.clk.AfterFunc(a.try, w.expire)
 		} else {
-			w.timer.Reset(m.try)
+			w.timer.Reset(a.try)
 		}
 	}
 	best.pending[id] = w
@@ -480,11 +497,12 @@ func (s *udpSock) fail(id uint16, err error) {
 	delete(s.pending, id)
 	s.outstanding--
 	retire := s.settleLocked()
+	c := w.claimLocked()
 	m.mu.Unlock()
 	if retire {
 		s.nc.Close()
 	}
-	m.deliver(w, udpResult{err: err})
+	m.deliver(w, c, udpResult{err: err})
 }
 
 // readLoop reads datagrams in batches and hands each answer to its query, until the socket
@@ -634,8 +652,9 @@ func (s *udpSock) dispatch(msg []byte, full bool) bool {
 	delete(s.pending, id)
 	s.outstanding--
 	retire := s.settleLocked()
+	c := w.claimLocked()
 	m.mu.Unlock()
-	m.deliver(w, r)
+	m.deliver(w, c, r)
 	return retire
 }
 
@@ -647,6 +666,12 @@ func (s *udpSock) end(readErr error) {
 	retire := s.retireLocked()
 	pending := s.pending
 	s.pending, s.outstanding = nil, 0
+	claims := make(map[*udpWait]udpClaim, len(pending))
+	for _, w := range pending {
+		if w != nil {
+			claims[w] = w.claimLocked()
+		}
+	}
 	closed := m.closed
 	m.mu.Unlock()
 	if retire {
@@ -656,10 +681,8 @@ func (s *udpSock) end(readErr error) {
 	if closed {
 		err = ErrClosed
 	}
-	for _, w := range pending {
-		if w != nil {
-			m.deliver(w, udpResult{err: err})
-		}
+	for w, c := range claims {
+		m.deliver(w, c, udpResult{err: err})
 	}
 }
 
