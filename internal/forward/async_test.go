@@ -40,7 +40,8 @@ func (d *doneRec) ExchangeDone(ans []byte, err error) {
 	d.calls++
 	if d.calls == 1 {
 		buf := make([]byte, 16<<10)
-		d.ans, d.err, d.stack = ans, err, string(buf[:runtime.Stack(buf, false)])
+		// The answer may be the reader's buffer, valid only during the call.
+		d.ans, d.err, d.stack = bytes.Clone(ans), err, string(buf[:runtime.Stack(buf, false)])
 		close(d.got)
 	}
 }
