@@ -5,8 +5,10 @@
 // connections), EDNS, and truncation to the client's payload size.
 //
 // It knows nothing about upstreams or cache policy: a hit is the Resolver's
-// Hit, a miss its Resolve (one miss path for UDP and TCP, miss.go), and the
-// server writes the entry it gets.
+// Hit, a miss its Start (one miss path for UDP and TCP, miss.go: no
+// goroutine waits for it, the answer is written by whoever learns it) or,
+// for what Start leaves to a blocking path, its Resolve in a miss worker;
+// the server writes the entry it gets.
 //
 // Lifecycle (lifecycle.go): Files and Adopt hand the listening sockets to a
 // twin instance, so what is queued in them survives this server; Shutdown

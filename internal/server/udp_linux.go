@@ -226,16 +226,17 @@ func newBatch() *batch {
 }
 
 // serveUDP is the receive loop of one socket: read a batch, answer hits
-// and errors in place, hand misses to goroutines, send the batch's answers
-// with one sendmmsg.
+// and errors in place, start misses (their upstream queries leave from
+// here; startMiss), send the batch's answers with one sendmmsg.
 //
 // The loop waits in a raw blocking recvmmsg: the Go runtime sees the
 // goroutine as running, so it keeps its P while it sleeps. Serve raises
 // GOMAXPROCS by one per loop so the rest of the program (misses, TCP,
 // HTTP, timers) always has Ps of its own, and the loop yields at every
 // timeout or signal so garbage collection can stop it within rcvTimeout.
-// Goroutines it makes runnable itself (the miss workers) land on its own
-// P, so it also yields after every batch that handed off a miss.
+// Goroutines it makes runnable itself (miss workers, for what cannot be
+// started without blocking) land on its own P, so it also yields after
+// every batch that handed one a miss.
 func (s *Server) serveUDP(l *udpListener) {
 	b := newBatch()
 	var cd *cdCounters
