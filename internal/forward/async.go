@@ -131,26 +131,41 @@ func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
 func (a *asyncExchange) resumeClosed(err error) {
 	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
 	defer cancel()
-	g := a.g
 	var ans []byte
 	if ctx.Err() == nil {
-		ans, err = a.u.tcp.exchangeWithin(ctx, a.try-g.clk.Now().Sub(a.start), a.query, a.q)
+		ans, err = a.u.tcp.exchangeWithin(ctx, a.try-a.g.clk.Now().Sub(a.start), a.query, a.q)
 	}
-	if err != nil && (errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed)) {
-		err = fmt.Errorf("%w: %w", errAbandoned, err)
-	} else if err != nil {
+	err = a.accounted(ans, err, errors.Is(ctx.Err(), context.Canceled))
+	a.goOn(ctx, ans, err)
+}
+
+// accounted does Group.attempt's accounting of the first try's server: the Observer hears of
+// the answer or the failure, and the server's health follows. A try abandoned (the group
+// closed, or canceled: the caller gave up) is not the server's fault: its error is marked so.
+func (a *asyncExchange) accounted(ans []byte, err error, canceled bool) error {
+	g, u := a.g, a.u
+	switch {
+	case err != nil && (canceled || errors.Is(err, ErrClosed)):
+		return fmt.Errorf("%w: %w", errAbandoned, err)
+	case err != nil:
 		kind := failureKind(err)
-		g.obs.Failure(g.name, a.u.name, kind)
-		g.failed(a.u, kind, a.seen)
-	} else {
-		g.obs.Exchange(g.name, a.u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
-		g.answered(a.u)
+		g.obs.Failure(g.name, u.name, kind)
+		g.failed(u, kind, a.seen)
+	default:
+		g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
+		g.answered(u)
 	}
-	if final, ans, err := g.take(&a.w, a.q, ans, err); final {
+	return err
+}
+
+// goOn ends the walk after the first try's result: with it, or with the rest of the walk
+// within ctx.
+func (a *asyncExchange) goOn(ctx context.Context, ans []byte, err error) {
+	if final, ans, err := a.g.take(&a.w, a.q, ans, err); final {
 		a.finish(ans, err)
 		return
 	}
-	ans, err = g.walk(ctx, a.query, a.q, &a.w)
+	ans, err = a.g.walk(ctx, a.query, a.q, &a.w)
 	a.finish(ans, err)
 }
 
@@ -158,20 +173,8 @@ func (a *asyncExchange) resumeClosed(err error) {
 // walk in a goroutine. ans may be borrowed (the reader's buffer): what outlives the call (a
 // fallback kept for the rest of the walk) is copied.
 func (a *asyncExchange) tried(ans []byte, err error) {
-	g, u := a.g, a.u
-	if err != nil {
-		if errors.Is(err, ErrClosed) {
-			err = fmt.Errorf("%w: %w", errAbandoned, err)
-		} else {
-			kind := failureKind(err)
-			g.obs.Failure(g.name, u.name, kind)
-			g.failed(u, kind, a.seen)
-		}
-	} else {
-		g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
-		g.answered(u)
-	}
-	final, ans, err := g.take(&a.w, a.q, ans, err)
+	err = a.accounted(ans, err, false)
+	final, ans, err := a.g.take(&a.w, a.q, ans, err)
 	if !final {
 		if a.w.fallback != nil {
 			a.w.fallback = append([]byte(nil), a.w.fallback...)
@@ -190,10 +193,8 @@ func (a *asyncExchange) resume(redo bool) {
 	g := a.g
 	if redo && a.u != nil {
 		ans, err := g.attempt(ctx, a.u, a.query, a.q)
-		if final, ans, err := g.take(&a.w, a.q, ans, err); final {
-			a.finish(ans, err)
-			return
-		}
+		a.goOn(ctx, ans, err)
+		return
 	}
 	ans, err := g.walk(ctx, a.query, a.q, &a.w)
 	a.finish(ans, err)
@@ -204,26 +205,11 @@ func (a *asyncExchange) resume(redo bool) {
 func (a *asyncExchange) resumeTCP() {
 	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
 	defer cancel()
-	g := a.g
-	tctx, tcancel, timer := g.tryContext(ctx)
+	tctx, tcancel, timer := a.g.tryContext(ctx)
 	ans, err := exchangeTCPOnce(tctx, a.u.name, a.query, a.q)
 	release(tcancel, timer)
-	if err != nil && (errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed)) {
-		err = fmt.Errorf("%w: %w", errAbandoned, err)
-	} else if err != nil {
-		kind := failureKind(err)
-		g.obs.Failure(g.name, a.u.name, kind)
-		g.failed(a.u, kind, a.seen)
-	} else {
-		g.obs.Exchange(g.name, a.u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
-		g.answered(a.u)
-	}
-	if final, ans, err := g.take(&a.w, a.q, ans, err); final {
-		a.finish(ans, err)
-		return
-	}
-	ans, err = g.walk(ctx, a.query, a.q, &a.w)
-	a.finish(ans, err)
+	err = a.accounted(ans, err, errors.Is(ctx.Err(), context.Canceled))
+	a.goOn(ctx, ans, err)
 }
 
 // finish hands the result to the caller and recycles a.
