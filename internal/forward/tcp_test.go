@@ -401,27 +401,8 @@ func TestCloseNoGoroutineLeak(t *testing.T) {
 // BenchmarkTCPPoolExchange measures a query through the pipelined pool against an upstream that
 // echoes the query as a NODATA answer (cheap, so the client side dominates).
 func BenchmarkTCPPoolExchange(b *testing.B) {
-	srv := startTCP(b, func(s *tcpServer, c net.Conn, _ int) {
-		var wmu sync.Mutex
-		buf := make([]byte, 2+512)
-		for {
-			q, err := readFrame(c)
-			if err != nil {
-				return
-			}
-			q[2] |= 0x80 // QR
-			wmu.Lock()
-			buf = buf[:2+len(q)]
-			buf[0], buf[1] = byte(len(q)>>8), byte(len(q))
-			copy(buf[2:], q)
-			_, err = c.Write(buf)
-			wmu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	})
-	g := newGroup(b, GroupConfig{Name: "bench", Servers: []netip.AddrPort{srv.addr}, Proto: TCP}, nil)
+	addr := echoTCP(b)
+	g := newGroup(b, GroupConfig{Name: "bench", Servers: []netip.AddrPort{addr}, Proto: TCP}, nil)
 	q := query(b, "kubernetes.default.svc.cluster.local.", 1)
 	ctx := context.Background()
 	b.ReportAllocs()
