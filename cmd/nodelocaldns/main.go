@@ -28,13 +28,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/daemon"
+	"github.com/nodelocaldns/nodelocaldns/internal/gcfloor"
 )
 
 // Exit codes (see the package comment).
@@ -48,18 +48,28 @@ const (
 
 func main() {
 	if os.Getenv("GOGC") == "" {
-		// The live heap is small and bounded (-cache-max-bytes); with the
-		// default GOGC=100 the garbage of a miss storm doubles it in RSS.
-		// Measured after 100k unique misses: 22.9 MiB RSS at 100, 19.9 at
-		// 50; the hit path allocates nothing, and a GC cycle over a few MiB
-		// of live heap is cheap. GOGC in the environment still wins.
-		debug.SetGCPercent(gcPercent)
+		gcfloor.Start(gcPercent, gcFloor)
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// gcPercent is the GOGC the daemon runs with unless the environment sets it.
-const gcPercent = 50
+// The garbage collector's policy unless GOGC in the environment sets it
+// (which then wins): internal/gcfloor keeps the heap goal at least gcFloor
+// above the live heap, and proportional (gcPercent) once the live heap is
+// large. GOMEMLIMIT still caps every goal.
+const (
+	// gcPercent: the live heap is bounded (-cache-max-bytes) and the hit
+	// path allocates nothing; with the default GOGC=100 a full cache's
+	// garbage would double it in RSS. Measured after 100k unique misses:
+	// 22.9 MiB RSS at 100, 19.9 at 50.
+	gcPercent = 50
+	// gcFloor: at 10k misses/s a miss allocates ~1.5-2 KB, so GOGC=50 over
+	// a ~4 MiB live heap ran a cycle every ~120 ms, and the queries that
+	// arrived during its mark phase (3-5 ms) made the p99. 16 MiB spaces
+	// the cycles ~1 s apart at that rate (measurements: docs/design.md,
+	// "Garbage collection").
+	gcFloor = 16 << 20
+)
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if isProbe(args) {
