@@ -111,13 +111,19 @@ func (p *Policy) cycle() {
 	if p.stopped {
 		return
 	}
+	p.adjust()
+	p.arm()
+}
+
+// adjust reads what the last cycle found and sets GOGC if the goal left
+// the band. Called with p.mu held.
+func (p *Policy) adjust() {
 	live, scan := p.read()
 	if next := Next(p.percent, p.base, p.floor, live, scan); next != p.percent {
 		debug.SetGCPercent(next)
 		p.percent = next
 		p.sets.Add(1)
 	}
-	p.arm()
 }
 
 // read returns what the last cycle found: the live heap, and the bytes
