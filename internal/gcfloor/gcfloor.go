@@ -46,11 +46,12 @@ const (
 
 // DefaultFloor is the daemon's floor. At 10k misses/s a miss allocates
 // ~1.5-2 KB (~17 MB/s), so 16 MiB (18 MiB asked, the trigger at 70-95% of
-// it) spaces the collections ~1 s apart: 2 cycles in a 2.3 s misscost run
-// instead of 22-28 at GOGC=50, ~10 ms of wall clock in GC instead of
-// ~110. 8 MiB left 4 cycles (~1% of the run in GC, the p99's edge) and 32
-// MiB one; each MiB of floor is a MiB of RSS under a miss storm
-// (docs/design.md, "Garbage collection").
+// it) spaces the collections ~1.2 s apart: 5 in bench/misscost.sh's 60,000
+// misses instead of 53-62 at GOGC=50, and the p99 about halved (unique
+// 2.5-4.5 → 1.3-2.0 ms). 8 MiB left twice the collections (~1% of the
+// queries meet one); 32 MiB halves them again and brought the UDP path's
+// p99 to 0.6-0.8 ms, for 16 MiB more RSS: each MiB of floor is a MiB of
+// RSS once misses have run a while (docs/design.md, "Garbage collection").
 const DefaultFloor = 16 << 20
 
 // The runtime/metrics the policy reads; together they are what GOGC applies to.
