@@ -29,6 +29,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/daemon"
+	"github.com/nodelocaldns/nodelocaldns/internal/gcfloor"
 )
 
 // The manifests under deploy/ as the API server, the kubelet and the daemon
@@ -585,6 +586,13 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 		fail("memory: live heap %d MiB (cache %d MiB + overhead) leaves less than %.0f%% of GOMEMLIMIT %d MiB for garbage",
 			live>>20, cfg.Cache.MaxBytes>>20, minGarbage*100, gml>>20)
 	}
+	// The collector's floor (internal/gcfloor: 1.125×DefaultFloor asked,
+	// up to 1.25× kept) must fit between the live heap and GOMEMLIMIT, or
+	// the limit, not the floor, spaces the collections of a busy node.
+	if garbage := gml - live; garbage < gcfloor.DefaultFloor*5/4 {
+		fail("memory: GOMEMLIMIT %d MiB leaves %d MiB over the live heap, less than the garbage collector's floor (%d MiB + 25%%)",
+			gml>>20, garbage>>20, gcfloor.DefaultFloor>>20)
+	}
 	if need := gml + sockets*socketRcvBuf + childrenAndText; memLimit < need {
 		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + socket buffers %d MiB + children %d MiB",
 			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, childrenAndText>>20)
@@ -949,6 +957,14 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 			container(o).Args = slices.DeleteFunc(container(o).Args, func(a string) bool { return strings.HasPrefix(a, "-udp-sockets") })
 		}, "-udp-sockets"},
 		{"no GOMEMLIMIT", func(o []any) { container(o).Env = nil }, "GOMEMLIMIT"},
+		{"GOMEMLIMIT with no room for the GC floor", func(o []any) {
+			setArg(o, "cache-max-bytes", "16Mi") // live heap ~51 MiB: within 75% of 70 MiB, 19 MiB under it
+			for i, e := range container(o).Env {
+				if e.Name == "GOMEMLIMIT" {
+					container(o).Env[i].Value = "70MiB"
+				}
+			}
+		}, "garbage collector's floor"},
 		{"CPU limit", func(o []any) { container(o).Resources.Limits[corev1.ResourceCPU] = resource.MustParse("100m") }, "CPU limit"},
 		{"no upstream Service", func(o []any) {
 			for i, x := range o {

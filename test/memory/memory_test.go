@@ -163,10 +163,11 @@ type daemon struct {
 }
 
 // startDaemon runs the binary with the manifest's memory-relevant settings
-// (-cache-max-bytes 64Mi, -udp-sockets 4, GOMEMLIMIT 160MiB) against the
-// node resolver nodeIP:53 and kube-dns at kube, with a forward timeout long
-// enough that misses stay outstanding while the test measures.
-func startDaemon(t *testing.T, nodeIP, kube string) *daemon {
+// (-cache-max-bytes 64Mi, -udp-sockets 4, GOMEMLIMIT 160MiB, no GOGC: the
+// daemon's own garbage-collector policy) and env against the node resolver
+// nodeIP:53 and kube-dns at kube, with a forward timeout long enough that
+// misses stay outstanding while the test measures.
+func startDaemon(t *testing.T, nodeIP, kube string, env ...string) *daemon {
 	t.Helper()
 	bin := daemonBinary(t)
 	rc := filepath.Join(t.TempDir(), "resolv.conf")
@@ -182,7 +183,12 @@ func startDaemon(t *testing.T, nodeIP, kube string) *daemon {
 		"-state-dir", t.TempDir(), "-lameduck", "100ms",
 		"-cache-max-bytes", "64Mi", "-udp-sockets", "4", "-forward-timeout", "60s",
 		"-max-inflight", strconv.Itoa(maxInflight))
-	cmd.Env = append(os.Environ(), "GOMEMLIMIT=160MiB")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GOGC=") && !strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(append(cmd.Env, "GOMEMLIMIT=160MiB"), env...)
 	d := &daemon{cmd: cmd, addr: fmt.Sprintf("%s:%d", ip, port), metrics: metrics, stderr: &testhost.SyncBuffer{}}
 	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,66 @@
+package memory
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
+)
+
+// metric returns the value of an unlabelled series on the daemon's /metrics.
+func (d *daemon) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + d.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s on /metrics", name)
+	return 0
+}
+
+// The binary's garbage-collector policy (internal/gcfloor, set in main):
+// without GOGC in the environment the heap goal leaves at least the floor
+// (16 MiB) over a live heap of a few MiB, so GOGC is far above the base 50;
+// GOGC in the environment wins, whatever it says.
+func TestGCPolicyAndGOGCFromEnv(t *testing.T) {
+	nodeIP := testhost.Loopback()
+	silentUDP(t, nodeIP)
+	kubeIP := testhost.Loopback()
+	kube := fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
+	kubeDNS(t, kube)
+	for _, c := range []struct {
+		env  []string
+		want func(float64) bool
+		says string
+	}{
+		{nil, func(p float64) bool { return p > 100 }, "above 100 (the floor over a small live heap)"},
+		{[]string{"GOGC=80"}, func(p float64) bool { return p == 80 }, "80"},
+		{[]string{"GOGC=50"}, func(p float64) bool { return p == 50 }, "50"},
+	} {
+		d := startDaemon(t, nodeIP, kube, c.env...)
+		p := d.metric(t, "go_gc_gogc_percent")
+		t.Logf("env %v: go_gc_gogc_percent %v", c.env, p)
+		if !c.want(p) {
+			t.Errorf("env %v: go_gc_gogc_percent %v, want %s", c.env, p, c.says)
+		}
+		if l := d.metric(t, "go_gc_gomemlimit_bytes"); l != 160<<20 {
+			t.Errorf("env %v: go_gc_gomemlimit_bytes %v, want 160 MiB", c.env, l)
+		}
+		_ = d.cmd.Process.Kill()
+	}
+}
