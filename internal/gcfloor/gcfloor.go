@@ -44,15 +44,15 @@ const (
 	slackDen = 8
 )
 
-// DefaultFloor is the daemon's floor. At 10k misses/s a miss allocates
-// ~1.5-2 KB (~17 MB/s), so 16 MiB (18 MiB asked, the trigger at 70-95% of
-// it) spaces the collections ~1.2 s apart: 5 in bench/misscost.sh's 60,000
-// misses instead of 53-62 at GOGC=50, and the p99 about halved (unique
-// 2.5-4.5 → 1.3-2.0 ms). 8 MiB left twice the collections (~1% of the
-// queries meet one); 32 MiB halves them again and brought the UDP path's
-// p99 to 0.6-0.8 ms, for 16 MiB more RSS: each MiB of floor is a MiB of
-// RSS once misses have run a while (docs/design.md, "Garbage collection").
-const DefaultFloor = 16 << 20
+// DefaultFloor is the daemon's floor. A miss allocates ~0.95 KB on the
+// asynchronous miss path (~10 MB/s at 10k misses/s), so 8 MiB (9 MiB
+// asked, the trigger at 70-95% of it) spaces the collections ~0.8 s apart,
+// as 16 MiB did when a miss allocated 1.5-2 KB: 53-62 collections in
+// bench/misscost.sh's 60,000 misses at GOGC=50 became 5, and the p99 fell
+// by half or more. On the asynchronous path 8 and 16 MiB gave the same p99
+// (within the runs' scatter), and each MiB of floor is a MiB of RSS once
+// misses have run a while (docs/design.md, "Garbage collection").
+const DefaultFloor = 8 << 20
 
 // The runtime/metrics the policy reads; together they are what GOGC applies to.
 const (
