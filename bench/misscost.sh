@@ -186,7 +186,7 @@ measure() { # LABEL BINARY WORKLOAD REP
 	done=$(awk '/Queries completed/ { print $3; exit }' "$OUT/$tag.txt")
 	lat=$(awk '/^> / { print $NF }' "$OUT/$tag.txt" | sort -g | awk '{ v[NR] = $1 } END { printf "%.3f %.3f", v[int(NR * 0.5)] * 1000, v[int(NR * 0.99)] * 1000 }')
 	grep -v '^> ' "$OUT/$tag.txt" >"$OUT/$tag.summary" || true
-	rm -f "$OUT/$tag.txt"
+	[[ -n ${MC_KEEP:-} ]] || rm -f "$OUT/$tag.txt"
 	awk -v label="$label" -v w="$w" -v rep="$rep" -v done="$done" -v cpu=$((c1 - c0)) -v s0="$s0" -v s1="$s1" -v lat="$lat" -v threads="$threads" -F '\t' '
 		{ c[$3] = $1 }
 		END {

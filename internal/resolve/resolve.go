@@ -299,32 +299,32 @@ const (
 //
 // w may be called before Start returns (Later): the caller must not touch what w's call
 // gives away.
-func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, error, Started) {
+func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error) {
 	if r.cfg.Start == nil {
-		return nil, nil, Blocking
+		return nil, Blocking, nil
 	}
 	now := r.clk.Now().UnixNano()
 	if e := r.Hit(q, now); e != nil {
-		return e, nil, Now // inserted since the caller looked
+		return e, Now, nil // inserted since the caller looked
 	}
 	if _, status, _ := r.cfg.Cache.Lookup(q, now); status == cache.Stale {
-		return nil, nil, Blocking
+		return nil, Blocking, nil
 	}
 	c, joined, ok := r.flights.joinAsync(q, w)
 	r.stats.Misses.Add(1)
 	if !ok {
 		r.stats.Rejected.Add(1)
-		return nil, ErrOverloaded, Now
+		return nil, Now, ErrOverloaded
 	}
 	if joined {
 		r.stats.Coalesced.Add(1)
-		return nil, nil, Later
+		return nil, Later, nil
 	}
 	// As runMiss: a flight that finished between the caller's lookup and this join has
 	// put its answer in the cache already.
 	if e, status, _ := r.cfg.Cache.Lookup(&c.q, r.clk.Now().UnixNano()); status == cache.Fresh {
 		r.flights.finish(c, e, nil)
-		return nil, nil, Later
+		return nil, Later, nil
 	}
 	c.r = r
 	c.pol = r.policy(c.q.Name)
@@ -332,7 +332,7 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, error, Started)
 	if !r.cfg.Start(c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
 		go r.run(c) // not a plain forward: the fetch blocks, in a goroutine of its own
 	}
-	return nil, nil, Later
+	return nil, Later, nil
 }
 
 // Fetched finishes a call started by Start: it caches the answer and hands it to the waiters.

@@ -105,7 +105,7 @@ func TestStartCoalescesWaitersAndBlockingAskers(t *testing.T) {
 	for i := 0; i < n; i++ {
 		w := newWaiter()
 		ws = append(ws, w)
-		if _, err, how := e.r.Start(q, w); how != Later || err != nil {
+		if _, how, err := e.r.Start(q, w); how != Later || err != nil {
 			t.Fatalf("Start %d: %v %v", i, how, err)
 		}
 	}
@@ -147,7 +147,7 @@ func TestStartCoalescesWaitersAndBlockingAskers(t *testing.T) {
 		t.Fatalf("misses %d coalesced %d in flight %d", st.Misses.Load(), st.Coalesced.Load(), e.r.InFlight())
 	}
 	// Cached: the next asker hits.
-	if en, _, how := e.r.Start(q, newWaiter()); how != Now || en == nil {
+	if en, how, _ := e.r.Start(q, newWaiter()); how != Now || en == nil {
 		t.Fatalf("after the answer: %v %v", how, en)
 	}
 }
@@ -161,7 +161,7 @@ func TestStartJoinsABlockingFlight(t *testing.T) {
 	first := e.resolveAsync(q)
 	waitFor(t, "the blocking fetch", func() bool { return e.up.calls.Load() == 1 })
 	w := newWaiter()
-	if _, _, how := e.r.Start(q, w); how != Later {
+	if _, how, _ := e.r.Start(q, w); how != Later {
 		t.Fatalf("Start: %v", how)
 	}
 	release()
@@ -180,14 +180,14 @@ func TestStartLeavesStaleToResolve(t *testing.T) {
 	s.decline.Store(true) // warm through the blocking fetch
 	e.warmAndExpire(t, q, "192.0.2.7")
 	s.decline.Store(false)
-	if _, _, how := e.r.Start(q, newWaiter()); how != Blocking {
+	if _, how, _ := e.r.Start(q, newWaiter()); how != Blocking {
 		t.Fatalf("stale: %v, want Blocking", how)
 	}
 	if s.count() != 0 || e.r.InFlight() != 0 {
 		t.Fatal("Start left something behind for a stale question")
 	}
 	plain := newEnv(t, nil)
-	if _, _, how := plain.r.Start(question(t, "x.example."), newWaiter()); how != Blocking {
+	if _, how, _ := plain.r.Start(question(t, "x.example."), newWaiter()); how != Blocking {
 		t.Fatalf("no StartFunc: %v, want Blocking", how)
 	}
 }
@@ -199,7 +199,7 @@ func TestStartDeclinedFetchesWithFetch(t *testing.T) {
 	s.decline.Store(true)
 	q := question(t, "c.example.")
 	w := newWaiter()
-	if _, _, how := e.r.Start(q, w); how != Later {
+	if _, how, _ := e.r.Start(q, w); how != Later {
 		t.Fatalf("Start: %v", how)
 	}
 	w.wait(t)
@@ -235,7 +235,7 @@ func TestStartFailures(t *testing.T) {
 	if w3.err != nil || w3.e.Rcode() != dns.RcodeServerFailure {
 		t.Fatalf("SERVFAIL: %v %v", w3.e, w3.err)
 	}
-	if en, _, how := e.r.Start(q, newWaiter()); how != Now || en.Rcode() != dns.RcodeServerFailure {
+	if en, how, _ := e.r.Start(q, newWaiter()); how != Now || en.Rcode() != dns.RcodeServerFailure {
 		t.Fatalf("SERVFAIL not cached: %v %v", how, en)
 	}
 }
@@ -246,15 +246,15 @@ func TestStartAdmission(t *testing.T) {
 	e, s := newStartEnv(t, func(c *Config) { c.MaxFlights, c.MaxWaiters = 2, 2 })
 	a, b, c := question(t, "a.example."), question(t, "b.example."), question(t, "c.example.")
 	for _, q := range []*wire.Query{a, a, b} {
-		if _, _, how := e.r.Start(q, newWaiter()); how != Later {
+		if _, how, _ := e.r.Start(q, newWaiter()); how != Later {
 			t.Fatalf("Start %s: %v", wire.NameString(q.Name), how)
 		}
 	}
 	w := newWaiter()
-	if _, err, how := e.r.Start(a, w); how != Now || !errors.Is(err, ErrOverloaded) {
+	if _, how, err := e.r.Start(a, w); how != Now || !errors.Is(err, ErrOverloaded) {
 		t.Fatalf("third waiter: %v %v", how, err)
 	}
-	if _, err, how := e.r.Start(c, w); how != Now || !errors.Is(err, ErrOverloaded) {
+	if _, how, err := e.r.Start(c, w); how != Now || !errors.Is(err, ErrOverloaded) {
 		t.Fatalf("third question: %v %v", how, err)
 	}
 	if w.calls.Load() != 0 || s.count() != 2 || e.r.Stats().Rejected.Load() != 2 {
@@ -283,7 +283,7 @@ func TestStartLateAskerTakesTheCachedAnswer(t *testing.T) {
 	}
 	e.r.flights.finish(c, nil, nil)
 	w2 := newWaiter()
-	if en, _, how := e.r.Start(q, w2); how != Now || en == nil {
+	if en, how, _ := e.r.Start(q, w2); how != Now || en == nil {
 		t.Fatalf("Start: %v", how)
 	}
 	if s.count() != 1 || e.up.calls.Load() != 1 {
@@ -308,7 +308,7 @@ func TestStartConcurrent(t *testing.T) {
 				mu.Lock()
 				ws = append(ws, w)
 				mu.Unlock()
-				if _, err, how := e.r.Start(qs[(g+i)%len(qs)], w); how == Now {
+				if _, how, err := e.r.Start(qs[(g+i)%len(qs)], w); how == Now {
 					w.Resolved(nil, err) // a hit or a rejection: answered here
 				}
 			}

@@ -98,7 +98,7 @@ func (s *Server) startMiss(m *missReq) bool {
 	if !s.isCandidate(&m.q) {
 		m.srv, m.async = s, true
 		s.missWG.Add(1)
-		e, err, how := s.resolver(m.q.View).Start(&m.q, m)
+		e, how, err := s.resolver(m.q.View).Start(&m.q, m)
 		switch how {
 		case resolve.Later:
 			return false // m is Resolved's
