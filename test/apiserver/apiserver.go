@@ -153,17 +153,41 @@ func (s *Server) Stop() {
 }
 
 // Restart starts kube-apiserver (after Stop) and waits until it is ready.
+// The port is one the kernel picked (in the ephemeral range), so while the
+// server was down another socket may have taken it as its local port (a
+// client's, or a connection to the port itself: TCP self-connect); the
+// start is then tried again until the port is free.
 func (s *Server) Restart() {
+	s.t.Helper()
+	for try := 1; ; try++ {
+		if s.restart(try == maxStartTries) {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// maxStartTries bounds the starts Restart makes while the port is taken:
+// 10 s of retries, far longer than any connection holds a port here.
+const maxStartTries = 50
+
+// restart starts kube-apiserver once and waits until it is ready. It
+// reports false when it exited because its port was taken, unless last.
+func (s *Server) restart(last bool) bool {
 	t := s.t
 	t.Helper()
 	s.mu.Lock()
 	if s.api != nil {
 		s.mu.Unlock()
-		return
+		return true
 	}
 	cmd := exec.Command(s.bin, s.args...)
 	log := logFile(t, s.Dir, "kube-apiserver.log")
 	cmd.Stdout, cmd.Stderr = log, log
+	var from int64 // where this start's lines begin in the log
+	if st, err := log.Stat(); err == nil {
+		from = st.Size()
+	}
 	if err := cmd.Start(); err != nil {
 		s.mu.Unlock()
 		t.Fatalf("start kube-apiserver: %v", err)
@@ -176,11 +200,18 @@ func (s *Server) Restart() {
 	deadline := time.Now().Add(startTimeout)
 	for {
 		if code, _, err := s.do(http.MethodGet, "/readyz", s.AdminToken, nil); err == nil && code == http.StatusOK {
-			return
+			return true
 		}
 		select {
 		case <-done:
-			t.Fatalf("kube-apiserver exited at start:\n%s", tail(filepath.Join(s.Dir, "kube-apiserver.log")))
+			log := tail(filepath.Join(s.Dir, "kube-apiserver.log"))
+			if !last && s.logSince(from, "address already in use") {
+				s.mu.Lock()
+				s.api = nil
+				s.mu.Unlock()
+				return false
+			}
+			t.Fatalf("kube-apiserver exited at start:\n%s", log)
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -405,6 +436,12 @@ func logFile(t testing.TB, dir, name string) *os.File {
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
+}
+
+// logSince reports whether kube-apiserver's log holds what past offset from.
+func (s *Server) logSince(from int64, what string) bool {
+	data, _ := os.ReadFile(filepath.Join(s.Dir, "kube-apiserver.log"))
+	return int64(len(data)) > from && strings.Contains(string(data[from:]), what)
 }
 
 func tail(p string) string {
