@@ -55,7 +55,7 @@ func main() {
 
 // gcPercent is the GOGC the daemon runs with, unless the environment sets
 // GOGC (which then wins), once the live heap is large; below that
-// internal/gcfloor keeps the heap goal gcfloor.DefaultFloor (8 MiB) above
+// internal/gcfloor keeps the heap goal gcfloor.DefaultFloor (16 MiB) above
 // the live heap, so a miss storm over a small heap does not run a
 // collection every ~100 ms (docs/design.md, "Garbage collection", has the
 // p99, CPU and RSS it was chosen by). GOMEMLIMIT still caps every goal.

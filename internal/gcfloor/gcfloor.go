@@ -45,14 +45,14 @@ const (
 )
 
 // DefaultFloor is the daemon's floor. A miss allocates ~0.95 KB on the
-// asynchronous miss path (~10 MB/s at 10k misses/s), so 8 MiB (9 MiB
-// asked, the trigger at 70-95% of it) spaces the collections ~0.8 s apart,
-// as 16 MiB did when a miss allocated 1.5-2 KB: 53-62 collections in
-// bench/misscost.sh's 60,000 misses at GOGC=50 became 5, and the p99 fell
-// by half or more. On the asynchronous path 8 and 16 MiB gave the same p99
-// (within the runs' scatter), and each MiB of floor is a MiB of RSS once
-// misses have run a while (docs/design.md, "Garbage collection").
-const DefaultFloor = 8 << 20
+// asynchronous miss path (~10 MB/s at 10k misses/s), so 16 MiB (18 MiB
+// asked, the trigger at 70-95% of it) spaces the collections ~2 s apart.
+// Each stalls the server's core for 4-6 ms: at 8 MiB (one every ~0.85 s)
+// they were the UDP miss path's p99 in make bench (1.05 ms against
+// Unbound's 0.63; 0.47 with no collection at all in misscost). Each MiB of
+// floor is a MiB of RSS once misses have run a while (docs/design.md,
+// "Garbage collection").
+const DefaultFloor = 16 << 20
 
 // The runtime/metrics the policy reads; together they are what GOGC applies to.
 const (

@@ -35,7 +35,7 @@ func (d *daemon) metric(t *testing.T, name string) float64 {
 
 // The binary's garbage-collector policy (internal/gcfloor, set in main):
 // without GOGC in the environment the heap goal leaves at least the floor
-// (8 MiB) over a live heap of a few MiB, so GOGC is far above the base 50;
+// (16 MiB) over a live heap of a few MiB, so GOGC is far above the base 50;
 // GOGC in the environment wins, whatever it says.
 func TestGCPolicyAndGOGCFromEnv(t *testing.T) {
 	nodeIP := testhost.Loopback()
