@@ -677,9 +677,9 @@ func TestExchangeAsyncFailoverAndDown(t *testing.T) {
 	}
 }
 
-// holdingTCP answers queries for names with "hold" only once release is closed, the others
-// at once, out of order.
-func holdingTCP(release <-chan struct{}) func(s *tcpServer, c net.Conn, _ int) {
+// holdingTCP answers queries whose name contains marker only once release is closed, the
+// others at once, out of order.
+func holdingTCP(marker string, release <-chan struct{}) func(s *tcpServer, c net.Conn, _ int) {
 	return func(s *tcpServer, c net.Conn, _ int) {
 		var wmu sync.Mutex
 		var wg sync.WaitGroup
@@ -692,7 +692,7 @@ func holdingTCP(release <-chan struct{}) func(s *tcpServer, c net.Conn, _ int) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if bytes.Contains(q, []byte("hold")) {
+				if bytes.Contains(q, []byte(marker)) {
 					<-release
 				}
 				wmu.Lock()
@@ -708,7 +708,7 @@ func holdingTCP(release <-chan struct{}) func(s *tcpServer, c net.Conn, _ int) {
 // same result; one with a free slot on an open connection is sent inline.
 func TestExchangeAsyncTCPPoolFullOrDialling(t *testing.T) {
 	release := make(chan struct{})
-	srv := startTCP(t, holdingTCP(release))
+	srv := startTCP(t, holdingTCP("hold", release))
 	rec := newRecorder()
 	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, PoolSize: 1, MaxPerConn: 1}, rec)
 
@@ -753,7 +753,7 @@ func TestExchangeAsyncTCPPoolFullOrDialling(t *testing.T) {
 
 	// PoolSize 2: the open connection busy, the try dials the second.
 	release2 := make(chan struct{})
-	srv2 := startTCP(t, holdingTCP(release2))
+	srv2 := startTCP(t, holdingTCP("hold", release2))
 	g2 := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv2.addr}, Proto: TCP, PoolSize: 2}, nil)
 	if _, err := g2.Exchange(context.Background(), query(t, "warm.example.", 1)); err != nil {
 		t.Fatal(err)
@@ -811,7 +811,7 @@ func TestExchangeAsyncTCPPeerCloseRetried(t *testing.T) {
 // fails the same way, and the query ends with ErrNoAnswer.
 func TestExchangeAsyncTCPStalledClosed(t *testing.T) {
 	release := make(chan struct{})
-	srv := startTCP(t, holdingTCP(release))
+	srv := startTCP(t, holdingTCP("hold", release))
 	rec := newRecorder()
 	clk := newFake()
 	const try = 100 * time.Millisecond

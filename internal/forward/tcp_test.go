@@ -270,27 +270,7 @@ func TestTCPSlowUpstreamTimesOut(t *testing.T) {
 // dropped as late (a tombstone), not counted as a mismatch.
 func TestTCPLateAnswerKeepsLiveConnection(t *testing.T) {
 	release := make(chan struct{})
-	srv := startTCP(t, func(s *tcpServer, c net.Conn, _ int) {
-		var wg sync.WaitGroup
-		defer wg.Wait()
-		var wmu sync.Mutex
-		for {
-			q, err := s.read(c)
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if bytes.Contains(q, []byte("slow")) {
-					<-release
-				}
-				wmu.Lock()
-				defer wmu.Unlock()
-				writeFrame(c, answerFor(q))
-			}()
-		}
-	})
+	srv := startTCP(t, holdingTCP("slow", release))
 	rec := newRecorder()
 	clk := newFake()
 	const try = 100 * time.Millisecond
