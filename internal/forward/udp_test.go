@@ -133,19 +133,7 @@ func TestUDPOversizedRetriedOverTCP(t *testing.T) {
 			continue
 		}
 		pc.Close()
-		udp = startUDPOn(t, tcp.addr.String(), func(q []byte, reply func([]byte)) {
-			m := new(dns.Msg)
-			m.Unpack(q)
-			r := new(dns.Msg)
-			r.SetReply(m)
-			big := make([]string, 8)
-			for i := range big {
-				big[i] = strings.Repeat("x", 250)
-			}
-			r.Answer = append(r.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 30}, Txt: big})
-			b, _ := r.Pack()
-			reply(b) // about 2 KB, no TC bit
-		})
+		udp = startUDPOn(t, tcp.addr.String(), oversizedUDP) // about 2 KB, no TC bit
 		break
 	}
 	if udp == nil {
