@@ -34,22 +34,11 @@ type Done interface {
 // (on another goroutine: a try's timer, a connection's failure) before the first try's query
 // is copied out. The result is the one Exchange would give.
 func (g *Group) ExchangeAsync(query []byte, timeout time.Duration, done Done) {
-	if g.ctx.Err() != nil {
-		done.ExchangeDone(nil, fmt.Errorf("group %s: %w", g.name, ErrClosed))
-		return
-	}
-	q, err := parseQuery(query)
+	q, err := g.enter(query)
 	if err != nil {
-		done.ExchangeDone(nil, fmt.Errorf("group %s: %w", g.name, err))
+		done.ExchangeDone(nil, err)
 		return
 	}
-	if g.inflight.Add(1) > int64(g.cfg.MaxInflight) {
-		g.inflight.Add(-1)
-		g.obs.Failure(g.name, "", KindOverloaded)
-		done.ExchangeDone(nil, fmt.Errorf("group %s: %w (%d)", g.name, ErrOverloaded, g.cfg.MaxInflight))
-		return
-	}
-	g.obs.Inflight(g.name, 1)
 	a := asyncPool.Get().(*asyncExchange)
 	a.g, a.query, a.q, a.done = g, query, q, done
 	a.deadline = time.Now().Add(timeout) // real time, as a context deadline
@@ -101,12 +90,8 @@ var asyncPool = sync.Pool{New: func() any { return new(asyncExchange) }}
 
 // udpAnswer is the first try's result over UDP, as exchangeUDP returns it.
 func (a *asyncExchange) udpAnswer(ans []byte, err error) {
-	if err == nil && !truncated(ans) {
-		if cerr := wire.CheckMessage(ans); cerr != nil {
-			err = fmt.Errorf("answer from %s: %w: %w", a.u.name, errMalformed, cerr)
-		}
-	}
-	if err == nil && truncated(ans) || errors.Is(err, errOversized) {
+	ans, err = checkedUDP(a.u, ans, err)
+	if reaskOverTCP(ans, err) {
 		// The full answer over TCP from the same server (Group.try), then on.
 		go a.resumeTCP()
 		return
@@ -217,7 +202,6 @@ func (a *asyncExchange) finish(ans []byte, err error) {
 	g, done := a.g, a.done
 	*a = asyncExchange{}
 	asyncPool.Put(a)
-	g.inflight.Add(-1)
-	g.obs.Inflight(g.name, -1)
+	g.leave()
 	done.ExchangeDone(ans, err)
 }

@@ -207,24 +207,11 @@ func (g *Group) Name() string { return g.name }
 // once, so a down-marking never fails a query with nothing sent; a TCP upstream whose dial is
 // held back after failures fails at once.
 func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
-	if g.ctx.Err() != nil {
-		return nil, fmt.Errorf("group %s: %w", g.name, ErrClosed)
-	}
-	q, err := parseQuery(query)
+	q, err := g.enter(query)
 	if err != nil {
-		return nil, fmt.Errorf("group %s: %w", g.name, err)
+		return nil, err
 	}
-	if g.inflight.Add(1) > int64(g.cfg.MaxInflight) {
-		g.inflight.Add(-1)
-		g.obs.Failure(g.name, "", KindOverloaded)
-		return nil, fmt.Errorf("group %s: %w (%d)", g.name, ErrOverloaded, g.cfg.MaxInflight)
-	}
-	g.obs.Inflight(g.name, 1)
-	defer func() {
-		g.inflight.Add(-1)
-		g.obs.Inflight(g.name, -1)
-	}()
-
+	defer g.leave()
 	var w walk
 	g.begin(&w)
 	ans, err := g.walk(ctx, query, q, &w)
@@ -232,6 +219,31 @@ func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error) {
 		return nil, err
 	}
 	return ans, nil
+}
+
+// enter admits a query (Exchange's, ExchangeAsync's): the group is open, the query parses,
+// and it is counted in flight within MaxInflight. The caller calls leave once it ends.
+func (g *Group) enter(query []byte) (question, error) {
+	if g.ctx.Err() != nil {
+		return question{}, fmt.Errorf("group %s: %w", g.name, ErrClosed)
+	}
+	q, err := parseQuery(query)
+	if err != nil {
+		return question{}, fmt.Errorf("group %s: %w", g.name, err)
+	}
+	if g.inflight.Add(1) > int64(g.cfg.MaxInflight) {
+		g.inflight.Add(-1)
+		g.obs.Failure(g.name, "", KindOverloaded)
+		return question{}, fmt.Errorf("group %s: %w (%d)", g.name, ErrOverloaded, g.cfg.MaxInflight)
+	}
+	g.obs.Inflight(g.name, 1)
+	return q, nil
+}
+
+// leave ends what enter counted.
+func (g *Group) leave() {
+	g.inflight.Add(-1)
+	g.obs.Inflight(g.name, -1)
 }
 
 // walk is one query's way through the group's servers: healthy ones in order (from a turning
@@ -396,7 +408,7 @@ func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, 
 	// UDP: the try is bounded by a recycled timer of the upstream's sockets (see
 	// udpMux.exchange), without a context of its own (5 allocations per miss).
 	ans, err := g.exchangeUDP(ctx, u, query, q)
-	if err != nil && !errors.Is(err, errOversized) || err == nil && !truncated(ans) {
+	if !reaskOverTCP(ans, err) {
 		return ans, err
 	}
 	// Truncated, or larger than the size we advertised: the full answer over TCP from the

@@ -705,16 +705,28 @@ func (m *udpMux) close() {
 // malformed one fails the try and the next server is asked), or truncated as it came.
 func (g *Group) exchangeUDP(ctx context.Context, u *upstream, query []byte, q question) ([]byte, error) {
 	ans, err := u.udp.exchange(ctx, query, q)
+	return checkedUDP(u, ans, err)
+}
+
+// checkedUDP checks a UDP try's answer inside (CheckMessage), unless it is truncated (asked
+// again over TCP; it may omit the question).
+func checkedUDP(u *upstream, ans []byte, err error) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
 	if truncated(ans) {
-		return ans, nil // asked again over TCP; it may omit the question
+		return ans, nil
 	}
 	if err := wire.CheckMessage(ans); err != nil {
 		return nil, fmt.Errorf("answer from %s: %w: %w", u.name, errMalformed, err)
 	}
 	return ans, nil
+}
+
+// reaskOverTCP reports whether a UDP try's result (checkedUDP's) is asked again over TCP: a
+// truncated answer, or one larger than the size the query advertised.
+func reaskOverTCP(ans []byte, err error) bool {
+	return err == nil && truncated(ans) || errors.Is(err, errOversized)
 }
 
 // exchangeTCPOnce sends one query over a fresh TCP connection and reads its answer: the re-ask

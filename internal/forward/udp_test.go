@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -160,19 +159,7 @@ func TestUDPOversizedRetriedOverTCP(t *testing.T) {
 // A query advertising more than 1232 bytes (a larger -max-udp-size) gets its larger answer over
 // UDP: the socket it opens has receive buffers of the advertised size + 1.
 func TestUDPLargerAdvertisedSizeStaysOnUDP(t *testing.T) {
-	udp := startUDP(t, func(q []byte, reply func([]byte)) {
-		m := new(dns.Msg)
-		m.Unpack(q)
-		r := new(dns.Msg)
-		r.SetReply(m)
-		big := make([]string, 8)
-		for i := range big {
-			big[i] = strings.Repeat("x", 250)
-		}
-		r.Answer = append(r.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 30}, Txt: big})
-		b, _ := r.Pack()
-		reply(b) // about 2 KB
-	})
+	udp := startUDP(t, oversizedUDP) // about 2 KB
 	m := new(dns.Msg)
 	m.SetQuestion("big.example.com.", dns.TypeTXT)
 	m.Id = 33
