@@ -102,12 +102,8 @@ func (s *Server) startMiss(m *missReq) bool {
 		switch how {
 		case resolve.Later:
 			return false // m is Resolved's
-		case resolve.Now:
-			m.async = false
-			m.out = s.written(m, e, false, err)
-			s.release()
-			s.finishMiss(m)
-			s.missWG.Done()
+		case resolve.Now: // known at once: answered as if it had come later
+			m.Resolved(e, err)
 			return false
 		}
 		m.async = false
