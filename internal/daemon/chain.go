@@ -243,6 +243,13 @@ func (c *fetchChain) block(qname string) *blockChain {
 	return best
 }
 
+// runs reports whether the directives of qname's block run for it: its fetch is not a plain
+// forward.
+func (c *fetchChain) runs(qname string) bool {
+	b := c.block(qname)
+	return b != nil && b.run != nil
+}
+
 func (c *fetchChain) fetch(ctx context.Context, qname string, query []byte, next resolve.FetchFunc) ([]byte, error) {
 	b := c.block(qname)
 	if b == nil || b.run == nil {

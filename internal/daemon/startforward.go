@@ -17,10 +17,8 @@ import (
 // takes it (forward gives that error).
 func (d *Daemon) startForward(qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
 	name := wire.NameString(qname)
-	if c := d.chain.Load(); c != nil {
-		if b := c.block(name); b != nil && b.run != nil {
-			return false
-		}
+	if c := d.chain.Load(); c != nil && c.runs(name) {
+		return false
 	}
 	return d.startShared(name, query, timeout, done)
 }

@@ -200,7 +200,7 @@ func (vr *viewRoutes) fetch(shared resolve.FetchFunc) resolve.FetchFunc {
 func (vr *viewRoutes) start(d *Daemon, c *fetchChain) resolve.StartFunc {
 	return func(qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
 		name := wire.NameString(qname)
-		if b := c.block(name); b != nil && b.run != nil {
+		if c.runs(name) {
 			return false
 		}
 		for _, z := range vr.zones {
