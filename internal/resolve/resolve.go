@@ -320,10 +320,7 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error)
 		r.stats.Coalesced.Add(1)
 		return nil, Later, nil
 	}
-	// As runMiss: a flight that finished between the caller's lookup and this join has
-	// put its answer in the cache already.
-	if e, status, _ := r.cfg.Cache.Lookup(&c.q, r.clk.Now().UnixNano()); status == cache.Fresh {
-		r.flights.finish(c, e, nil)
+	if r.finishedMeanwhile(c) {
 		return nil, Later, nil
 	}
 	c.r = r
@@ -381,11 +378,22 @@ func (r *Resolver) policy(name []byte) *Policy { return r.cfg.Policy(name) }
 // query per question, however the askers interleave. A prefetch does not
 // come here: its entry is still fresh by design.
 func (r *Resolver) runMiss(c *call) {
-	if e, status, _ := r.cfg.Cache.Lookup(&c.q, r.clk.Now().UnixNano()); status == cache.Fresh {
-		r.flights.finish(c, e, nil)
+	if r.finishedMeanwhile(c) {
 		return
 	}
 	r.run(c)
+}
+
+// finishedMeanwhile finishes a new flight c with the fresh entry a flight for the same
+// question put in the cache between its first asker's lookup and its join (runMiss), and
+// reports whether it did.
+func (r *Resolver) finishedMeanwhile(c *call) bool {
+	e, status, _ := r.cfg.Cache.Lookup(&c.q, r.clk.Now().UnixNano())
+	if status != cache.Fresh {
+		return false
+	}
+	r.flights.finish(c, e, nil)
+	return true
 }
 
 func (r *Resolver) run(c *call) {
