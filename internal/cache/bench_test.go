@@ -111,3 +111,33 @@ func BenchmarkCacheHitTruncated(b *testing.B) {
 		b.Fatalf("not truncated to 512: %d bytes", len(out))
 	}
 }
+
+// BenchmarkPutFull is the cache's part of a miss under a storm of new
+// names: a Put into a full cache (the stock 9984 entries) whose entries
+// are all younger than their TTL, so every Put evicts one.
+func BenchmarkPutFull(b *testing.B) {
+	c := New(Config{})
+	const pool = 1 << 16 // well above the capacity: a Put rarely finds its own entry
+	es := make([]*Entry, pool)
+	for i := range es {
+		name := fmt.Sprintf("u%d.default.svc.cluster.local.", i)
+		_, q := query(b, name, dns.TypeA, 0, false)
+		e, err := Build(answer(b, name, dns.TypeA, 0, []string{name + " 30 IN A 10.96.0.10"}, nil, false), q, clusterP, 0, t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		es[i] = e
+	}
+	for _, e := range es {
+		c.Put(e)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c.Put(es[i%pool])
+	}
+	b.StopTimer()
+	if st := c.Stats(); st.Entries[Success] > 9984+int64(len(c.shards)) {
+		b.Fatalf("%d entries in a 9984-entry cache", st.Entries[Success])
+	}
+}

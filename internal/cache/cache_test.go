@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -154,5 +155,83 @@ func TestCyclicWorkloadSlightlyLargerThanTheCache(t *testing.T) {
 	t.Logf("miss rate over cycles 3-5: %.2f%%", 100*rate)
 	if rate > 0.05 {
 		t.Fatalf("miss rate %.1f%%: the cache thrashes on a cyclic workload", 100*rate)
+	}
+}
+
+// TestSweepRemovesEveryExpiredEntryOnce: a full shard with expired entries
+// gives them all back in one sweep when it needs room, and sweeps again only
+// after sweepEvery; in between a sample that meets an expired entry takes it.
+func TestSweepRemovesEveryExpiredEntryOnce(t *testing.T) {
+	c := New(Config{SuccessCapacity: 8, Shards: 1})
+	add := func(name string, ttl int, now int64) {
+		t.Helper()
+		_, q := query(t, name, dns.TypeA, 0, false)
+		e, err := Build(answer(t, name, dns.TypeA, 0, []string{fmt.Sprintf("%s %d IN A 1.1.1.1", name, ttl)}, nil, false), q, externalP, 0, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.Put(e) {
+			t.Fatalf("%s not stored", name)
+		}
+	}
+	has := func(name string, now int64) bool {
+		_, q := query(t, name, dns.TypeA, 0, false)
+		return get(c, q, now) != nil
+	}
+	s := &c.shards[0]
+	// The shard's capacity is 2×8 (shardSkew), the global one 8.
+	for i := 0; i < 3; i++ {
+		add(fmt.Sprintf("short%d.example.", i), 1, t0)
+	}
+	for i := 0; i < 5; i++ {
+		add(fmt.Sprintf("long%d.example.", i), 20, t0)
+	}
+	if s.soonest[Success] != t0+int64(time.Second) {
+		t.Fatalf("soonest %d, want the short entries' expiry %d", s.soonest[Success]-t0, int64(time.Second))
+	}
+	later := t0 + int64(2*time.Second)
+	add("new.example.", 300, later)
+	st := c.Stats()
+	if st.Evictions != 3 || st.Entries[Success] != 6 {
+		t.Fatalf("after the sweep: %+v, want the 3 expired entries gone and nothing else", st)
+	}
+	for i := 0; i < 5; i++ {
+		if !has(fmt.Sprintf("long%d.example.", i), later) {
+			t.Fatalf("long%d evicted although expired entries were there", i)
+		}
+	}
+	if s.soonest[Success] != t0+int64(20*time.Second) || s.lastSweep[Success] != later {
+		t.Fatalf("soonest %d lastSweep %d after the sweep", s.soonest[Success]-t0, s.lastSweep[Success]-t0)
+	}
+	// Full again, nothing expired: a sample decides, no sweep (the bound
+	// says there is nothing to find).
+	add("new2.example.", 300, later)
+	add("new3.example.", 300, later)
+	add("new4.example.", 300, later+1)
+	if st := c.Stats(); st.Evictions != 4 || s.lastSweep[Success] != later {
+		t.Fatalf("stats %+v, last sweep %d: want one sampled eviction and no sweep", st, s.lastSweep[Success]-t0)
+	}
+	// An expired entry that arrives within sweepEvery of the last sweep:
+	// no sweep yet, but a sample that meets it takes it. The sample is
+	// random, so the shard is made to hold only expired entries and one
+	// live one.
+	c = New(Config{SuccessCapacity: 2, Shards: 1})
+	s = &c.shards[0]
+	add("a.example.", 1, t0)
+	add("b.example.", 300, t0)
+	s.lastSweep[Success] = t0 + int64(1500*time.Millisecond)
+	add("c.example.", 300, t0+int64(2*time.Second)) // within sweepEvery of the last sweep
+	if has("a.example.", t0+int64(2*time.Second)) || !has("b.example.", t0+int64(2*time.Second)) {
+		t.Fatal("the sample did not take the expired entry")
+	}
+	if s.lastSweep[Success] != t0+int64(1500*time.Millisecond) {
+		t.Fatal("swept within sweepEvery of the last sweep")
+	}
+	// Emptying the kind resets the bound.
+	if n := c.DropZone([]byte("\x07example\x00")); n != 2 {
+		t.Fatalf("dropped %d entries, want 2", n)
+	}
+	if st := c.Stats(); st.Entries[Success] != 0 || s.soonest[Success] != math.MaxInt64 {
+		t.Fatalf("an emptied kind: %+v, soonest %d", st, s.soonest[Success])
 	}
 }
