@@ -19,7 +19,8 @@
 # saw completed.
 #
 # Environment: MC_N [20000], MC_WARM [3000], MC_RATE [10000], MC_REPS [3],
-#   MC_WORKLOADS [unique uniqext], MC_OUT [bench/out/misscost],
+#   MC_WORKLOADS [unique uniqext; also tcphit: one cached name over TCP,
+#   for the TCP hit path's counts], MC_OUT [bench/out/misscost],
 #   MC_RECORD [unset; set: also `perf record -g` each measured part into
 #   $MC_OUT/LABEL.WORKLOAD.REP.data, kernel included].
 # Addresses: upstream 127.0.0.92:53 (node resolver) and 127.0.0.93:53
@@ -139,6 +140,7 @@ names() { # WORKLOAD PREFIX COUNT
 	case $1 in
 	unique) awk -v n="$3" -v p="$2" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d.default.svc.cluster.local A\n", p, i }' ;;
 	uniqext) awk -v n="$3" -v p="$2" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d.site-%d.example.com A\n", p, i, i % 997 }' ;;
+	tcphit) awk -v n="$3" 'BEGIN { for (i = 0; i < n; i++) print "svc-1.default.svc.cluster.local A" }' ;;
 	esac
 }
 
@@ -156,7 +158,9 @@ measure() { # LABEL BINARY WORKLOAD REP
 	start "$label" "$bin"
 	names "$w" "w$rep$RANDOM" "$WARM" >"$OUT/warm.txt"
 	names "$w" "m$rep$RANDOM" "$N" >"$OUT/q.txt"
-	taskset -c 1 dnsperf -s "$LISTEN" -p "$PORT" -d "$OUT/warm.txt" -n 1 -c 32 -q 100 -Q "$RATE" >"$OUT/$tag.warm.txt" 2>&1 || true
+	local mode=udp
+	[[ $w == tcphit ]] && mode=tcp
+	taskset -c 1 dnsperf -s "$LISTEN" -p "$PORT" -m "$mode" -d "$OUT/warm.txt" -n 1 -c 32 -q 100 -Q "$RATE" >"$OUT/$tag.warm.txt" 2>&1 || true
 	sleep 0.5
 	local c0 c1 s0 s1 pp
 	read -r c0 < <("$BIN/cpuns" "$SPID" | awk '{ print $2 }')
@@ -169,7 +173,7 @@ measure() { # LABEL BINARY WORKLOAD REP
 		pr=$!
 	fi
 	sleep 0.3
-	taskset -c 1 dnsperf -s "$LISTEN" -p "$PORT" -d "$OUT/q.txt" -n 1 -c 32 -q 100 -Q "$RATE" -v >"$OUT/$tag.txt" 2>&1 || true
+	taskset -c 1 dnsperf -s "$LISTEN" -p "$PORT" -m "$mode" -d "$OUT/q.txt" -n 1 -c 32 -q 100 -Q "$RATE" -v >"$OUT/$tag.txt" 2>&1 || true
 	sleep 0.3
 	kill -INT "$pp"
 	wait "$pp" || true

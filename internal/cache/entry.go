@@ -3,6 +3,7 @@ package cache
 import (
 	"encoding/binary"
 	"errors"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -177,11 +178,26 @@ func Build(resp []byte, q *wire.Query, pol Policy, servfailTTL time.Duration, no
 	return BuildStale(resp, q, pol, servfailTTL, 0, now)
 }
 
+// answerPool holds the wire.Answer each BuildStale parses into.
+var answerPool = sync.Pool{New: func() any { return new(wire.Answer) }}
+
+// maxPooledRRs: an Answer that held a larger answer than this many records
+// is left to the collector rather than pinned in the pool.
+const maxPooledRRs = 64
+
 // BuildStale is Build for a cache that serves stale answers: a positive or
 // denial entry may be served for staleWindow past its expiry.
 func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow time.Duration, now int64) (*Entry, error) {
-	var a wire.Answer
-	if err := wire.ParseAnswer(resp, &a); err != nil {
+	// The records' layout, from a pool: ParseAnswer's slice of records
+	// escapes, and every miss builds an entry (one allocation less each).
+	a := answerPool.Get().(*wire.Answer)
+	defer func() {
+		if cap(a.RRs) <= maxPooledRRs {
+			*a = wire.Answer{RRs: a.RRs[:0]} // keeps no name of resp's
+			answerPool.Put(a)
+		}
+	}()
+	if err := wire.ParseAnswer(resp, a); err != nil {
 		return nil, err
 	}
 	if a.Flags&wire.FlagQR == 0 || a.Type != q.Type || a.Class != q.Class || !wire.EqualNameFold(a.Name, q.Name) {
@@ -223,7 +239,7 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 		tag:     pol.Tag,
 	}
 	e.hash = hashQuestion(q.Name, q.Type, q.Class, e.flags)
-	e.kind, e.expires = classify(&a, pol, servfailTTL, now)
+	e.kind, e.expires = classify(a, pol, servfailTTL, now)
 	// A disabled kind is not stored but shown as if cached, as CoreDNS
 	// applies its caps to every answer passing its cache.
 	shown := e.kind != Uncacheable && !pol.Pass && a.Rcode <= 0xF && a.Flags&wire.FlagTC == 0

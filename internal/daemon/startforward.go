@@ -26,12 +26,13 @@ func (d *Daemon) startForward(qname []byte, query []byte, timeout time.Duration,
 // startShared starts the forward of name through the shared routes (the
 // Router), as forward does.
 func (d *Daemon) startShared(name string, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
-	g := d.Router.Lookup(name)
+	routes := d.Router.Current()
+	g := routes.Lookup(name)
 	if g == nil {
 		return false
 	}
 	f := asyncForwards.Get().(*asyncForward)
-	f.d, f.g, f.name, f.query, f.timeout, f.done = d, g, name, query, timeout, done
+	f.d, f.g, f.routes, f.name, f.query, f.timeout, f.done = d, g, routes, name, query, timeout, done
 	g.ExchangeAsync(query, timeout, f)
 	return true
 }
@@ -40,6 +41,7 @@ func (d *Daemon) startShared(name string, query []byte, timeout time.Duration, d
 type asyncForward struct {
 	d       *Daemon
 	g       *forward.Group
+	routes  *forward.RouteTable // the routes g was looked up in
 	name    string
 	query   []byte
 	timeout time.Duration
@@ -52,9 +54,13 @@ var asyncForwards = sync.Pool{New: func() any { return new(asyncForward) }}
 // query was out, the answer (or the ErrClosed of a retired group) reflects the old
 // configuration: the new group is asked, as forward does, in a goroutine.
 func (f *asyncForward) ExchangeDone(ans []byte, err error) {
-	d, g, name, query, timeout, done := f.d, f.g, f.name, f.query, f.timeout, f.done
+	d, g, routes, name, query, timeout, done := f.d, f.g, f.routes, f.name, f.query, f.timeout, f.done
 	*f = asyncForward{}
 	asyncForwards.Put(f)
+	if d.Router.Current() == routes {
+		done.Fetched(ans, err) // no reload since: the common case, without a second lookup
+		return
+	}
 	if now := d.Router.Lookup(name); now != nil && now != g {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)

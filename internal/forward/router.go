@@ -15,7 +15,14 @@ type Route struct {
 // replaced atomically by Update, so lookups take no lock and see either the old or the new table.
 // The Router does not own the groups: the caller closes a group after routing away from it.
 type Router struct {
-	table atomic.Pointer[map[string]*Group]
+	table atomic.Pointer[RouteTable]
+}
+
+// RouteTable is one version of a Router's routes: Update installs a new one, so a caller that
+// holds the table a lookup used can tell later, by comparing pointers, whether the routes
+// changed since (without looking the name up again).
+type RouteTable struct {
+	zones map[string]*Group
 }
 
 // NewRouter returns a Router with the given routes. A zone listed twice keeps its last group.
@@ -31,18 +38,23 @@ func (r *Router) Update(routes []Route) {
 	for _, rt := range routes {
 		t[canonicalZone(rt.Zone)] = rt.Group
 	}
-	r.table.Store(&t)
+	r.table.Store(&RouteTable{zones: t})
 }
+
+// Current returns the routes in force.
+func (r *Router) Current() *RouteTable { return r.table.Load() }
 
 // Lookup returns the group of the longest zone that is qname or an ancestor of it, or nil when
 // no zone matches and there is no "." route. qname must be a lower-case FQDN (the cache key's
 // form). It does not allocate.
-func (r *Router) Lookup(qname string) *Group {
-	tp := r.table.Load()
-	if tp == nil {
+func (r *Router) Lookup(qname string) *Group { return r.table.Load().Lookup(qname) }
+
+// Lookup is Router.Lookup in this table; a nil table has no routes.
+func (rt *RouteTable) Lookup(qname string) *Group {
+	if rt == nil {
 		return nil // zero Router: no routes
 	}
-	t := *tp
+	t := rt.zones
 	name := qname
 	if name == "" {
 		name = "."
