@@ -419,16 +419,18 @@ run_qps() {
 }
 
 # run_cpu SERVER PID WORKLOAD REP: fixed-rate run REP of a workload: the
-# server's CPU per query and the latencies (per-query output from -v), and
-# the other work on both cores meanwhile (as in run_qps), so a disturbed run
-# shows; one line of reps.tsv.
+# server's CPU per query and the latencies (per-query output from -v), the
+# other work on both cores meanwhile (as in run_qps), so a disturbed run
+# shows, and the queries it forwarded (all of them on a miss workload); one
+# line of reps.tsv.
 run_cpu() {
 	local s=$1 pid=$2 w=$3 rep=$4 port=${PORT[$1]} dir=$OUT/$1
 	workload "$w" "$rep"
 	local once=() f=$dir/$w.cpu-$rep
 	((W_ONCE)) && once=(-n 1)
-	local cpu_done cpu_lost lat c0 c1 t0 t1 b0 b1 s0 s1 k0 k1 d0 d1 u0 u1 noise noise0 noise1
+	local cpu_done cpu_lost lat c0 c1 t0 t1 b0 b1 s0 s1 k0 k1 d0 d1 u0 u1 noise noise0 noise1 up0 up1
 	sleep 0.5 # let the previous run's work (GC, TCP teardown) settle
+	up0=$(upstream_count)
 	"$BIN/cpuns" "$pid" >"$f.cpuns"
 	c0=$(cpu_ns "$pid")
 	b0=$(core_busy "$SERVER_CORE") s0=$(cpu_ticks "$pid") t0=$(date +%s%N)
@@ -439,6 +441,7 @@ run_cpu() {
 	k1=$(core_busy "$CLIENT_CORE") d1=$(child_ticks) u1=$(cpu_ticks "$UPSTREAM")
 	c1=$(cpu_ns "$pid")
 	"$BIN/cpuns" "$pid" >>"$f.cpuns"
+	up1=$(upstream_count)
 	noise0=$(share $((b1 - b0 - (s1 - s0))) $((t1 - t0)))
 	noise1=$(share $((k1 - k0 - (d1 - d0) - (u1 - u0))) $((t1 - t0)))
 	noise=$((noise0 > noise1 ? noise0 : noise1))
@@ -457,10 +460,11 @@ run_cpu() {
 	fi
 	local lat_avg lat_p50 lat_p99
 	read -r lat_avg lat_p50 lat_p99 <<<"$lat"
-	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$w" "$rep" "$cpu_us" \
-		"$lat_avg" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$noise" "$noise0" "$noise1" >>"$OUT/reps.tsv"
-	log "$(printf '%-12s %-9s rep %d/%d  cpu %s us/q  p50 %s ms  p99 %s ms  lost %s  other work %s%%' \
-		"$s" "$w" "$rep" "$CPU_REPS" "$cpu_us" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$noise")"
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$w" "$rep" "$cpu_us" \
+		"$lat_avg" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$noise" "$noise0" "$noise1" \
+		"${cpu_done:-n/a}" "$((up1 - up0))" >>"$OUT/reps.tsv"
+	log "$(printf '%-12s %-9s rep %d/%d  cpu %s us/q  p50 %s ms  p99 %s ms  lost %s  forwarded %s/%s  other work %s%%' \
+		"$s" "$w" "$rep" "$CPU_REPS" "$cpu_us" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$((up1 - up0))" "${cpu_done:-n/a}" "$noise")"
 }
 
 # median SERVER WORKLOAD COLUMN DECIMALS: the median of a reps.tsv column over

@@ -86,6 +86,8 @@ type Rep struct {
 	Noise       float64 // % of a core other work took during the run: the larger of the two below
 	NoiseServer float64 // on the server core, all but the server
 	NoiseClient float64 // on the client core, all but dnsperf and the upstream
+	Completed   float64 // queries answered
+	Forwarded   float64 // queries the test upstream answered meanwhile: Completed on a miss workload
 }
 
 // RSS is one server's memory (a line of rss.tsv), in kB.
@@ -215,10 +217,11 @@ func readResults(path string, d *Data) error {
 }
 
 // readReps reads reps.tsv: server, workload, rep, CPU µs/query, avg, p50,
-// p99, lost, other work % (the larger), on the server core, on the client core.
+// p99, lost, other work % (the larger), on the server core, on the client
+// core, answered, forwarded.
 func readReps(path string, d *Data) error {
 	return eachLine(path, func(f []string) {
-		if len(f) < 11 {
+		if len(f) < 13 {
 			return
 		}
 		n := func(i int) float64 { return num(f[i]) }
@@ -227,7 +230,7 @@ func readReps(path string, d *Data) error {
 		}
 		d.Reps[f[0]][f[1]] = append(d.Reps[f[0]][f[1]], Rep{
 			N: int(n(2)), CPUus: n(3), LatAvg: n(4), LatP50: n(5), LatP99: n(6), Lost: n(7),
-			Noise: n(8), NoiseServer: n(9), NoiseClient: n(10),
+			Noise: n(8), NoiseServer: n(9), NoiseClient: n(10), Completed: n(11), Forwarded: n(12),
 		})
 	})
 }
@@ -903,10 +906,10 @@ func writeReps(w io.Writer, d *Data) {
 		return
 	}
 	fmt.Fprintf(w, "Each server's fixed-rate runs, %s per workload, interleaved across servers (rep 1 of every server, then rep 2, ...): "+
-		"the results above are their medians. Other work: %% of a core taken by other processes during the run, on the server core / "+
+		"the results above are their medians. Forwarded: queries the test upstream answered during the run (on a miss workload, every answered one). Other work: %% of a core taken by other processes during the run, on the server core / "+
 		"on the client core; above %d%% in bold.\n\n", d.cpuReps(), maxNoise)
-	fmt.Fprintf(w, "| workload | server | rep | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost | other work %% |\n")
-	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| workload | server | rep | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost | answered | forwarded | other work %% |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, wl := range d.ranWorkloads() {
 		for _, s := range servers {
 			rate := "n/a"
@@ -918,8 +921,9 @@ func writeReps(w io.Writer, d *Data) {
 				if r.Noise > maxNoise {
 					noise = "**" + noise + "**"
 				}
-				fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", wl, serverTitle[s], r.N, rate,
-					fmtF(r.CPUus, 2), fmtF(r.LatAvg, 3), fmtF(r.LatP50, 3), fmtF(r.LatP99, 3), fmtF(r.Lost, 0), noise)
+				fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", wl, serverTitle[s], r.N, rate,
+					fmtF(r.CPUus, 2), fmtF(r.LatAvg, 3), fmtF(r.LatP50, 3), fmtF(r.LatP99, 3), fmtF(r.Lost, 0),
+					fmtF(r.Completed, 0), fmtF(r.Forwarded, 0), noise)
 			}
 		}
 	}

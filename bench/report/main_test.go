@@ -194,13 +194,14 @@ func TestTopLines(t *testing.T) {
 }
 
 // repLine builds a reps.tsv line: server, workload, rep, CPU µs/query, avg,
-// p50, p99, lost, other work % (the larger), on the server core, on the client core.
+// p50, p99, lost, other work % (the larger), on the server core, on the
+// client core, answered, forwarded.
 func repLine(server, wl, rep, cpu, p50, p99, noiseServer, noiseClient string) string {
 	noise := noiseServer
 	if num(noiseClient) > num(noiseServer) {
 		noise = noiseClient
 	}
-	return strings.Join([]string{server, wl, rep, cpu, "0.3", p50, p99, "0", noise, noiseServer, noiseClient}, "\t")
+	return strings.Join([]string{server, wl, rep, cpu, "0.3", p50, p99, "0", noise, noiseServer, noiseClient, "20000", "19999"}, "\t")
 }
 
 func TestReps(t *testing.T) {
@@ -258,10 +259,10 @@ func TestReps(t *testing.T) {
 	writeDoc(&doc, d, tables.String(), "results.png", nil)
 	for _, want := range []string{
 		"## Every fixed-rate repetition",
-		"| workload | server | rep | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost | other work % |",
-		"| unique | nodelocaldns | 2 | 10000 | 38.12 | 0.300 | 0.186 | 1.234 | 0 | **35 / 4** |",
-		"| unique | nodelocaldns | 3 | 10000 | 40.00 | 0.300 | 0.213 | 0.500 | 0 | 0 / 0 |",
-		"| unique | Unbound | 3 | 10000 | n/a | 0.300 | 0.250 | 0.460 | 0 | **2 / 12** |",
+		"| workload | server | rep | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost | answered | forwarded | other work % |",
+		"| unique | nodelocaldns | 2 | 10000 | 38.12 | 0.300 | 0.186 | 1.234 | 0 | 20000 | 19999 | **35 / 4** |",
+		"| unique | nodelocaldns | 3 | 10000 | 40.00 | 0.300 | 0.213 | 0.500 | 0 | 20000 | 19999 | 0 / 0 |",
+		"| unique | Unbound | 3 | 10000 | n/a | 0.300 | 0.250 | 0.460 | 0 | 20000 | 19999 | **2 / 12** |",
 		"the median of 3 runs at the fixed offered rate",
 		"fixed-rate runs per server and workload: 3 (`BENCH_CPU_REPS`), interleaved",
 		"scatters by 2×",
