@@ -344,6 +344,8 @@ share() {
 }
 
 # upstream_count: queries the test upstream has answered so far (UDP + TCP).
+# It counts its own query too: the queries between two calls are the
+# difference minus one (the first call's).
 upstream_count() {
 	dig +time=1 +tries=2 +short "@$NODE_RESOLVER" _stats.upstream.bench TXT |
 		tr -d '"' | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "udp" || kv[1] == "tcp") n += kv[2] } } END { print n + 0 }'
@@ -394,7 +396,7 @@ run_qps() {
 		if ((noise < best_noise)); then
 			best_noise=$noise
 			mv "$dir/$w.qps.try.txt" "$dir/$w.qps.txt"
-			echo "$((up1 - up0))" >"$dir/$w.upstream"
+			echo "$((up1 - up0 - 1))" >"$dir/$w.upstream"
 		fi
 		# Names asked once must not be asked again: the second try of such a
 		# workload takes a second set.
@@ -442,6 +444,7 @@ run_cpu() {
 	c1=$(cpu_ns "$pid")
 	"$BIN/cpuns" "$pid" >>"$f.cpuns"
 	up1=$(upstream_count)
+	local fwd=$((up1 - up0 - 1))
 	noise0=$(share $((b1 - b0 - (s1 - s0))) $((t1 - t0)))
 	noise1=$(share $((k1 - k0 - (d1 - d0) - (u1 - u0))) $((t1 - t0)))
 	noise=$((noise0 > noise1 ? noise0 : noise1))
@@ -462,9 +465,9 @@ run_cpu() {
 	read -r lat_avg lat_p50 lat_p99 <<<"$lat"
 	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$w" "$rep" "$cpu_us" \
 		"$lat_avg" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$noise" "$noise0" "$noise1" \
-		"${cpu_done:-n/a}" "$((up1 - up0))" >>"$OUT/reps.tsv"
+		"${cpu_done:-n/a}" "$fwd" >>"$OUT/reps.tsv"
 	log "$(printf '%-12s %-9s rep %d/%d  cpu %s us/q  p50 %s ms  p99 %s ms  lost %s  forwarded %s/%s  other work %s%%' \
-		"$s" "$w" "$rep" "$CPU_REPS" "$cpu_us" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$((up1 - up0))" "${cpu_done:-n/a}" "$noise")"
+		"$s" "$w" "$rep" "$CPU_REPS" "$cpu_us" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$fwd" "${cpu_done:-n/a}" "$noise")"
 }
 
 # median SERVER WORKLOAD COLUMN DECIMALS: the median of a reps.tsv column over
