@@ -18,14 +18,17 @@
 # Environment (defaults in brackets):
 #   BENCH_DURATION       seconds per unlimited-rate run [10]
 #   BENCH_CPU_DURATION   seconds per fixed-rate run (CPU/query, latency) [5]
+#   BENCH_CPU_REPS       fixed-rate runs per server and workload, interleaved
+#                        across servers; results.tsv holds their medians,
+#                        reps.tsv every one [3; 1 with BENCH_QUICK=1]
 #   BENCH_CPU_RATE       offered qps of the fixed-rate runs on hit workloads [20000]
 #   BENCH_MISS_CPU_RATE  offered qps of the fixed-rate run on unique misses [10000]
 #   BENCH_CLIENTS        dnsperf -c [32]
 #   BENCH_OUTSTANDING    dnsperf -q [100]
 #   BENCH_SERVERS        [nodelocaldns coredns unbound dnsmasq ceiling limit]
 #   BENCH_WORKLOADS      [hit1 hit20 nx1 names10k unique uniqext tcphit]
-#   BENCH_QUICK=1        smoke run: 2 s runs, workloads "hit1 unique uniqext
-#                        tcphit", no memory phase, RESULTS.md and results.png
+#   BENCH_QUICK=1        smoke run: 2 s runs, one fixed-rate run each, workloads
+#                        "hit1 unique uniqext tcphit", no memory phase, RESULTS.md and results.png
 #                        written to bench/out/ (never commit a smoke run)
 #   BENCH_NODELOCALDNS_ARGS  extra flags for the daemon
 #   BENCH_SKIP_INSTALL=1 never call apt-get
@@ -41,7 +44,8 @@
 #                        kube-apiserver (test/apiserver). `bench/run.sh autopath`
 #                        runs only it (output in bench/out/autopath.md).
 #   BENCH_AUTOPATH_DURATION, BENCH_AUTOPATH_RATE  [BENCH_CPU_DURATION, 500 lookups/s]
-# Writes bench/RESULTS.md, bench/results.png; raw output in bench/out/.
+# Writes bench/RESULTS.md, bench/results.png; raw output in bench/out/
+# (results.tsv: one row per server and workload; reps.tsv: every fixed-rate run).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -54,10 +58,16 @@ QUICK=${BENCH_QUICK:-0}
 if [[ $QUICK == 1 ]]; then
 	DURATION=${BENCH_DURATION:-2}
 	CPU_DURATION=${BENCH_CPU_DURATION:-2}
+	CPU_REPS=${BENCH_CPU_REPS:-1}
 	BENCH_WORKLOADS=${BENCH_WORKLOADS:-hit1 unique uniqext tcphit}
 fi
 DURATION=${BENCH_DURATION:-10}
 CPU_DURATION=${BENCH_CPU_DURATION:-5}
+# Three fixed-rate runs per server and workload: on this shared 2-core machine
+# one run's p99 scatters by 2x and its CPU/query by 10-20% (bursts of other
+# work, 0.25 s long, hit whichever server runs then); the median of three
+# outvotes one disturbed run, and three keeps `make bench` within half an hour.
+CPU_REPS=${BENCH_CPU_REPS:-3}
 CPU_RATE=${BENCH_CPU_RATE:-20000}
 MISS_CPU_RATE=${BENCH_MISS_CPU_RATE:-10000}
 CLIENTS=${BENCH_CLIENTS:-32}
@@ -79,13 +89,15 @@ declare -A MPORT=([nodelocaldns]=19301 [coredns]=19302)
 declare -A HPORT=([nodelocaldns]=18301 [coredns]=18302)
 
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin
-COMMAND="BENCH_QUICK=$QUICK BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
+COMMAND="BENCH_QUICK=$QUICK BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_REPS=$CPU_REPS BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
 
 log() { printf '%s bench: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {
 	log "error: $*"
 	exit 1
 }
+
+[[ $CPU_REPS =~ ^[1-9][0-9]*$ ]] || die "BENCH_CPU_REPS=$CPU_REPS: want a whole number of runs, 1 or more"
 
 # ---------------------------------------------------------------- processes
 
@@ -252,22 +264,26 @@ gen_queries() {
 	# Unique names, never repeated: all misses, forwarded to kube-dns over
 	# TCP (unique) or to the node's resolvers over UDP (uniqext). Each has a
 	# second set, for measuring once more when other work disturbed the
-	# first, and a third for the fixed-rate run.
-	local n=$((UNIQUE_PER_SECOND * DURATION)) m=$((MISS_CPU_RATE * CPU_DURATION + MISS_CPU_RATE))
+	# first, and one set per fixed-rate run (cR-N: rep R), each a second
+	# longer than the run at its rate, so dnsperf's time limit ends it.
+	local n=$((UNIQUE_PER_SECOND * DURATION)) m=$((MISS_CPU_RATE * CPU_DURATION + MISS_CPU_RATE)) rep
 	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "u%d.default.svc.cluster.local A\n", i }' >"$q/unique.txt"
 	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "v%d.default.svc.cluster.local A\n", i }' >"$q/unique-retry.txt"
-	awk -v n="$m" 'BEGIN { for (i = 0; i < n; i++) printf "c%d.default.svc.cluster.local A\n", i }' >"$q/unique-cpu.txt"
 	# External names: 997 sites (a prime, so names spread over many
 	# "domains" as real traffic does; every server's cache still misses).
 	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "u%d.site-%d.example.com A\n", i, i % 997 }' >"$q/uniqext.txt"
 	awk -v n="$n" 'BEGIN { for (i = 0; i < n; i++) printf "v%d.site-%d.example.com A\n", i, i % 997 }' >"$q/uniqext-retry.txt"
-	awk -v n="$m" 'BEGIN { for (i = 0; i < n; i++) printf "c%d.site-%d.example.com A\n", i, i % 997 }' >"$q/uniqext-cpu.txt"
+	for rep in $(seq 1 "$CPU_REPS"); do
+		awk -v n="$m" -v r="$rep" 'BEGIN { for (i = 0; i < n; i++) printf "c%d-%d.default.svc.cluster.local A\n", r, i }' >"$q/unique-cpu-$rep.txt"
+		awk -v n="$m" -v r="$rep" 'BEGIN { for (i = 0; i < n; i++) printf "c%d-%d.site-%d.example.com A\n", r, i, i % 997 }' >"$q/uniqext-cpu-$rep.txt"
+	done
 	# Names for the memory phase: 10k, then 90k more (100k distinct in all).
 	awk 'BEGIN { for (i = 0; i < 10000; i++) if (i % 2) printf "r%d.default.svc.cluster.local A\n", i; else printf "r%d.example.net A\n", i }' >"$q/rss10k.txt"
 	awk 'BEGIN { for (i = 10000; i < 100000; i++) if (i % 2) printf "r%d.default.svc.cluster.local A\n", i; else printf "r%d.example.net A\n", i }' >"$q/rss100k.txt"
 }
 
-# workload NAME: sets W_FILE, W_RETRY_FILE, W_MODE, W_WARM, W_ONCE, W_CPU_FILE, W_RATE.
+# workload NAME [REP]: sets W_FILE, W_RETRY_FILE, W_MODE, W_WARM, W_ONCE,
+# W_RATE, and W_CPU_FILE: the queries of fixed-rate run REP [1].
 workload() {
 	local q=$OUT/queries
 	W_MODE=udp W_WARM=1 W_ONCE=0 W_RATE=$CPU_RATE W_RETRY_FILE=
@@ -279,7 +295,7 @@ workload() {
 	tcphit) W_FILE=$q/hit1.txt W_MODE=tcp ;;
 	unique | uniqext)
 		W_FILE=$q/$1.txt W_RETRY_FILE=$q/$1-retry.txt W_WARM=0 W_ONCE=1 W_RATE=$MISS_CPU_RATE
-		W_CPU_FILE=$q/$1-cpu.txt
+		W_CPU_FILE=$q/$1-cpu-${2:-1}.txt
 		return 0
 		;;
 	*) die "unknown workload $1" ;;
@@ -328,6 +344,8 @@ share() {
 }
 
 # upstream_count: queries the test upstream has answered so far (UDP + TCP).
+# It counts its own query too: the queries between two calls are the
+# difference minus one (the first call's).
 upstream_count() {
 	dig +time=1 +tries=2 +short "@$NODE_RESOLVER" _stats.upstream.bench TXT |
 		tr -d '"' | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "udp" || kv[1] == "tcp") n += kv[2] } } END { print n + 0 }'
@@ -346,8 +364,10 @@ stat_of() {
 	awk -v k="$2" 'index($0, k) { sub(/.*:[ \t]*/, ""); print $1; exit }' "$1"
 }
 
-# run_workload SERVER PID WORKLOAD: one row of results.tsv.
-run_workload() {
+# run_qps SERVER PID WORKLOAD: the unlimited-rate part of a workload (warmed
+# first when it hits): QPS, lost, forwarded and other work, left in
+# bench/out/SERVER/WORKLOAD.qps.tsv for write_row.
+run_qps() {
 	local s=$1 pid=$2 w=$3 port=${PORT[$1]} dir=$OUT/$1
 	workload "$w"
 	if ((W_WARM)); then
@@ -376,7 +396,7 @@ run_workload() {
 		if ((noise < best_noise)); then
 			best_noise=$noise
 			mv "$dir/$w.qps.try.txt" "$dir/$w.qps.txt"
-			echo "$((up1 - up0))" >"$dir/$w.upstream"
+			echo "$((up1 - up0 - 1))" >"$dir/$w.upstream"
 		fi
 		# Names asked once must not be asked again: the second try of such a
 		# workload takes a second set.
@@ -389,43 +409,97 @@ run_workload() {
 	done
 	rm -f "$dir/$w.qps.try.txt"
 	noise=$best_noise
-	local qps sent lost completed
+	local qps sent lost completed fwd
 	qps=$(stat_of "$dir/$w.qps.txt" "Queries per second")
 	sent=$(stat_of "$dir/$w.qps.txt" "Queries sent")
 	lost=$(stat_of "$dir/$w.qps.txt" "Queries lost")
 	completed=$(stat_of "$dir/$w.qps.txt" "Queries completed")
+	fwd=$(cat "$dir/$w.upstream")
+	printf '%s\t%s\t%s\t%s\t%s\t%s\n' "${qps:-n/a}" "${sent:-n/a}" "${completed:-n/a}" "${lost:-n/a}" "$fwd" "$noise" >"$dir/$w.qps.tsv"
+	log "$(printf '%-12s %-9s %8.0f qps  lost %s  forwarded %s  other work %s%%' \
+		"$s" "$w" "${qps:-0}" "${lost:-n/a}" "$fwd" "$noise")"
+}
 
-	# Fixed rate: CPU per query and latency (per-query output from -v).
-	local cpu_done cpu_lost lat
-	sleep 0.5
-	"$BIN/cpuns" "$pid" >"$dir/$w.cpuns"
+# run_cpu SERVER PID WORKLOAD REP: fixed-rate run REP of a workload: the
+# server's CPU per query and the latencies (per-query output from -v), the
+# other work on both cores meanwhile (as in run_qps), so a disturbed run
+# shows, and the queries it forwarded (all of them on a miss workload); one
+# line of reps.tsv.
+run_cpu() {
+	local s=$1 pid=$2 w=$3 rep=$4 port=${PORT[$1]} dir=$OUT/$1
+	workload "$w" "$rep"
+	local once=() f=$dir/$w.cpu-$rep
+	((W_ONCE)) && once=(-n 1)
+	local cpu_done cpu_lost lat c0 c1 t0 t1 b0 b1 s0 s1 k0 k1 d0 d1 u0 u1 noise noise0 noise1 up0 up1
+	sleep 0.5 # let the previous run's work (GC, TCP teardown) settle
+	up0=$(upstream_count)
+	"$BIN/cpuns" "$pid" >"$f.cpuns"
 	c0=$(cpu_ns "$pid")
-	dnsperf_run "$port" "$W_MODE" "$W_CPU_FILE" "$dir/$w.cpu.txt" -l "$CPU_DURATION" -Q "$W_RATE" -v "${once[@]}"
+	b0=$(core_busy "$SERVER_CORE") s0=$(cpu_ticks "$pid") t0=$(date +%s%N)
+	k0=$(core_busy "$CLIENT_CORE") d0=$(child_ticks) u0=$(cpu_ticks "$UPSTREAM")
+	dnsperf_run "$port" "$W_MODE" "$W_CPU_FILE" "$f.txt" -l "$CPU_DURATION" -Q "$W_RATE" -v "${once[@]}"
 	sleep 0.5 # let the server finish (and reap TCP children)
+	b1=$(core_busy "$SERVER_CORE") s1=$(cpu_ticks "$pid") t1=$(date +%s%N)
+	k1=$(core_busy "$CLIENT_CORE") d1=$(child_ticks) u1=$(cpu_ticks "$UPSTREAM")
 	c1=$(cpu_ns "$pid")
-	"$BIN/cpuns" "$pid" >>"$dir/$w.cpuns"
-	cpu_done=$(stat_of "$dir/$w.cpu.txt" "Queries completed")
-	cpu_lost=$(stat_of "$dir/$w.cpu.txt" "Queries lost")
-	lat=$(awk '/^> / { print $NF }' "$dir/$w.cpu.txt" | sort -g |
+	"$BIN/cpuns" "$pid" >>"$f.cpuns"
+	up1=$(upstream_count)
+	local fwd=$((up1 - up0 - 1))
+	noise0=$(share $((b1 - b0 - (s1 - s0))) $((t1 - t0)))
+	noise1=$(share $((k1 - k0 - (d1 - d0) - (u1 - u0))) $((t1 - t0)))
+	noise=$((noise0 > noise1 ? noise0 : noise1))
+	cpu_done=$(stat_of "$f.txt" "Queries completed")
+	cpu_lost=$(stat_of "$f.txt" "Queries lost")
+	lat=$(awk '/^> / { print $NF }' "$f.txt" | sort -g |
 		awk '{ v[NR] = $1; s += $1 } END { if (NR == 0) { print "n/a n/a n/a"; exit }
 			i = int(NR * 0.99); if (i < 1) i = 1; j = int(NR * 0.5); if (j < 1) j = 1
 			printf "%.3f %.3f %.3f\n", s / NR * 1000, v[j] * 1000, v[i] * 1000 }')
 	# Keep only the summary of the per-query output.
-	grep -v '^> ' "$dir/$w.cpu.txt" >"$dir/$w.cpu.summary.txt" || true
-	rm -f "$dir/$w.cpu.txt"
+	grep -v '^> ' "$f.txt" >"$f.summary.txt" || true
+	rm -f "$f.txt"
 	local cpu_us=n/a
 	if [[ -n $cpu_done && $cpu_done -gt 0 && -n $c0 && -n $c1 ]]; then
 		cpu_us=$(awk -v t=$((c1 - c0)) -v n="$cpu_done" 'BEGIN { printf "%.2f", t / 1e3 / n }')
 	fi
 	local lat_avg lat_p50 lat_p99
 	read -r lat_avg lat_p50 lat_p99 <<<"$lat"
-	local fwd
-	fwd=$(cat "$dir/$w.upstream")
-	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$w" "${qps:-n/a}" "${sent:-n/a}" \
-		"${completed:-n/a}" "${lost:-n/a}" "$fwd" "$W_RATE" "${cpu_lost:-n/a}" "$cpu_us" \
-		"$lat_avg" "$lat_p50" "$lat_p99" "$noise" >>"$OUT/results.tsv"
-	log "$(printf '%-12s %-9s %8.0f qps  lost %s  cpu %s us/q  p99 %s ms  forwarded %s  other work %s%%' \
-		"$s" "$w" "${qps:-0}" "${lost:-n/a}/${cpu_lost:-n/a}" "$cpu_us" "$lat_p99" "$fwd" "$noise")"
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$w" "$rep" "$cpu_us" \
+		"$lat_avg" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$noise" "$noise0" "$noise1" \
+		"${cpu_done:-n/a}" "$fwd" >>"$OUT/reps.tsv"
+	log "$(printf '%-12s %-9s rep %d/%d  cpu %s us/q  p50 %s ms  p99 %s ms  lost %s  forwarded %s/%s  other work %s%%' \
+		"$s" "$w" "$rep" "$CPU_REPS" "$cpu_us" "$lat_p50" "$lat_p99" "${cpu_lost:-n/a}" "$fwd" "${cpu_done:-n/a}" "$noise")"
+}
+
+# median SERVER WORKLOAD COLUMN DECIMALS: the median of a reps.tsv column over
+# that server's runs of the workload (the mean of the middle two when even),
+# n/a when no run has a figure there.
+median() {
+	awk -F'\t' -v s="$1" -v w="$2" -v c="$3" '$1 == s && $2 == w && $c != "n/a" { print $c }' "$OUT/reps.tsv" |
+		sort -g | awk -v p="$4" '{ v[NR] = $1 } END {
+			if (NR == 0) { print "n/a"; exit }
+			m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+			printf "%." p "f\n", m }'
+}
+
+# write_row SERVER WORKLOAD: its row of results.tsv: the unlimited-rate
+# figures, the medians of the fixed-rate runs' CPU/query, avg, p50 and p99
+# (each column's own median), their lost queries summed, and how many fixed-
+# rate runs there were (the last column: files without it had one).
+write_row() {
+	local s=$1 w=$2 dir=$OUT/$1 qps sent completed lost fwd noise cpu_us avg p50 p99 cpu_lost n
+	IFS=$'\t' read -r qps sent completed lost fwd noise <"$dir/$w.qps.tsv"
+	workload "$w"
+	cpu_us=$(median "$s" "$w" 4 2)
+	avg=$(median "$s" "$w" 5 3)
+	p50=$(median "$s" "$w" 6 3)
+	p99=$(median "$s" "$w" 7 3)
+	read -r cpu_lost n < <(awk -F'\t' -v s="$s" -v w="$w" '$1 == s && $2 == w { n++; if ($8 != "n/a") { l += $8; k++ } }
+		END { printf "%s %d\n", k ? l : "n/a", n }' "$OUT/reps.tsv")
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$w" "$qps" "$sent" \
+		"$completed" "$lost" "$fwd" "$W_RATE" "$cpu_lost" "$cpu_us" \
+		"$avg" "$p50" "$p99" "$noise" "$n" >>"$OUT/results.tsv"
+	log "$(printf '%-12s %-9s %8s qps  lost %s  median of %d: cpu %s us/q  p99 %s ms  forwarded %s  other work %s%%' \
+		"$s" "$w" "${qps%.*}" "$lost/$cpu_lost" "$n" "$cpu_us" "$p99" "$fwd" "$noise")"
 }
 
 # --------------------------------------------------------------- the servers
@@ -592,7 +666,10 @@ EOF
 # Every server runs for the whole workload phase, all pinned to the server
 # core (idle ones cost nothing), and each workload is measured on each server
 # in turn: a burst of other work on this shared machine then hits one
-# workload of every server rather than every workload of one server.
+# workload of every server rather than every workload of one server. Within
+# a workload the fixed-rate runs are interleaved too (rep 1 of every server,
+# then rep 2 of every server, ...), so a burst hits one rep of one server,
+# and the median of each server's reps leaves it out.
 declare -A RUNNING=() # server -> pid
 
 start_all() {
@@ -611,23 +688,49 @@ start_all() {
 	done
 }
 
+# alive SERVER WORKLOAD: true while the server runs; if it has exited, says
+# so in status.tsv and forgets it.
+alive() {
+	local s=$1 w=$2
+	[[ -v "RUNNING[$s]" ]] || return 1
+	kill -0 "${RUNNING[$s]}" 2>/dev/null && return 0
+	log "$s: exited during the run; log: $OUT/$s/server.log"
+	printf '%s\tstatus\tn/a: exited during %s (see bench/out/%s/server.log)\n' "$s" "$w" "$s" >>"$OUT/status.tsv"
+	unset "RUNNING[$s]"
+	return 1
+}
+
 run_all() {
-	local w s pid
+	local w s rep i n
+	local -a measured order
 	for w in $WORKLOADS; do
+		measured=()
 		for s in $SERVERS; do
-			[[ -v "RUNNING[$s]" ]] || continue
-			pid=${RUNNING[$s]}
-			if ! kill -0 "$pid" 2>/dev/null; then
-				log "$s: exited during the run; log: $OUT/$s/server.log"
-				printf '%s\tstatus\tn/a: exited during %s (see bench/out/%s/server.log)\n' "$s" "$w" "$s" >>"$OUT/status.tsv"
-				unset "RUNNING[$s]"
-				continue
-			fi
+			alive "$s" "$w" || continue
 			workload "$w"
 			if [[ $s == limit && $W_MODE != udp ]]; then
 				continue # UDP only: no row, the report says n/a
 			fi
-			run_workload "$s" "$pid" "$w"
+			run_qps "$s" "${RUNNING[$s]}" "$w"
+			measured+=("$s")
+		done
+		# Each rep starts one server further along the list: the slot
+		# right after the unlimited-rate runs (which leave the most work
+		# behind: GC, TCP teardown, the upstream's) and the slot last in
+		# a rep fall to a different server each time, not always the same.
+		n=${#measured[@]}
+		for rep in $(seq 1 "$CPU_REPS"); do
+			order=()
+			for ((i = 0; i < n; i++)); do
+				order+=("${measured[(i + rep - 1) % n]}")
+			done
+			for s in "${order[@]}"; do
+				alive "$s" "$w" || continue
+				run_cpu "$s" "${RUNNING[$s]}" "$w" "$rep"
+			done
+		done
+		for s in "${measured[@]}"; do
+			write_row "$s" "$w"
 		done
 	done
 	for s in $SERVERS; do
@@ -682,6 +785,7 @@ write_facts() {
 		echo "nodelocaldns_status=$NLD_STATUS"
 		echo "duration=$DURATION"
 		echo "cpu_duration=$CPU_DURATION"
+		echo "cpu_reps=$CPU_REPS"
 		echo "cpu_rate=$CPU_RATE"
 		echo "miss_cpu_rate=$MISS_CPU_RATE"
 		echo "clients=$CLIENTS"
@@ -726,6 +830,7 @@ bench() {
 	common_setup unbound:unbound dnsmasq:dnsmasq-base
 	build_coredns
 	: >"$OUT/results.tsv"
+	: >"$OUT/reps.tsv"
 	: >"$OUT/rss.tsv"
 	: >"$OUT/status.tsv"
 	log "load average before: $LOAD_BEFORE (other work on this machine skews the numbers)"

@@ -1,5 +1,5 @@
-// Command report turns the raw output of bench/run.sh (results.tsv, rss.tsv,
-// status.tsv and facts.env in one directory) into the bench's table: it
+// Command report turns the raw output of bench/run.sh (results.tsv, reps.tsv,
+// rss.tsv, status.tsv and facts.env in one directory) into the bench's table: it
 // prints it and writes RESULTS.md with nodelocaldns' ratio to each peer, each
 // server's distance from the cost of just moving packets (the limit row), and
 // the verdict on each target of issue 13 (issue 8's hit targets are kept as
@@ -8,9 +8,12 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -53,20 +56,38 @@ var workloadTitle = map[string]string{
 	"tcphit":   "hit, one name, TCP",
 }
 
-// Row is one server × workload measurement (a line of results.tsv).
+// Row is one server × workload measurement (a line of results.tsv). The
+// fixed-rate figures are the medians over its repetitions (each column its
+// own median), CPULost their sum.
 type Row struct {
 	QPS       float64
 	Sent      float64
 	Completed float64
 	Lost      float64
 	Upstream  float64 // queries the test upstream answered during the QPS run
-	Rate      float64 // offered rate of the fixed-rate run
+	Rate      float64 // offered rate of the fixed-rate runs
 	CPULost   float64
 	CPUus     float64 // server CPU µs per query at Rate
 	LatAvg    float64 // ms, at Rate
 	LatP50    float64
 	LatP99    float64
 	Noise     float64 // % of the server's core used by other processes during the QPS run
+	Reps      int     // fixed-rate runs behind the medians; 1 in files from before there were more
+}
+
+// Rep is one fixed-rate run (a line of reps.tsv).
+type Rep struct {
+	N           int     // 1, 2, ...: its place in time among the workload's reps
+	CPUus       float64 // server CPU µs per query
+	LatAvg      float64 // ms
+	LatP50      float64
+	LatP99      float64
+	Lost        float64
+	Noise       float64 // % of a core other work took during the run: the larger of the two below
+	NoiseServer float64 // on the server core, all but the server
+	NoiseClient float64 // on the client core, all but dnsperf and the upstream
+	Completed   float64 // queries answered
+	Forwarded   float64 // queries the test upstream answered meanwhile: Completed on a miss workload
 }
 
 // RSS is one server's memory (a line of rss.tsv), in kB.
@@ -76,7 +97,10 @@ type RSS struct {
 
 // Data is everything one run produced.
 type Data struct {
-	Rows   map[string]map[string]Row
+	Rows map[string]map[string]Row
+	// Reps are every fixed-rate run of each server × workload, in rep
+	// order; empty for a run from before reps.tsv.
+	Reps   map[string]map[string][]Rep
 	RSS    map[string]RSS
 	Status map[string]string
 	Facts  map[string]string
@@ -122,11 +146,15 @@ func main() {
 func load(dir string) (*Data, error) {
 	d := &Data{
 		Rows:   map[string]map[string]Row{},
+		Reps:   map[string]map[string][]Rep{},
 		RSS:    map[string]RSS{},
 		Status: map[string]string{},
 		Facts:  map[string]string{},
 	}
 	if err := readResults(filepath.Join(dir, "results.tsv"), d); err != nil {
+		return nil, err
+	}
+	if err := readReps(filepath.Join(dir, "reps.tsv"), d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
 	if err := eachLine(filepath.Join(dir, "rss.tsv"), func(f []string) {
@@ -176,10 +204,34 @@ func readResults(path string, d *Data) error {
 		if d.Rows[f[0]] == nil {
 			d.Rows[f[0]] = map[string]Row{}
 		}
-		d.Rows[f[0]][f[1]] = Row{
+		r := Row{
 			QPS: n(2), Sent: n(3), Completed: n(4), Lost: n(5), Upstream: n(6),
 			Rate: n(7), CPULost: n(8), CPUus: n(9), LatAvg: n(10), LatP50: n(11), LatP99: n(12), Noise: n(13),
+			Reps: 1, // files without the column had one fixed-rate run
 		}
+		if len(f) > 14 {
+			r.Reps = int(n(14))
+		}
+		d.Rows[f[0]][f[1]] = r
+	})
+}
+
+// readReps reads reps.tsv: server, workload, rep, CPU µs/query, avg, p50,
+// p99, lost, other work % (the larger), on the server core, on the client
+// core, answered, forwarded.
+func readReps(path string, d *Data) error {
+	return eachLine(path, func(f []string) {
+		if len(f) < 13 {
+			return
+		}
+		n := func(i int) float64 { return num(f[i]) }
+		if d.Reps[f[0]] == nil {
+			d.Reps[f[0]] = map[string][]Rep{}
+		}
+		d.Reps[f[0]][f[1]] = append(d.Reps[f[0]][f[1]], Rep{
+			N: int(n(2)), CPUus: n(3), LatAvg: n(4), LatP50: n(5), LatP99: n(6), Lost: n(7),
+			Noise: n(8), NoiseServer: n(9), NoiseClient: n(10), Completed: n(11), Forwarded: n(12),
+		})
 	})
 }
 
@@ -235,6 +287,15 @@ func (d *Data) ranWorkloads() []string {
 		}
 	}
 	return out
+}
+
+// cpuReps is how many fixed-rate runs each server had per workload (facts
+// from before they were repeated have no cpu_reps: one).
+func (d *Data) cpuReps() string {
+	if n := d.Facts["cpu_reps"]; n != "" {
+		return n
+	}
+	return "1"
 }
 
 func (d *Data) ok(s string) bool { return d.Status[s] == "ok" && len(d.Rows[s]) > 0 }
@@ -312,7 +373,12 @@ func writeTables(w io.Writer, d *Data) {
 	}
 
 	fmt.Fprintf(w, "\n### Every measurement\n\n")
-	fmt.Fprintf(w, "QPS, lost, forwarded and other work: unlimited rate. CPU and latency: the fixed offered rate in the `rate` column.\n\n")
+	if n := d.cpuReps(); n != "1" {
+		fmt.Fprintf(w, "QPS, lost, forwarded and other work: unlimited rate. CPU and latency: the median of %s runs at the fixed offered rate in the `rate` column "+
+			"(each column its own median; every run under \"Every fixed-rate repetition\"); lost at rate: summed over them.\n\n", n)
+	} else {
+		fmt.Fprintf(w, "QPS, lost, forwarded and other work: unlimited rate. CPU and latency: the fixed offered rate in the `rate` column.\n\n")
+	}
 	fmt.Fprintf(w, "| workload | server | QPS | lost | forwarded | other work %% | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost at rate |\n")
 	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, wl := range ran {
@@ -498,20 +564,25 @@ func (d *Data) verdicts() []Verdict {
 		if measured && n.Rate > 0 {
 			at = fmt.Sprintf(" at %.0f qps", n.Rate)
 		}
-		// Lower is better for CPU and latency.
-		lower := func(target, unit string, prec int, nv, uv float64) {
+		// Lower is better for CPU and latency. The figures are medians
+		// over the fixed-rate runs; each run's follows, in time order.
+		lower := func(target, unit string, prec int, nv, uv float64, field func(Rep) float64) {
+			reps := ""
+			if ns, us := d.spread("nodelocaldns", wl, prec, field), d.spread("unbound", wl, prec, field); ns != "" && us != "" {
+				reps = "; reps " + ns + " vs " + us
+			}
 			switch {
 			case !measured || nv < 0 || uv <= 0:
 				add(target, -1, "not measured")
 			case nv <= uv:
-				add(target, 1, fmt.Sprintf("%s vs %s %s (%s)", fmtF(nv, prec), fmtF(uv, prec), unit, pct(nv/uv)))
+				add(target, 1, fmt.Sprintf("%s vs %s %s (%s)%s", fmtF(nv, prec), fmtF(uv, prec), unit, pct(nv/uv), reps))
 			default:
-				add(target, 0, fmt.Sprintf("%s vs %s %s: over by %s", fmtF(nv, prec), fmtF(uv, prec), unit, pct(nv/uv)))
+				add(target, 0, fmt.Sprintf("%s vs %s %s: over by %s%s", fmtF(nv, prec), fmtF(uv, prec), unit, pct(nv/uv), reps))
 			}
 		}
-		lower(name+": CPU/query ≤ Unbound's", "µs", 2, n.CPUus, u.CPUus)
-		lower(name+": p50"+at+" ≤ Unbound's", "ms", 3, n.LatP50, u.LatP50)
-		lower(name+": p99"+at+" ≤ Unbound's", "ms", 3, n.LatP99, u.LatP99)
+		lower(name+": CPU/query ≤ Unbound's", "µs", 2, n.CPUus, u.CPUus, func(r Rep) float64 { return r.CPUus })
+		lower(name+": p50"+at+" ≤ Unbound's", "ms", 3, n.LatP50, u.LatP50, func(r Rep) float64 { return r.LatP50 })
+		lower(name+": p99"+at+" ≤ Unbound's", "ms", 3, n.LatP99, u.LatP99, func(r Rep) float64 { return r.LatP99 })
 		t := name + ": QPS ≥ Unbound's"
 		switch {
 		case !measured:
@@ -561,6 +632,34 @@ func (d *Data) verdicts() []Verdict {
 		}
 	}
 	return vs
+}
+
+// spread is one figure of every fixed-rate run of s on wl, in rep order,
+// joined by "/" ("" when there was at most one): how far the runs behind a
+// median scatter.
+func (d *Data) spread(s, wl string, prec int, field func(Rep) float64) string {
+	reps := d.Reps[s][wl]
+	if len(reps) < 2 {
+		return ""
+	}
+	vs := make([]string, len(reps))
+	for i, r := range reps {
+		vs[i] = fmtSig(field(r), prec)
+	}
+	return strings.Join(vs, "/")
+}
+
+// fmtSig formats v with three significant digits, at most prec decimals
+// (those the figure was measured with): short enough to list several.
+func fmtSig(v float64, prec int) string {
+	if v < 0 {
+		return "n/a"
+	}
+	dec := prec
+	if v > 0 {
+		dec = min(prec, max(0, 2-int(math.Floor(math.Log10(v)))))
+	}
+	return strconv.FormatFloat(v, 'f', dec, 64)
 }
 
 // coreDNSVerdict: nodelocaldns answers wl at 3× CoreDNS's rate, or, when the
@@ -706,6 +805,7 @@ func writeDoc(w io.Writer, d *Data, tables, png string, profiles []string) {
 	}
 
 	fmt.Fprintf(w, "## Results\n\n![QPS per workload and server](%s)\n\n%s\n", png, tables)
+	writeReps(w, d)
 
 	fmt.Fprintf(w, `## How it was measured
 
@@ -744,13 +844,25 @@ func writeDoc(w io.Writer, d *Data, tables, png string, profiles []string) {
   answered queries.
   **avg/p50/p99 ms**: the per-query latencies dnsperf prints with `+"`-v`"+` in that same fixed-rate run
   (at unlimited rate latency is only queueing: about -q ÷ QPS).
+- **Repetitions**: fixed-rate runs per server and workload: %s (`+"`BENCH_CPU_REPS`"+`), interleaved
+  across servers: for each workload every server's unlimited-rate run, then rep 1 of every server,
+  rep 2 of every server, and so on, each rep starting one server further along the list (so the slot
+  right after the unlimited-rate runs is not always the same server's). The tables and targets use
+  the median of each column separately (CPU, avg, p50, p99; lost at rate is summed). Why: on this
+  shared 2-core machine the p99 of the same binaries scatters by 2× between runs, for every server
+  (Unbound included), and CPU per query by 10-20%%; slow queries come in bursts of about 0.25 s that
+  hit whichever server is measured at that moment, so one run per server made each comparison a
+  coin flip. Interleaved, a burst hits one run of one server and the median leaves it out. Every run,
+  with the other work on both cores during it, is under "Every fixed-rate repetition"; the
+  unique-name workloads take fresh names in every run, so each is all misses.
 - **forwarded**: queries the test upstream answered during the unlimited-rate run (cache misses,
   plus CoreDNS's health/loop probes).
 - **other work %%**: CPU time of other processes during the unlimited-rate run, in %% of a core:
   on the server core everything but the server, on the client core everything but dnsperf and
   the upstream, plus the time the hypervisor gave to other machines (steal); the larger of the
-  two (this machine is shared). A run above 10%% is measured once
-  more (unique names with a second set of names) and the quieter run kept.
+  two (this machine is shared). An unlimited-rate run above 10%% is measured once
+  more (unique names with a second set of names) and the quieter run kept; fixed-rate runs are
+  not repeated for it (their median leaves a disturbed one out), their other work is listed with them.
 - **RSS**: VmRSS of a fresh process after 10k and then 100k distinct names (half cluster.local, half
   external, at unlimited rate); peak is VmHWM at the end of all workloads (after the unique-name run).
 - Workloads: one name `+"`kubernetes.default.svc.cluster.local`"+`; 20 names (10 cluster.local, 10 external);
@@ -778,10 +890,44 @@ func writeDoc(w io.Writer, d *Data, tables, png string, profiles []string) {
 
 Command: `+"`%s`"+`
 `,
-		f["clients"], f["outstanding"], f["duration"], f["cpu_duration"], f["cpu_rate"], f["miss_cpu_rate"],
+		f["clients"], f["outstanding"], f["duration"], f["cpu_duration"], f["cpu_rate"], f["miss_cpu_rate"], d.cpuReps(),
 		f["load_before"], f["load_after"],
 		f["date"], f["cpu"], f["cores"], f["memory"], f["os"], f["kernel"], f["go"], f["dnsperf"],
 		f["coredns"], f["coredns"], f["unbound"], f["dnsmasq"], f["nodelocaldns"], f["elapsed"], f["command"])
+}
+
+// writeReps writes the section listing every fixed-rate run (reps.tsv),
+// with the other work on both cores during each: the spread behind the
+// medians, and which runs a burst of other work disturbed.
+func writeReps(w io.Writer, d *Data) {
+	fmt.Fprintf(w, "## Every fixed-rate repetition\n\n")
+	if len(d.Reps) == 0 {
+		fmt.Fprintf(w, "none recorded in this run (no reps.tsv)\n\n")
+		return
+	}
+	fmt.Fprintf(w, "Each server's fixed-rate runs, %s per workload, interleaved across servers (rep 1 of every server, then rep 2, ...): "+
+		"the results above are their medians. Forwarded: queries the test upstream answered during the run (on a miss workload, every answered one). Other work: %% of a core taken by other processes during the run, on the server core / "+
+		"on the client core; above %d%% in bold.\n\n", d.cpuReps(), maxNoise)
+	fmt.Fprintf(w, "| workload | server | rep | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost | answered | forwarded | other work %% |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, wl := range d.ranWorkloads() {
+		for _, s := range servers {
+			rate := "n/a"
+			if r, ok := d.Rows[s][wl]; ok {
+				rate = fmtF(r.Rate, 0)
+			}
+			for _, r := range d.Reps[s][wl] {
+				noise := fmtF(r.NoiseServer, 0) + " / " + fmtF(r.NoiseClient, 0)
+				if r.Noise > maxNoise {
+					noise = "**" + noise + "**"
+				}
+				fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", wl, serverTitle[s], r.N, rate,
+					fmtF(r.CPUus, 2), fmtF(r.LatAvg, 3), fmtF(r.LatP50, 3), fmtF(r.LatP99, 3), fmtF(r.Lost, 0),
+					fmtF(r.Completed, 0), fmtF(r.Forwarded, 0), noise)
+			}
+		}
+	}
+	fmt.Fprintln(w)
 }
 
 func statusLine(s string) string {

@@ -192,3 +192,137 @@ func TestTopLines(t *testing.T) {
 		t.Errorf("topLines:\n%q\nwant\n%q", got, want)
 	}
 }
+
+// repLine builds a reps.tsv line: server, workload, rep, CPU µs/query, avg,
+// p50, p99, lost, other work % (the larger), on the server core, on the
+// client core, answered, forwarded.
+func repLine(server, wl, rep, cpu, p50, p99, noiseServer, noiseClient string) string {
+	noise := noiseServer
+	if num(noiseClient) > num(noiseServer) {
+		noise = noiseClient
+	}
+	return strings.Join([]string{server, wl, rep, cpu, "0.3", p50, p99, "0", noise, noiseServer, noiseClient, "20000", "19999"}, "\t")
+}
+
+func TestReps(t *testing.T) {
+	status := []string{"nodelocaldns\tstatus\tok", "unbound\tstatus\tok"}
+	// results.tsv with the rep count (15th column): the medians of the reps below.
+	results := []string{
+		missRow("nodelocaldns", "unique", "71000", "39.50", "0.186", "0.600") + "\t3",
+		missRow("unbound", "unique", "69000", "40.40", "0.196", "0.470") + "\t3",
+	}
+	dir := writeRun(t, results, status, "")
+	reps := strings.Join([]string{
+		repLine("nodelocaldns", "unique", "1", "39.50", "0.180", "0.600", "2", "1"),
+		repLine("unbound", "unique", "1", "40.40", "0.190", "0.470", "0", "3"),
+		repLine("unbound", "unique", "2", "41.00", "0.200", "0.480", "1", "0"),
+		repLine("nodelocaldns", "unique", "2", "38.12", "0.186", "1.234", "35", "4"),
+		repLine("nodelocaldns", "unique", "3", "40.00", "0.213", "0.500", "0", "0"),
+		repLine("unbound", "unique", "3", "n/a", "0.250", "0.460", "2", "12"),
+	}, "\n") + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "reps.tsv"), []byte(reps), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "facts.env"), []byte("date=today\nnodelocaldns_status=ok\ncpu_reps=3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Rows["nodelocaldns"]["unique"]; r.Reps != 3 || r.CPUus != 39.5 {
+		t.Errorf("nodelocaldns unique row: %+v, want 3 reps, CPU 39.5", r)
+	}
+	if got := len(d.Reps["unbound"]["unique"]); got != 3 {
+		t.Fatalf("unbound unique: %d reps, want 3", got)
+	}
+
+	// The miss targets' details: the medians, then every rep in rep order.
+	vs := d.verdicts()
+	for target, want := range map[string]string{
+		"misses, cluster names, all misses (TCP to kube-dns): p50 at 10000 qps ≤ Unbound's": "0.186 vs 0.196 ms (-5%); reps 0.180/0.186/0.213 vs 0.190/0.200/0.250",
+		"misses, cluster names, all misses (TCP to kube-dns): p99 at 10000 qps ≤ Unbound's": "0.600 vs 0.470 ms: over by +28%; reps 0.600/1.23/0.500 vs 0.470/0.480/0.460",
+		"misses, cluster names, all misses (TCP to kube-dns): CPU/query ≤ Unbound's":        "39.50 vs 40.40 µs (-2%); reps 39.5/38.1/40.0 vs 40.4/41.0/n/a",
+		// QPS is one unlimited-rate run: no reps.
+		"misses, cluster names, all misses (TCP to kube-dns): QPS ≥ Unbound's": "71.0k vs 69.0k (+3%)",
+	} {
+		if v := verdictOf(t, vs, target); v.Detail != want {
+			t.Errorf("%s:\n got %q\nwant %q", target, v.Detail, want)
+		}
+	}
+
+	// RESULTS.md: the table of every rep, a disturbed one in bold, and
+	// the text saying how many there were and why.
+	var doc strings.Builder
+	var tables strings.Builder
+	writeTables(&tables, d)
+	writeDoc(&doc, d, tables.String(), "results.png", nil)
+	for _, want := range []string{
+		"## Every fixed-rate repetition",
+		"| workload | server | rep | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost | answered | forwarded | other work % |",
+		"| unique | nodelocaldns | 2 | 10000 | 38.12 | 0.300 | 0.186 | 1.234 | 0 | 20000 | 19999 | **35 / 4** |",
+		"| unique | nodelocaldns | 3 | 10000 | 40.00 | 0.300 | 0.213 | 0.500 | 0 | 20000 | 19999 | 0 / 0 |",
+		"| unique | Unbound | 3 | 10000 | n/a | 0.300 | 0.250 | 0.460 | 0 | 20000 | 19999 | **2 / 12** |",
+		"the median of 3 runs at the fixed offered rate",
+		"fixed-rate runs per server and workload: 3 (`BENCH_CPU_REPS`), interleaved",
+		"scatters by 2×",
+	} {
+		if !strings.Contains(doc.String(), want) {
+			t.Errorf("RESULTS.md lacks %q:\n%s", want, doc.String())
+		}
+	}
+	// Reps in table order: nodelocaldns' three before Unbound's, each in rep order.
+	md := doc.String()
+	if i, j := strings.Index(md, "| unique | nodelocaldns | 3 |"), strings.Index(md, "| unique | Unbound | 1 |"); i < 0 || j < i {
+		t.Errorf("reps out of order:\n%s", md)
+	}
+}
+
+// An older run (a -baseline, or an out directory from before repetitions):
+// results.tsv without the rep count, no reps.tsv, no cpu_reps fact.
+func TestOldRunWithoutReps(t *testing.T) {
+	status := []string{"nodelocaldns\tstatus\tok", "unbound\tstatus\tok"}
+	results := []string{
+		missRow("nodelocaldns", "unique", "71000", "39.5", "0.150", "0.600"),
+		missRow("unbound", "unique", "69000", "40.4", "0.156", "0.470"),
+	}
+	dir := writeRun(t, results, status, "")
+	d, err := load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Rows["nodelocaldns"]["unique"]; r.Reps != 1 || r.CPUus != 39.5 || r.LatP99 != 0.6 {
+		t.Errorf("old row: %+v, want 1 rep, CPU 39.5, p99 0.6", r)
+	}
+	if v := verdictOf(t, d.verdicts(), "misses, cluster names, all misses (TCP to kube-dns): p50 at 10000 qps ≤ Unbound's"); v.Detail != "0.150 vs 0.156 ms (-4%)" {
+		t.Errorf("detail without reps: %q", v.Detail)
+	}
+	var doc strings.Builder
+	writeDoc(&doc, d, "", "results.png", nil)
+	if !strings.Contains(doc.String(), "none recorded in this run (no reps.tsv)") ||
+		!strings.Contains(doc.String(), "fixed-rate runs per server and workload: 1 (") {
+		t.Errorf("RESULTS.md of an old run:\n%s", doc.String())
+	}
+	base, err := loadResults(filepath.Join(dir, "results.tsv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := base.Rows["unbound"]["unique"]; r.Reps != 1 || r.QPS != 69000 {
+		t.Errorf("old baseline row: %+v", r)
+	}
+}
+
+func TestFmtSig(t *testing.T) {
+	for _, tt := range []struct {
+		v    float64
+		prec int
+		want string
+	}{
+		{0.186, 3, "0.186"}, {1.234, 3, "1.23"}, {12.345, 3, "12.3"}, {0.0456, 3, "0.046"},
+		{39.47, 2, "39.5"}, {123.4, 2, "123"}, {1234, 2, "1234"}, {0, 3, "0.000"}, {-1, 2, "n/a"},
+	} {
+		if got := fmtSig(tt.v, tt.prec); got != tt.want {
+			t.Errorf("fmtSig(%v, %d) = %q, want %q", tt.v, tt.prec, got, tt.want)
+		}
+	}
+}
