@@ -847,8 +847,11 @@ func writeDoc(w io.Writer, d *Data, tables, png string, profiles []string) {
 - **Repetitions**: fixed-rate runs per server and workload: %s (`+"`BENCH_CPU_REPS`"+`), interleaved
   across servers: for each workload every server's unlimited-rate run, then rep 1 of every server,
   rep 2 of every server, and so on, each rep starting one server further along the list (so the slot
-  right after the unlimited-rate runs is not always the same server's). The tables and targets use
-  the median of each column separately (CPU, avg, p50, p99; lost at rate is summed). Why: on this
+  right after the unlimited-rate runs is not always the same server's). A run that other work took
+  more than 10%% of a core from (server's or client's) is run once more after the reps, one extra run
+  per disturbed one, the servers interleaved again. The tables and targets use the median of each
+  column separately over the quiet runs (all runs when none was quiet; CPU, avg, p50, p99; lost at
+  rate is summed over all). Why: on this
   shared 2-core machine the p99 of the same binaries scatters by 2× between runs, for every server
   (Unbound included), and CPU per query by 10-20%%; slow queries come in bursts of about 0.25 s that
   hit whichever server is measured at that moment, so one run per server made each comparison a
@@ -862,7 +865,7 @@ func writeDoc(w io.Writer, d *Data, tables, png string, profiles []string) {
   the upstream, plus the time the hypervisor gave to other machines (steal); the larger of the
   two (this machine is shared). An unlimited-rate run above 10%% is measured once
   more (unique names with a second set of names) and the quieter run kept; fixed-rate runs are
-  not repeated for it (their median leaves a disturbed one out), their other work is listed with them.
+  repeated as said above, their other work is listed with them.
 - **RSS**: VmRSS of a fresh process after 10k and then 100k distinct names (half cluster.local, half
   external, at unlimited rate); peak is VmHWM at the end of all workloads (after the unique-name run).
 - Workloads: one name `+"`kubernetes.default.svc.cluster.local`"+`; 20 names (10 cluster.local, 10 external);
@@ -906,7 +909,7 @@ func writeReps(w io.Writer, d *Data) {
 		return
 	}
 	fmt.Fprintf(w, "Each server's fixed-rate runs, %s per workload, interleaved across servers (rep 1 of every server, then rep 2, ...): "+
-		"the results above are their medians. Forwarded: queries the test upstream answered during the run (on a miss workload, every answered one). Other work: %% of a core taken by other processes during the run, on the server core / "+
+		"the results above are the medians of the quiet ones (all when none was quiet); a rep past %[1]s is an extra run for a disturbed one. Forwarded: queries the test upstream answered during the run (on a miss workload, every answered one). Other work: %% of a core taken by other processes during the run, on the server core / "+
 		"on the client core; above %d%% in bold.\n\n", d.cpuReps(), maxNoise)
 	fmt.Fprintf(w, "| workload | server | rep | rate | CPU µs/query | avg ms | p50 ms | p99 ms | lost | answered | forwarded | other work %% |\n")
 	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
