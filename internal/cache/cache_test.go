@@ -212,9 +212,9 @@ func TestSweepRemovesEveryExpiredEntryOnce(t *testing.T) {
 		t.Fatalf("stats %+v, last sweep %d: want one sampled eviction and no sweep", st, s.lastSweep[Success]-t0)
 	}
 	// An expired entry that arrives within sweepEvery of the last sweep:
-	// no sweep yet, but a sample that meets it takes it. The sample is
-	// random, so the shard is made to hold only expired entries and one
-	// live one.
+	// no sweep yet, but a sample that meets it takes it. The sample's
+	// order is random, so the shard holds just one expired entry and one
+	// live one: a sample of both meets the expired one in either order.
 	c = New(Config{SuccessCapacity: 2, Shards: 1})
 	s = &c.shards[0]
 	add("a.example.", 1, t0)

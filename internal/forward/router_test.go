@@ -67,9 +67,22 @@ func TestRouterUpdate(t *testing.T) {
 	if got := r.Lookup("www.example.com."); got != a {
 		t.Fatalf("before update: %v", got.Name())
 	}
+	old := r.Current()
+	if r.Current() != old || old.Lookup("www.example.com.") != a {
+		t.Fatal("the current table changed without an update, or looks up differently")
+	}
 	r.Update([]Route{{Zone: "example.com.", Group: b}, {Zone: ".", Group: node}})
 	if got := r.Lookup("www.example.com."); got != b {
 		t.Fatalf("after update: %v", got.Name())
+	}
+	// A started forward holds the table its group came from: an update
+	// shows as another table, and the old one still answers as it did.
+	if r.Current() == old || old.Lookup("www.example.com.") != a || r.Current().Lookup("www.example.com.") != b {
+		t.Fatal("an update did not install a new table, or changed the old one")
+	}
+	var zero Router
+	if zero.Current() != nil || zero.Current().Lookup("x.") != nil {
+		t.Fatal("a zero Router has routes")
 	}
 	r.Update([]Route{{Zone: ".", Group: node}})
 	if got := r.Lookup("www.example.com."); got != node {
