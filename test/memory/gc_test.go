@@ -2,13 +2,10 @@ package memory
 
 import (
 	"bufio"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // metric returns the value of an unlabelled series on the daemon's /metrics.
@@ -38,11 +35,7 @@ func (d *daemon) metric(t *testing.T, name string) float64 {
 // (16 MiB) over a live heap of a few MiB, so GOGC is far above the base 50;
 // GOGC in the environment wins, whatever it says.
 func TestGCPolicyAndGOGCFromEnv(t *testing.T) {
-	nodeIP := testhost.Loopback()
-	silentUDP(t, nodeIP)
-	kubeIP := testhost.Loopback()
-	kube := fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
-	kubeDNS(t, kube)
+	nodeIP, kube, _, _ := silentUpstreams(t)
 	for _, c := range []struct {
 		env  []string
 		want func(float64) bool

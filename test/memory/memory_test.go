@@ -94,6 +94,20 @@ func silentUDP(t *testing.T, ip string) *atomic.Int64 {
 // kubeDNS is a TCP upstream on addr: questions whose name holds "silent"
 // are read and never answered; others get an answer of about bigAnswer
 // bytes (TXT records). It returns the count of queries read.
+// silentUpstreams starts a node resolver that reads UDP and never answers
+// and a kube-dns that reads TCP and never answers, each on a loopback
+// address of its own; it returns their addresses and how many queries each
+// read.
+func silentUpstreams(t *testing.T) (nodeIP, kube string, udpSeen, tcpSeen *atomic.Int64) {
+	t.Helper()
+	nodeIP = testhost.Loopback()
+	udpSeen = silentUDP(t, nodeIP)
+	kubeIP := testhost.Loopback()
+	kube = fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
+	tcpSeen = kubeDNS(t, kube)
+	return nodeIP, kube, udpSeen, tcpSeen
+}
+
 func kubeDNS(t *testing.T, addr string) *atomic.Int64 {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
@@ -320,12 +334,7 @@ func report(t *testing.T, d *daemon, ready int64, budgetMiB int64) {
 // -max-inflight misses to external names, outstanding against a node
 // resolver that never answers (UDP).
 func TestPeakRSSMissesUDP(t *testing.T) {
-	nodeIP := testhost.Loopback()
-	seen := silentUDP(t, nodeIP)
-	kube := fmt.Sprintf("%s:%d", testhost.Loopback(), 0)
-	kubeIP := strings.Split(kube, ":")[0]
-	kube = fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
-	kubeDNS(t, kube)
+	nodeIP, kube, seen, _ := silentUpstreams(t)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
 	holdMisses(t, d, "silent.example.com.")
@@ -336,11 +345,7 @@ func TestPeakRSSMissesUDP(t *testing.T) {
 // -max-inflight misses to cluster names, outstanding against kube-dns that
 // reads them over TCP and never answers.
 func TestPeakRSSMissesTCP(t *testing.T) {
-	nodeIP := testhost.Loopback()
-	silentUDP(t, nodeIP)
-	kubeIP := testhost.Loopback()
-	kube := fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
-	seen := kubeDNS(t, kube)
+	nodeIP, kube, _, seen := silentUpstreams(t)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
 	holdMisses(t, d, "silent.default.svc.cluster.local.")
@@ -354,11 +359,7 @@ func TestPeakRSSMissesTCP(t *testing.T) {
 // sending 2 bytes of it, and clients fetching ~60 KB answers from kube-dns
 // over TCP.
 func TestPeakRSSEverythingHostile(t *testing.T) {
-	nodeIP := testhost.Loopback()
-	silentUDP(t, nodeIP)
-	kubeIP := testhost.Loopback()
-	kube := fmt.Sprintf("%s:%d", kubeIP, testhost.FreePort(t, kubeIP))
-	kubeDNS(t, kube)
+	nodeIP, kube, _, _ := silentUpstreams(t)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
 
