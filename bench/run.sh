@@ -215,7 +215,7 @@ build_tools() {
 	log "building bench tools (upstream, report, chart, cpuns, limit)"
 	(cd "$BENCH_DIR" && go build -o "$BIN/" ./upstream ./report ./chart ./cpuns)
 	# -O2, as Debian builds Unbound and dnsmasq.
-	gcc -O2 -Wall -Wextra -Werror -o "$BIN/limit" "$BENCH_DIR/limit/limit.c"
+	gcc -O2 -Wall -Wextra -Werror -pthread -o "$BIN/limit" "$BENCH_DIR/limit/limit.c"
 }
 
 build_coredns() {
@@ -724,9 +724,6 @@ run_all() {
 		for s in $SERVERS; do
 			alive "$s" "$w" || continue
 			workload "$w"
-			if [[ $s == limit && $W_MODE != udp ]]; then
-				continue # UDP only: no row, the report says n/a
-			fi
 			run_qps "$s" "${RUNNING[$s]}" "$w"
 			measured+=("$s")
 		done

@@ -60,6 +60,8 @@ func TestVerdicts(t *testing.T) {
 		row("nodelocaldns", "tcphit", "145000", "7"),
 		row("coredns", "tcphit", "50000", "30"),
 		row("ceiling", "tcphit", "200000", "7"),
+		// The limit over TCP: a third of CoreDNS's 30 µs is below its 12.
+		row("limit", "tcphit", "210000", "12"),
 		// Hits: all issue 8 targets met.
 		row("nodelocaldns", "hit1", "200000", "6"),
 		row("unbound", "hit1", "199000", "7"),
@@ -98,6 +100,9 @@ func TestVerdicts(t *testing.T) {
 	}
 	if v := verdictOf(t, vs, "misses, external names, all misses (UDP to the node's resolvers): CPU/query ≤ Unbound's"); v.Detail != "45.00 vs 40.00 µs: over by +12%" {
 		t.Errorf("detail %q", v.Detail)
+	}
+	if v := verdictOf(t, vs, "TCP hits (hit, one name, TCP) ≥ 3× CoreDNS"); !strings.HasSuffix(v.Detail, "; a third of CoreDNS's CPU is 10.00 µs per query, below the limit responder's 12.00 (what moving the packets costs): no server meets 3× here") {
+		t.Errorf("tcphit detail %q", v.Detail)
 	}
 	var b strings.Builder
 	writeTables(&b, d)

@@ -1,8 +1,10 @@
 // Package check tests bench/limit/limit.c, the canned-answer C responder:
-// it builds it with gcc and asks it over real UDP on loopback.
+// it builds it with gcc and asks it over real UDP and TCP on loopback.
 package check
 
 import (
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -21,7 +23,7 @@ func startLimit(t *testing.T) *net.UDPConn {
 		t.Skip("no gcc")
 	}
 	bin := filepath.Join(t.TempDir(), "limit")
-	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, "../limit.c").CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", bin, "../limit.c").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	// A free port: bind one, close it, hand it to the responder.
@@ -149,5 +151,107 @@ func TestMalformedQueries(t *testing.T) {
 		if err != nil || hdr.RCode != dnsmessage.RCodeFormatError || len(b) != 12 || hdr.ID != uint16(p[0])<<8|uint16(p[1]) {
 			t.Errorf("answer %x to %x: %+v %v", b, p, hdr, err)
 		}
+	}
+}
+
+// tcpMessages frames each message with its two-byte length.
+func tcpMessages(ms ...[]byte) []byte {
+	var b []byte
+	for _, m := range ms {
+		b = append(b, byte(len(m)>>8), byte(len(m)))
+		b = append(b, m...)
+	}
+	return b
+}
+
+// readTCPAnswer reads one length-prefixed answer.
+func readTCPAnswer(t *testing.T, c net.Conn) dnsmessage.Message {
+	t.Helper()
+	var lb [2]byte
+	if _, err := io.ReadFull(c, lb[:]); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, int(lb[0])<<8|int(lb[1]))
+	if _, err := io.ReadFull(c, b); err != nil {
+		t.Fatal(err)
+	}
+	var m dnsmessage.Message
+	if err := m.Unpack(b); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// Over TCP the answers to pipelined queries come back in order, whatever
+// way the stream is cut: many queries in one write, one query across two
+// writes, more answers than one connection buffer holds with the client not
+// reading until it has sent everything. A dropped query (an answer) gets
+// nothing and a zero length ends the connection.
+func TestTCP(t *testing.T) {
+	addr := startLimit(t).RemoteAddr().String()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	check := func(m dnsmessage.Message, id uint16, name string) {
+		t.Helper()
+		if m.ID != id || !m.Response || m.RCode != dnsmessage.RCodeSuccess || len(m.Questions) != 1 || m.Questions[0].Name.String() != name || len(m.Answers) != 1 {
+			t.Fatalf("answer %+v, want id %d for %s", m, id, name)
+		}
+	}
+
+	// One query in two writes, then 50 in one write with an answer (dropped)
+	// among them.
+	q := tcpMessages(query(t, 1, "split.example.", true))
+	if _, err := c.Write(q[:7]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, err := c.Write(q[7:]); err != nil {
+		t.Fatal(err)
+	}
+	check(readTCPAnswer(t, c), 1, "split.example.")
+	var batch [][]byte
+	for i := range 50 {
+		m := query(t, uint16(100+i), fmt.Sprintf("q%d.example.", i), i%2 == 0)
+		if i == 10 {
+			m[2] |= 0x80
+		}
+		batch = append(batch, m)
+	}
+	if _, err := c.Write(tcpMessages(batch...)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if i != 10 {
+			check(readTCPAnswer(t, c), uint16(100+i), fmt.Sprintf("q%d.example.", i))
+		}
+	}
+
+	// 200,000 queries sent before reading any: about 9 MiB of answers, more
+	// than the socket buffers hold, so the responder's writes fall short.
+	const n = 200000
+	batch = batch[:0]
+	for i := range n {
+		batch = append(batch, query(t, uint16(i), fmt.Sprintf("n%d.example.", i%1000), false))
+	}
+	sent := make(chan error, 1)
+	go func() { _, err := c.Write(tcpMessages(batch...)); sent <- err }()
+	time.Sleep(300 * time.Millisecond) // the socket buffers fill: short writes
+	for i := range n {
+		check(readTCPAnswer(t, c), uint16(i), fmt.Sprintf("n%d.example.", i%1000))
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+
+	// A zero length: the connection is closed.
+	if _, err := c.Write([]byte{0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("read %d bytes after a zero-length message", n)
 	}
 }
