@@ -10,9 +10,9 @@
  * UDP: one thread, one socket, blocking recvmmsg/sendmmsg in batches.
  * TCP (same address and port): a second thread with one level-triggered
  * epoll loop; per ready connection one read(2) of whatever has arrived, the
- * answers to every whole query in it, and one send(2) of them all. So a
- * client that pipelines pays for one read and one write per batch, which is
- * the least a TCP server can do with plain syscalls.
+ * answers to every whole query in it, and one send(2) of them all: for a
+ * batch of pipelined queries the server pays one read and one send, the
+ * least a TCP server can do with plain syscalls.
  *
  * Usage: limit ADDR PORT   (e.g. limit 127.0.0.1 5306)
  * Runs until SIGTERM/SIGINT. Queries that are not a standard query with one
@@ -88,8 +88,8 @@ static void on_signal(int sig) { (void)sig; stop = 1; }
  * (room for one message of the largest size plus its length); out the
  * answers not yet written. Reading stops while out has bytes left, so out
  * is empty when in is answered, and an answer is at most twice its framed
- * query (the query plus a 16-byte record; a query is at least 14 bytes
- * framed): every whole query in in is answered at once. */
+ * query (the query plus a 16-byte record; a query that gets an answer is at
+ * least 14 bytes framed): every whole query in in is answered at once. */
 #define TCP_IN (2 + 65535)
 #define TCP_OUT (2 * TCP_IN)
 /* More connections than this are closed at accept: dnsperf opens -c. */
