@@ -527,15 +527,21 @@ func (d *Data) clientBound(s, wl string) bool {
 	if !ok {
 		return false
 	}
-	// The higher of the two references; one measured while other work
-	// took the core says nothing.
+	best := d.refQPS(wl)
+	return best > 0 && r.QPS >= clientBand*best
+}
+
+// refQPS is the most the client was measured to send on wl: the higher of
+// the two references' QPS (one measured while other work took the core
+// says nothing), or -1.
+func (d *Data) refQPS(wl string) float64 {
 	best := -1.0
 	for _, ref := range []string{"ceiling", "limit"} {
 		if c, cok := d.row(ref, wl); cok && c.Noise <= maxNoise && c.QPS > best {
 			best = c.QPS
 		}
 	}
-	return best > 0 && r.QPS >= clientBand*best
+	return best
 }
 
 // maxNoise is the share of the server core (%) that other work may take
@@ -680,25 +686,41 @@ func (d *Data) coreDNSVerdict(wl, what string) Verdict {
 	case d.clientBound("nodelocaldns", wl) && cpu >= 3:
 		return Verdict{t, 1, fmt.Sprintf("%.2f× QPS at the client's ceiling; %.2f× less CPU per query", r, cpu)}
 	case d.clientBound("nodelocaldns", wl):
-		return Verdict{t, 0, fmt.Sprintf("%.2f× QPS (client-bound) and %.2f× less CPU per query: short of 3× by %.0f%%", r, cpu, (1-cpu/3)*100) + d.limitFloor(wl, c.CPUus)}
+		return Verdict{t, 0, fmt.Sprintf("%.2f× QPS (client-bound) and %.2f× less CPU per query: short of 3× by %.0f%%", r, cpu, (1-cpu/3)*100) + d.limitFloor(wl, c)}
 	}
-	return Verdict{t, 0, fmt.Sprintf("%.2f× QPS: short of 3× by %.0f%% (%.2f× less CPU per query)", r, (1-r/3)*100, cpu) + d.limitFloor(wl, c.CPUus)}
+	return Verdict{t, 0, fmt.Sprintf("%.2f× QPS: short of 3× by %.0f%% (%.2f× less CPU per query)", r, (1-r/3)*100, cpu) + d.limitFloor(wl, c)}
 }
 
-// limitFloor says, for a 3× CoreDNS target not met, what a third of
-// CoreDNS's CPU per query (coreCPU) is against the limit responder's on the
-// same workload: when it is below the limit's, no server can meet the
-// target with this client and kernel. Empty without a limit row.
-func (d *Data) limitFloor(wl string, coreCPU float64) string {
-	l, ok := d.row("limit", wl)
-	if !ok || l.CPUus <= 0 || coreCPU <= 0 {
+// limitFloor says, for a 3× CoreDNS target not met, whether the run's
+// references leave room for it: 3× CoreDNS's QPS against the most the client
+// was measured to send (the ceiling and limit rows), and a third of its CPU
+// per query (coreCPU) against the limit responder's, what moving the packets
+// costs. When neither fits, no server can meet the target with this client
+// and kernel. Empty without a reference row.
+func (d *Data) limitFloor(wl string, c Row) string {
+	var parts []string
+	qpsOut, cpuOut := false, false
+	if best := d.refQPS(wl); best > 0 && c.QPS > 0 {
+		if qpsOut = 3*c.QPS > best; qpsOut {
+			parts = append(parts, fmt.Sprintf("3× CoreDNS's QPS is %s, past the most this client was measured to send (%s)", fmtQPS(3*c.QPS), fmtQPS(best)))
+		}
+	}
+	if l, ok := d.row("limit", wl); ok && l.CPUus > 0 && c.CPUus > 0 {
+		need := c.CPUus / 3
+		if cpuOut = need < l.CPUus; cpuOut {
+			parts = append(parts, fmt.Sprintf("a third of CoreDNS's CPU is %.2f µs per query, below the limit responder's %.2f (what moving the packets costs)", need, l.CPUus))
+		} else {
+			parts = append(parts, fmt.Sprintf("a third of CoreDNS's CPU is %.2f µs per query, above the limit responder's %.2f", need, l.CPUus))
+		}
+	}
+	if len(parts) == 0 {
 		return ""
 	}
-	need := coreCPU / 3
-	if need < l.CPUus {
-		return fmt.Sprintf("; a third of CoreDNS's CPU is %.2f µs per query, below the limit responder's %.2f (what moving the packets costs): no server meets 3× here", need, l.CPUus)
+	out := "; " + strings.Join(parts, "; ")
+	if qpsOut && cpuOut {
+		out += ": no server meets 3× here"
 	}
-	return fmt.Sprintf("; a third of CoreDNS's CPU is %.2f µs per query, above the limit responder's %.2f: reachable", need, l.CPUus)
+	return out
 }
 
 // hitChecks checks issue 8's hit targets on wl and says what failed: QPS ≥

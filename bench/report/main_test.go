@@ -101,7 +101,7 @@ func TestVerdicts(t *testing.T) {
 	if v := verdictOf(t, vs, "misses, external names, all misses (UDP to the node's resolvers): CPU/query ≤ Unbound's"); v.Detail != "45.00 vs 40.00 µs: over by +12%" {
 		t.Errorf("detail %q", v.Detail)
 	}
-	if v := verdictOf(t, vs, "TCP hits (hit, one name, TCP) ≥ 3× CoreDNS"); !strings.HasSuffix(v.Detail, "; a third of CoreDNS's CPU is 10.00 µs per query, below the limit responder's 12.00 (what moving the packets costs): no server meets 3× here") {
+	if v := verdictOf(t, vs, "TCP hits (hit, one name, TCP) ≥ 3× CoreDNS"); !strings.HasSuffix(v.Detail, "); a third of CoreDNS's CPU is 10.00 µs per query, below the limit responder's 12.00 (what moving the packets costs)") {
 		t.Errorf("tcphit detail %q", v.Detail)
 	}
 	var b strings.Builder
@@ -109,6 +109,27 @@ func TestVerdicts(t *testing.T) {
 	// The limit table: nodelocaldns at 1.50× the limit's CPU on hit1.
 	if !strings.Contains(b.String(), "| hit1 | 4.00 | 1.50× |") {
 		t.Errorf("no limit ratio in the tables:\n%s", b.String())
+	}
+}
+
+// When 3× CoreDNS's QPS is past what the client sends and a third of its
+// CPU below the limit responder's, the verdict says no server can meet it.
+func TestThreeXOutOfReach(t *testing.T) {
+	status := []string{"nodelocaldns\tstatus\tok", "coredns\tstatus\tok", "ceiling\tstatus\tok", "limit\tstatus\tok"}
+	results := []string{
+		row("nodelocaldns", "tcphit", "150000", "16.3"),
+		row("coredns", "tcphit", "74000", "29.7"),
+		row("ceiling", "tcphit", "155000", "21.7"),
+		row("limit", "tcphit", "112000", "12.65"),
+	}
+	d, err := load(writeRun(t, results, status, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := verdictOf(t, d.verdicts(), "TCP hits (hit, one name, TCP) ≥ 3× CoreDNS")
+	want := "2.03× QPS (client-bound) and 1.82× less CPU per query: short of 3× by 39%; 3× CoreDNS's QPS is 222.0k, past the most this client was measured to send (155.0k); a third of CoreDNS's CPU is 9.90 µs per query, below the limit responder's 12.65 (what moving the packets costs): no server meets 3× here"
+	if v.Met != 0 || v.Detail != want {
+		t.Errorf("verdict %d %q\nwant 0 %q", v.Met, v.Detail, want)
 	}
 }
 
