@@ -487,7 +487,7 @@ func writeLimit(w io.Writer, d *Data, ss []string) {
 		}
 	}
 	fmt.Fprintf(w, "\n### CPU per query ÷ the limit's\n\n")
-	fmt.Fprintf(w, "The `limit` row answers from a canned record with recvmmsg/sendmmsg batches: what moving the client's packets costs. ")
+	fmt.Fprintf(w, "The `limit` row answers from a canned record with recvmmsg/sendmmsg batches over UDP and one read and one send per ready connection over TCP: what moving the client's packets costs. ")
 	fmt.Fprintf(w, "A miss also moves a query and an answer upstream, so 2× the limit is about the floor there.\n\n| workload | limit µs |")
 	for _, s := range cols {
 		fmt.Fprintf(w, " %s |", serverTitle[s])
