@@ -686,18 +686,19 @@ func (d *Data) coreDNSVerdict(wl, what string) Verdict {
 	case d.clientBound("nodelocaldns", wl) && cpu >= 3:
 		return Verdict{t, 1, fmt.Sprintf("%.2f× QPS at the client's ceiling; %.2f× less CPU per query", r, cpu)}
 	case d.clientBound("nodelocaldns", wl):
-		return Verdict{t, 0, fmt.Sprintf("%.2f× QPS (client-bound) and %.2f× less CPU per query: short of 3× by %.0f%%", r, cpu, (1-cpu/3)*100) + d.limitFloor(wl, c)}
+		return Verdict{t, 0, fmt.Sprintf("%.2f× QPS (client-bound) and %.2f× less CPU per query: short of 3× by %.0f%%", r, cpu, (1-cpu/3)*100) + d.roomFor3x(wl, c)}
 	}
-	return Verdict{t, 0, fmt.Sprintf("%.2f× QPS: short of 3× by %.0f%% (%.2f× less CPU per query)", r, (1-r/3)*100, cpu) + d.limitFloor(wl, c)}
+	return Verdict{t, 0, fmt.Sprintf("%.2f× QPS: short of 3× by %.0f%% (%.2f× less CPU per query)", r, (1-r/3)*100, cpu) + d.roomFor3x(wl, c)}
 }
 
-// limitFloor says, for a 3× CoreDNS target not met, whether the run's
-// references leave room for it: 3× CoreDNS's QPS against the most the client
-// was measured to send (the ceiling and limit rows), and a third of its CPU
-// per query (coreCPU) against the limit responder's, what moving the packets
-// costs. When neither fits, no server can meet the target with this client
-// and kernel. Empty without a reference row.
-func (d *Data) limitFloor(wl string, c Row) string {
+// roomFor3x says, for a 3× CoreDNS target not met, whether the run's
+// references leave room for it: 3× CoreDNS's QPS (c is CoreDNS's row)
+// against the most the client was measured to send (the ceiling and limit
+// rows), and a third of its CPU per query against the limit responder's,
+// what moving the packets costs. When both are out of reach, no server can
+// meet the target with this client and kernel. Empty without a reference
+// row.
+func (d *Data) roomFor3x(wl string, c Row) string {
 	var parts []string
 	qpsOut, cpuOut := false, false
 	if best := d.refQPS(wl); best > 0 && c.QPS > 0 {

@@ -451,8 +451,9 @@ func (g *Group) healthyAfter(start, k int) bool {
 
 // Close stops health probes, closes every connection and fails queries in flight with ErrClosed.
 // It waits for the probes and the connections' read and write loops to end. An ExchangeAsync
-// that goes on in a goroutine of its own (a retry, a dial, a TCP re-ask) is not waited for: its
-// next try meets a closed pool, ends the walk with ErrClosed and calls Done, after Close returns.
+// that goes on in a goroutine of its own (a retry, a dial, a TCP re-ask) is not waited for: it
+// ends within its deadline (a try on a closed pool fails at once with ErrClosed) and calls Done
+// after Close returns.
 func (g *Group) Close() error {
 	g.mu.Lock()
 	g.cancel()
