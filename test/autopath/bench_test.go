@@ -13,6 +13,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // externalNames answers api-N.example.com with A and AAAA and the rest
@@ -104,7 +105,7 @@ func TestAutopathBenchWorkload(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build podclient: %v\n%s", err, out)
 	}
-	upIP := fmt.Sprintf("127.89.%d.1", os.Getpid()%200)
+	upIP := testhost.Loopback()
 	up := &upstream{z: newZone()}
 	startUpstreamHandler(t, upIP+":53", externalNames{up})
 	nodeResolv := filepath.Join(dir, "node.resolv.conf")

@@ -2,7 +2,6 @@ package autopath_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
@@ -198,7 +197,7 @@ func TestStubResolversAgainstTheDaemon(t *testing.T) {
 	}
 	// The upstream: a loopback address of its own on port 53, as the node's
 	// resolver (resolv.conf) and as kube-dns.
-	upIP := fmt.Sprintf("127.88.%d.1", os.Getpid()%200)
+	upIP := testhost.Loopback()
 	up := startUpstream(t, upIP+":53")
 	nodeResolv := filepath.Join(dir, "node.resolv.conf")
 	if err := os.WriteFile(nodeResolv, []byte("nameserver "+upIP+"\nsearch corp.example\n"), 0o644); err != nil {

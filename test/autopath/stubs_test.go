@@ -9,15 +9,20 @@ package autopath_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -132,12 +137,9 @@ type pod struct {
 
 func setupPod(t *testing.T) (*pod, *podwatch.Pod) {
 	t.Helper()
-	n := os.Getpid() % 200
-	p := &pod{
-		ns:     fmt.Sprintf("nldap%d", os.Getpid()),
-		hostIP: netip.MustParseAddr(fmt.Sprintf("198.18.%d.1", n)),
-		ip:     netip.MustParseAddr(fmt.Sprintf("198.18.%d.2", n)),
-	}
+	reapStale(t)
+	hostIP, podIP := freeSlash30(t)
+	p := &pod{ns: fmt.Sprintf("nldap%d", os.Getpid()), hostIP: hostIP, ip: podIP}
 	host, peer := fmt.Sprintf("nldaph%d", os.Getpid()), fmt.Sprintf("nldapp%d", os.Getpid())
 	run := func(args ...string) {
 		t.Helper()
@@ -173,6 +175,100 @@ func setupPod(t *testing.T) (*pod, *podwatch.Pod) {
 		t.Fatal(err)
 	}
 	return p, &podwatch.Pod{Namespace: "shop", Name: "web", Search: search, Ndots: 5}
+}
+
+// reapStale deletes the pod namespaces (nldapPID) and host links (nldaphPID)
+// that runs of this package killed before their cleanup left behind, those
+// whose process is gone. A host link left up keeps its address and its
+// route, and a later run given the same subnet would send the daemon's
+// answers into the dead namespace.
+func reapStale(t *testing.T) {
+	t.Helper()
+	gone := func(pid string) bool {
+		n, err := strconv.Atoi(pid)
+		return err == nil && n != os.Getpid() && errors.Is(syscall.Kill(n, 0), syscall.ESRCH)
+	}
+	if entries, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range entries {
+			if pid, ok := strings.CutPrefix(e.Name(), "nldap"); ok && gone(pid) {
+				if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
+					t.Logf("stale namespace %s: %v: %s", e.Name(), err, out)
+				}
+				_ = os.RemoveAll("/etc/netns/" + e.Name())
+			}
+		}
+	}
+	links, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		if pid, ok := strings.CutPrefix(l.Name, "nldaph"); ok && gone(pid) {
+			if out, err := exec.Command("ip", "link", "del", l.Name).CombinedOutput(); err != nil {
+				t.Logf("stale link %s: %v: %s", l.Name, err, out)
+			}
+		}
+	}
+}
+
+// freeSlash30 picks a /30 in 198.18.0.0/15 (RFC 2544, benchmarking) that
+// no address of this host overlaps, and returns its two hosts.
+func freeSlash30(t *testing.T) (host, peer netip.Addr) {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used []netip.Prefix
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			used = append(used, p.Masked())
+		}
+	}
+	p, ok := pickSlash30(used, rand.IntN)
+	if !ok {
+		t.Fatalf("no free /30 in 198.18.0.0/15 (host addresses %v)", used)
+	}
+	return p.Addr().Next(), p.Addr().Next().Next()
+}
+
+// pickSlash30 draws /30s of 198.18.0.0/15 with intn until one overlaps none
+// of used (100 draws at most).
+func pickSlash30(used []netip.Prefix, intn func(int) int) (netip.Prefix, bool) {
+	for range 100 {
+		n := intn(1 << 15) // 2^17 addresses, 4 each
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18 + byte(n>>14), byte(n >> 6), byte(n << 2)}), 30)
+		if !slices.ContainsFunc(used, p.Overlaps) {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// The pod's subnet is a /30 of the benchmarking range that overlaps no
+// address of the host: a link an earlier run left with the same subnet
+// would take the pod's route.
+func TestPickSlash30(t *testing.T) {
+	half := []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16"), netip.MustParsePrefix("10.0.0.0/8")}
+	seen := map[netip.Prefix]bool{}
+	for range 1000 {
+		p, ok := pickSlash30(half, rand.IntN)
+		if !ok || p.Bits() != 30 || p != p.Masked() || !netip.MustParsePrefix("198.19.0.0/16").Contains(p.Addr()) {
+			t.Fatalf("picked %v, %v with 198.18.0.0/16 taken", p, ok)
+		}
+		seen[p] = true
+	}
+	if len(seen) < 900 {
+		t.Errorf("1000 draws gave %d distinct /30s", len(seen))
+	}
+	// A /30 already on the host is never drawn again: every draw hits it.
+	taken := netip.MustParsePrefix("198.18.3.0/30")
+	if p, ok := pickSlash30([]netip.Prefix{taken}, func(int) int { return 3 << 6 }); ok {
+		t.Errorf("picked %v, which overlaps %v", p, taken)
+	}
+	if p, ok := pickSlash30([]netip.Prefix{netip.MustParsePrefix("198.16.0.0/14")}, rand.IntN); ok {
+		t.Errorf("picked %v with the whole range taken", p)
+	}
 }
 
 // buildClients builds the stub resolvers: glibc's and musl's getaddrinfo
