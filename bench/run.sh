@@ -64,8 +64,8 @@ fi
 DURATION=${BENCH_DURATION:-10}
 CPU_DURATION=${BENCH_CPU_DURATION:-5}
 # Three fixed-rate runs per server and workload: on this shared 2-core machine
-# one run's p99 scatters by 2x and its CPU/query by 10-20% (bursts of other
-# work, 0.25 s long, hit whichever server runs then); the median of three
+# one run's p99 scatters by 2x and its CPU/query by 10-20% (stalls hit
+# whichever server runs then, some runs more than others); the median of three
 # outvotes one disturbed run, and three keeps `make bench` within half an hour.
 CPU_REPS=${BENCH_CPU_REPS:-3}
 # A fixed-rate run other work took more than MAX_NOISE % of a core from

@@ -894,9 +894,10 @@ func writeDoc(w io.Writer, d *Data, tables, png string, profiles []string) {
   column separately over the quiet runs (all runs when none was quiet; CPU, avg, p50, p99; lost at
   rate is summed over all). Why: on this
   shared 2-core machine the p99 of the same binaries scatters by 2× between runs, for every server
-  (Unbound included), and CPU per query by 10-20%%; slow queries come in bursts of about 0.25 s that
-  hit whichever server is measured at that moment, so one run per server made each comparison a
-  coin flip. Interleaved, a burst hits one run of one server and the median leaves it out. Every run,
+  (Unbound included), and CPU per query by 10-20%%; slow queries come in bursts (2-10 ms of traffic
+  every 100-300 ms at 10k qps) that hit whichever server is measured, some runs more than others,
+  so one run per server made each comparison a coin flip. Interleaved, a stretch of frequent bursts
+  hits one run of each server and the median leaves it out. Every run,
   with the other work on both cores during it, is under "Every fixed-rate repetition"; the
   unique-name workloads take fresh names in every run, so each is all misses.
 - **forwarded**: queries the test upstream answered during the unlimited-rate run (cache misses,

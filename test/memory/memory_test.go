@@ -91,13 +91,10 @@ func silentUDP(t *testing.T, ip string) *atomic.Int64 {
 	return &n
 }
 
-// kubeDNS is a TCP upstream on addr: questions whose name holds "silent"
-// are read and never answered; others get an answer of about bigAnswer
-// bytes (TXT records). It returns the count of queries read.
 // silentUpstreams starts a node resolver that reads UDP and never answers
-// and a kube-dns that reads TCP and never answers, each on a loopback
-// address of its own; it returns their addresses and how many queries each
-// read.
+// and a kube-dns over TCP that never answers names holding "silent"
+// (kubeDNS), each on a loopback address of its own; it returns their
+// addresses and how many queries each read.
 func silentUpstreams(t *testing.T) (nodeIP, kube string, udpSeen, tcpSeen *atomic.Int64) {
 	t.Helper()
 	nodeIP = testhost.Loopback()
@@ -108,6 +105,9 @@ func silentUpstreams(t *testing.T) (nodeIP, kube string, udpSeen, tcpSeen *atomi
 	return nodeIP, kube, udpSeen, tcpSeen
 }
 
+// kubeDNS is a TCP upstream on addr: questions whose name holds "silent"
+// are read and never answered; others get an answer of about bigAnswer
+// bytes (TXT records). It returns the count of queries read.
 func kubeDNS(t *testing.T, addr string) *atomic.Int64 {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
