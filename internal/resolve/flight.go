@@ -2,10 +2,13 @@ package resolve
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -14,8 +17,10 @@ import (
 // sending their own. Client misses, stale refreshes and prefetches all go
 // through it, so there is at most one upstream query per question.
 //
-// It is also admission: at most max questions are in flight, and at most
-// maxWaiters clients wait on one of them.
+// It is also admission: at most max questions are in flight, apportioned
+// among the clients that started them (package fair: the first asker owns
+// a flight; one client cannot hold the whole bound, a newcomer always finds
+// its share), and at most maxWaiters clients wait on one of them.
 //
 // A miss that nobody joins costs two allocations here: the call, and one
 // buffer sized to the question that holds its lower-cased name, the map key
@@ -24,8 +29,17 @@ import (
 type flights struct {
 	mu         sync.Mutex
 	calls      map[string]*call // key: see appendFlightKey
-	max        int
+	shares     *fair.Shares     // flights by owner, at most the flight bound
 	maxWaiters int
+	// overShare counts new questions refused because their asker held
+	// its share and only the reserve was free (Stats.ShareRejected).
+	overShare *atomic.Uint64
+}
+
+// newFlights returns flights bounded to max questions, maxWaiters clients
+// waiting on each.
+func newFlights(max, maxWaiters int, overShare *atomic.Uint64) flights {
+	return flights{shares: fair.New(max), maxWaiters: maxWaiters, overShare: overShare}
 }
 
 // maxFlightKey is the longest key: a wire name (255 bytes at most, RFC 1035
@@ -53,7 +67,8 @@ type call struct {
 	done    chan struct{}
 	entry   *cache.Entry
 	err     error
-	waiters int // clients waiting on it (under flights.mu)
+	waiters int        // clients waiting on it (under flights.mu)
+	owner   netip.Addr // the first asker, whose flight share it takes
 
 	// What the run needs, private to the call (it may outlive the client
 	// that started it): the key, and the query with its name lower-cased
@@ -91,10 +106,12 @@ func (c *call) addWaiter(w Waiter) {
 }
 
 // join returns the call in flight for q's question, or registers a new one
-// (joined false). A waiting client (wait) counts against the question's
-// waiter cap until it calls leave. A call returned joined, or new with
-// needDone, has its done channel. ok is false when the call cannot be had:
-// a new question over the flight bound, or a client over the waiter cap.
+// (joined false) owned by q.From (the zero address: the daemon's own work).
+// A waiting client (wait) counts against the question's waiter cap until
+// it calls leave. A call returned joined, or new with needDone, has its
+// done channel. ok is false when the call cannot be had: a new question
+// over the flight bound or its asker's share of it (the latter counted in
+// overShare), or a client over the waiter cap.
 func (f *flights) join(q *wire.Query, wait, needDone bool) (c *call, joined, ok bool) {
 	return f.joinWith(q, wait, needDone, nil)
 }
@@ -127,14 +144,19 @@ func (f *flights) joinWith(q *wire.Query, wait, needDone bool, w Waiter) (c *cal
 		}
 		return c, true, true
 	}
-	if len(f.calls) >= f.max {
+	switch f.shares.Take(q.From) {
+	case fair.Taken:
+	case fair.OverShare:
+		f.overShare.Add(1)
+		return nil, false, false
+	default:
 		return nil, false, false
 	}
 	// The key's bytes, then room for the upstream query (Start), in one
 	// buffer; the key string is those bytes, which nothing changes.
 	buf := make([]byte, len(k), len(k)+len(k)+upstreamQueryExtra)
 	copy(buf, k)
-	c = &call{key: unsafe.String(&buf[0], len(k)), q: *q, buf: buf}
+	c = &call{key: unsafe.String(&buf[0], len(k)), q: *q, buf: buf, owner: q.From}
 	c.q.Name = buf[:len(q.Name):len(q.Name)] // the lower-cased name starts the key
 	if needDone {
 		c.done = make(chan struct{})
@@ -161,6 +183,7 @@ func (f *flights) finish(c *call, e *cache.Entry, err error) {
 	c.entry, c.err = e, err
 	f.mu.Lock()
 	delete(f.calls, c.key)
+	f.shares.Put(c.owner)
 	done := c.done // no one can join (and make it) once the call is out of the map
 	w0, more := c.w0, c.more
 	c.w0, c.more = nil, nil

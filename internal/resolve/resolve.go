@@ -138,6 +138,10 @@ type Stats struct {
 	// Rejected: misses not admitted (flight bound or waiter cap) and with
 	// no stale answer: the client gets SERVFAIL at once.
 	Rejected atomic.Uint64
+	// ShareRejected: new questions not admitted because their client
+	// held its share of the flight bound while only the reserve was free
+	// (package fair); the client gets its stale answer or SERVFAIL.
+	ShareRejected atomic.Uint64
 	// UpstreamErrors: fetches that failed or returned an unusable answer.
 	UpstreamErrors atomic.Uint64
 }
@@ -169,8 +173,7 @@ func New(cfg Config) (*Resolver, error) {
 		cfg.MaxWaiters = config.DefaultMaxWaitersPerQuestion
 	}
 	r := &Resolver{cfg: cfg, clk: clock.Or(cfg.Clock)}
-	r.flights.max = cfg.MaxFlights
-	r.flights.maxWaiters = cfg.MaxWaiters
+	r.flights = newFlights(cfg.MaxFlights, cfg.MaxWaiters, &r.stats.ShareRejected)
 	return r, nil
 }
 
@@ -363,7 +366,9 @@ func refreshed(e *cache.Entry) bool {
 // through the flights so a concurrent miss shares it. Over the flight bound
 // it is skipped: the entry is then fetched on its first miss.
 func (r *Resolver) prefetch(q *wire.Query) {
-	if c, joined, ok := r.flights.join(q, false, false); ok && !joined {
+	pq := *q
+	pq.From = netip.Addr{} // the daemon's own work, not the client's share
+	if c, joined, ok := r.flights.join(&pq, false, false); ok && !joined {
 		go r.run(c)
 	}
 }

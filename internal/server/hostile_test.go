@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"runtime"
 	"syscall"
@@ -81,13 +82,14 @@ func TestReflectorPort(t *testing.T) {
 	}
 }
 
-// TestTCPBufferGrowsWithData: clients that announce a 65,535-byte query
-// and send only a few bytes of it cost what they sent, not the announced
-// length (990 such clients used to hold 64 KiB each).
+// TestTCPBufferGrowsWithData: clients that announce the longest query we
+// take (MaxTCPQuery) and send only a few bytes of it cost what they sent,
+// not the announced length; a client announcing more is closed before
+// anything is buffered, and counted.
 func TestTCPBufferGrowsWithData(t *testing.T) {
 	const clients = 300
 	s, _ := startServer(t, func(c *Config) {
-		c.MaxTCPConns = clients + 10
+		c.MaxTCPConns = 1000
 		c.TCPReadTimeout = 30 * time.Second
 		c.TCPIdleTimeout = 30 * time.Second
 	})
@@ -101,12 +103,15 @@ func TestTCPBufferGrowsWithData(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for i := 0; i < clients; i++ {
-		c, err := net.Dial("tcp", s.TCPAddr().String())
+		// One source address per 30 clients: ten clients, each within
+		// its share of the connection bound.
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 3, byte(1+i/30))}}
+		c, err := d.Dial("tcp", s.TCPAddr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		conns = append(conns, c)
-		if _, err := c.Write([]byte{0xFF, 0xFF, 0, 1, 2, 3}); err != nil {
+		if _, err := c.Write([]byte{MaxTCPQuery >> 8, MaxTCPQuery & 0xFF, 0, 1, 2, 3}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -134,19 +139,35 @@ func TestTCPBufferGrowsWithData(t *testing.T) {
 	per := grown / clients
 	// A connection holds its bufio reader (4 KiB), its pending-answer
 	// buffer (4 KiB), a 512-byte message buffer and the net.Conn and
-	// goroutine bookkeeping: well under the 64 KiB an announced length
-	// used to cost.
+	// goroutine bookkeeping.
 	const budget = 16 << 10
 	t.Logf("heap +%d KiB for %d clients: %d bytes each", grown>>10, clients, per)
 	if per > budget {
-		t.Fatalf("%d bytes per client announcing 65,535 bytes, want under %d", per, budget)
+		t.Fatalf("%d bytes per client announcing %d bytes, want under %d", per, MaxTCPQuery, budget)
+	}
+
+	// Announcing more than MaxTCPQuery closes the connection at once.
+	c, err := net.Dial("tcp", s.TCPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte{0xFF, 0xFF, 0, 1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("a 65,535-byte query: %v, want the connection closed", err)
+	}
+	if n := s.Snapshot().TCPOversized; n != 1 {
+		t.Fatalf("oversized %d, want 1", n)
 	}
 }
 
 // TestReadMsgInPieces: a message that arrives a byte at a time is read
 // whole, whatever its length, and the buffer is reused.
 func TestReadMsgInPieces(t *testing.T) {
-	for _, n := range []int{0, 1, 511, 512, 513, 4000, 65535} {
+	for _, n := range []int{0, 1, 511, 512, 513, MaxTCPQuery} {
 		msg := make([]byte, 2+n)
 		binary.BigEndian.PutUint16(msg, uint16(n))
 		for i := range n {
@@ -159,6 +180,13 @@ func TestReadMsgInPieces(t *testing.T) {
 			if buf, err = readMsg(r, buf); err != nil || !bytes.Equal(buf, msg[2:]) {
 				t.Fatalf("len %d, read %d: %d bytes, %v", n, k, len(buf), err)
 			}
+		}
+	}
+	// Longer than MaxTCPQuery: refused before its bytes are read.
+	for _, n := range []int{MaxTCPQuery + 1, 65535} {
+		r := bufio.NewReader(bytes.NewReader(binary.BigEndian.AppendUint16(nil, uint16(n))))
+		if _, err := readMsg(r, nil); !errors.Is(err, errOversized) {
+			t.Fatalf("len %d: %v, want errOversized", n, err)
 		}
 	}
 	// A message cut short is an error.

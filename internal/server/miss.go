@@ -80,7 +80,8 @@ func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
 // startMiss is the one miss path of UDP and TCP. The caller holds what the
 // destination needs until deliver (the UDP socket's reference, the TCP
 // connection's pipeline slot). Past MaxWaiting the client is answered at
-// once (stale or SERVFAIL). Otherwise the Resolver takes the miss without
+// once (stale or SERVFAIL), and so is a client past its share of it while
+// only the reserve is free (package fair). Otherwise the Resolver takes the miss without
 // blocking (resolve.Resolver.Start): no goroutine waits for it, and the
 // goroutine that reads the upstream's answer writes the client's
 // (Resolved). What Start leaves to the blocking path (a stale entry to
@@ -89,7 +90,12 @@ func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
 // goroutine runnable (a miss worker), which the UDP receive loop must
 // yield to (serveUDP). m is not the caller's any more.
 func (s *Server) startMiss(m *missReq) bool {
-	if !s.admit() {
+	if !m.q.From.IsValid() {
+		// Every miss knows its client: the shares of the waiting and the
+		// flight bounds are per client.
+		m.q.From = m.client().Addr()
+	}
+	if !s.admit(m.q.From) {
 		m.source = fromOverload
 		m.out = s.shed(m)
 		s.finishMiss(m)
@@ -136,7 +142,7 @@ func (s *Server) missWorker(m *missReq) {
 		if !s.answerAutopath(m) {
 			m.out = s.resolve(m)
 		}
-		s.release()
+		s.release(m.q.From)
 		s.finishMiss(m)
 		if idle == nil {
 			idle = time.NewTimer(missWorkerIdle)
@@ -159,7 +165,7 @@ func (s *Server) missWorker(m *missReq) {
 func (m *missReq) Resolved(e *cache.Entry, err error) {
 	s := m.srv
 	m.out = s.written(m, e, false, err)
-	s.release()
+	s.release(m.q.From)
 	if m.tcp {
 		// A TCP client that stops reading would block the write (up to
 		// its timeout), and with it every answer behind this one on the

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -64,9 +65,10 @@ type Config struct {
 	MaxClientUDPSize uint16
 	// MaxWaiting bounds the clients waiting for a miss, all questions
 	// together, so memory stays bounded whatever the clients do (default
-	// config.DefaultMaxWaiting); past it a miss gets its stale answer or
-	// SERVFAIL at once and is counted as rejected. The bound on distinct
-	// questions is the Resolver's.
+	// config.DefaultMaxWaiting), apportioned by client address (package
+	// fair); past it, or past its client's share, a miss gets its stale
+	// answer or SERVFAIL at once and is counted as rejected. The bound on
+	// distinct questions is the Resolver's.
 	MaxWaiting int
 	// TCPIdleTimeout closes a TCP connection with no query for this long;
 	// TCPReadTimeout bounds reading one query once it has started;
@@ -132,22 +134,27 @@ type Server struct {
 	// reloads keep nothing alive.
 	allRes  []*resolve.Resolver
 	retired Counters
-	waiting chan struct{} // one token per client waiting for a miss
+	// waiting: the clients waiting for a miss, by client (package fair),
+	// at most MaxWaiting; under waitMu.
+	waitMu  sync.Mutex
+	waiting *fair.Shares
 	stats   Stats
 	// CoreDNS-named counters (stats.go): cd is shared by TCP and the miss
 	// path; each UDP loop has its own (udpListener.cd).
 	cd  *cdCounters
 	cdz cdZones
 
-	mu      sync.Mutex
-	udp     []*udpListener
-	procs   int // Ps reserved for the receive loops (reserveProcs)
-	tcp     []*tcpListener
-	conns   map[net.Conn]*tcpConn
-	closing atomic.Bool
-	serving atomic.Bool
-	wg      sync.WaitGroup // serving goroutines
-	missWG  sync.WaitGroup // miss workers
+	mu    sync.Mutex
+	udp   []*udpListener
+	procs int // Ps reserved for the receive loops (reserveProcs)
+	tcp   []*tcpListener
+	conns map[net.Conn]*tcpConn
+	// tcpShares: the open connections by client, at most MaxTCPConns.
+	tcpShares *fair.Shares
+	closing   atomic.Bool
+	serving   atomic.Bool
+	wg        sync.WaitGroup // serving goroutines
+	missWG    sync.WaitGroup // miss workers
 	// missQ hands a miss to an idle miss worker (unbuffered: taken only by
 	// one waiting for it); missStop, closed at shutdown, ends idle ones.
 	missQ    chan *missReq
@@ -180,12 +187,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("server: Views[0] must be Resolver")
 	}
 	s := &Server{
-		cfg:      cfg,
-		res:      cfg.Resolver,
-		waiting:  make(chan struct{}, cfg.MaxWaiting),
-		missQ:    make(chan *missReq),
-		missStop: make(chan struct{}),
-		conns:    make(map[net.Conn]*tcpConn),
+		cfg:       cfg,
+		res:       cfg.Resolver,
+		waiting:   fair.New(cfg.MaxWaiting),
+		missQ:     make(chan *missReq),
+		missStop:  make(chan struct{}),
+		conns:     make(map[net.Conn]*tcpConn),
+		tcpShares: fair.New(cfg.MaxTCPConns),
 	}
 	if len(cfg.CoreDNSZones) > 0 {
 		s.cdz = newCDZones(cfg.CoreDNSZones)
@@ -326,18 +334,25 @@ func (s *Server) maxSize(q *wire.Query, tcp bool) int {
 	return int(min(q.Size, s.cfg.MaxClientUDPSize))
 }
 
-// admit takes a waiting slot for a miss, or reports false when MaxWaiting
-// clients are waiting.
-func (s *Server) admit() bool {
-	select {
-	case s.waiting <- struct{}{}:
-		return true
-	default:
-		return false
+// admit takes a waiting slot for a miss of client c, or reports false
+// when MaxWaiting clients are waiting or c holds its share of them while
+// only the reserve is free (package fair; counted).
+func (s *Server) admit(c netip.Addr) bool {
+	s.waitMu.Lock()
+	v := s.waiting.Take(c)
+	s.waitMu.Unlock()
+	if v == fair.OverShare {
+		s.stats.WaitingShareRejects.Add(1)
 	}
+	return v == fair.Taken
 }
 
-func (s *Server) release() { <-s.waiting }
+// release gives back a waiting slot of client c.
+func (s *Server) release(c netip.Addr) {
+	s.waitMu.Lock()
+	s.waiting.Put(c)
+	s.waitMu.Unlock()
+}
 
 // healthName is answered by the server itself (NOERROR, no records), so a
 // health check proves the listener works without asking any upstream. It

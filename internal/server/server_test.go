@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,49 +118,134 @@ func TestSlowLorisIsCutOff(t *testing.T) {
 	}
 }
 
+// TestTCPConnectionBound: a full table makes room by closing the
+// longest-idle connection, and refuses a new one only when none is idle.
 func TestTCPConnectionBound(t *testing.T) {
-	s, _ := startServer(t, func(c *Config) { c.MaxTCPConns = 2 })
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
+	release := make(chan struct{})
+	defer close(release)
+	s, _ := startServer(t, func(c *Config) { c.MaxTCPConns = 2 }, func(c *resolve.Config) {
+		c.Fetch = func(ctx context.Context, _ string, q []byte) ([]byte, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil, context.Canceled
 		}
-	}()
-	for i := 0; i < 2; i++ {
+	})
+	dial := func() net.Conn {
+		t.Helper()
 		c, err := net.Dial("tcp", s.TCPAddr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		conns = append(conns, c)
+		t.Cleanup(func() { c.Close() })
+		return c
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for s.Snapshot().TCPConns != 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d conns", s.Snapshot().TCPConns)
+	waitConns := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(3 * time.Second); s.Snapshot().TCPConns != n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d conns, want %d", s.Snapshot().TCPConns, n)
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	c, err := net.Dial("tcp", s.TCPAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	closed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		return err != nil
 	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("third connection served")
+	first := dial()
+	waitConns(1)
+	time.Sleep(10 * time.Millisecond) // first is the longest idle
+	second := dial()
+	waitConns(2)
+	third := dial()
+	if !closed(first) {
+		t.Fatal("the longest-idle connection was not closed for the new one")
 	}
-	if s.Snapshot().TCPRefused != 1 {
-		t.Fatalf("refused %d", s.Snapshot().TCPRefused)
+	waitConns(2)
+	if c := s.Snapshot(); c.TCPEvicted != 1 || c.TCPRefused != 0 {
+		t.Fatalf("evicted %d refused %d, want 1 and 0", c.TCPEvicted, c.TCPRefused)
 	}
-	// The first two still work.
-	m := new(dns.Msg)
-	m.SetQuestion("a.example.", dns.TypeA)
-	b, _ := m.Pack()
-	_, _ = conns[0].Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...))
-	_ = conns[0].SetReadDeadline(time.Now().Add(3 * time.Second))
-	var lb [2]byte
-	if _, err := io.ReadFull(conns[0], lb[:]); err != nil {
-		t.Fatal(err)
+	// Both open connections wait for a miss: none is idle, so a new one
+	// is refused.
+	for i, c := range []net.Conn{second, third} {
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("busy%d.example.", i), dns.TypeA)
+		b, _ := m.Pack()
+		if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(3 * time.Second); s.Snapshot().CacheMisses < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two misses did not start")
+		}
+	}
+	fourth := dial()
+	if !closed(fourth) {
+		t.Fatal("a connection was served with none idle to close")
+	}
+	if c := s.Snapshot(); c.TCPRefused != 1 || c.TCPEvicted != 1 {
+		t.Fatalf("refused %d evicted %d, want 1 and 1", c.TCPRefused, c.TCPEvicted)
+	}
+}
+
+// TestTCPShareEvictsTheClientsOwn: a client holding its share of a full
+// table loses its own longest-idle connection to a new one of its own,
+// never another client's; a newcomer takes the heaviest client's.
+func TestTCPShareEvictsTheClientsOwn(t *testing.T) {
+	s, _ := startServer(t, func(c *Config) { c.MaxTCPConns = 40 }) // reserve 10, share 1
+	dialFrom := func(src string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp", s.TCPAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	waitConns := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(3 * time.Second); s.Snapshot().TCPConns != n; time.Sleep(2 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d conns, want %d", s.Snapshot().TCPConns, n)
+			}
+		}
+	}
+	other := dialFrom("127.0.0.3")
+	waitConns(1)
+	var hog []net.Conn
+	for i := range 30 { // 40 less the reserve (10) less other's 1: 29, then full of its own
+		hog = append(hog, dialFrom("127.0.0.2"))
+		waitConns(int64(min(i+2, 30)))
+	}
+	if c := s.Snapshot(); c.TCPConns != 30 || c.ShareRejectsTCP != 0 || c.TCPEvicted != 1 {
+		t.Fatalf("conns %d share rejects %d evicted %d, want 30, 0, 1", c.TCPConns, c.ShareRejectsTCP, c.TCPEvicted)
+	}
+	_ = other.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := other.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the other client's connection: %v, want it open", err)
+	}
+	_ = hog[0].SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := hog[0].Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the hog's longest-idle connection: %v, want it closed", err)
+	}
+	// Newcomers get in at once, from the reserve.
+	for i := range 10 {
+		dialFrom(fmt.Sprintf("127.0.1.%d", i+1))
+	}
+	waitConns(40)
+	// The table is full: one more newcomer takes the heaviest client's
+	// longest-idle connection.
+	dialFrom("127.0.2.1")
+	_ = hog[1].SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := hog[1].Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the heaviest client's longest-idle connection: %v, want it closed", err)
+	}
+	if c := s.Snapshot(); c.TCPConns != 40 || c.TCPEvicted != 2 || c.TCPRefused != 0 {
+		t.Fatalf("conns %d evicted %d refused %d, want 40, 2, 0", c.TCPConns, c.TCPEvicted, c.TCPRefused)
 	}
 }
 

@@ -28,7 +28,16 @@ type Stats struct {
 	ReflectorDrops atomic.Uint64
 	TCPConns       atomic.Int64
 	TCPRefused     atomic.Uint64
-	_              [64]byte
+	// WaitingShareRejects: misses refused because their client held its
+	// share of the waiting bound while only the reserve was free.
+	WaitingShareRejects atomic.Uint64
+	// TCPEvicted: idle client TCP connections closed to make room for a
+	// new one; TCPOversized: connections closed because a query announced
+	// more than MaxTCPQuery bytes.
+	TCPEvicted      atomic.Uint64
+	TCPOversized    atomic.Uint64
+	TCPShareRejects atomic.Uint64
+	_               [64]byte
 }
 
 func (st *Stats) countRequest(tcp bool) {
@@ -69,6 +78,11 @@ type Counters struct {
 	ReflectorDrops uint64
 	TCPConns       int64
 	TCPRefused     uint64
+	// Share rejects by bound (package fair): flights (the Resolvers'),
+	// waiting clients, TCP connections (a new one refused because its
+	// client held its share and no idle connection of its could go).
+	ShareRejectsFlights, ShareRejectsWaiting, ShareRejectsTCP uint64
+	TCPEvicted, TCPOversized                                  uint64
 }
 
 func (c *Counters) add(st *Stats) {
@@ -83,6 +97,10 @@ func (c *Counters) add(st *Stats) {
 	c.ReflectorDrops += st.ReflectorDrops.Load()
 	c.TCPConns += st.TCPConns.Load()
 	c.TCPRefused += st.TCPRefused.Load()
+	c.ShareRejectsWaiting += st.WaitingShareRejects.Load()
+	c.ShareRejectsTCP += st.TCPShareRejects.Load()
+	c.TCPEvicted += st.TCPEvicted.Load()
+	c.TCPOversized += st.TCPOversized.Load()
 }
 
 // Snapshot sums the counters of every socket. Each UDP socket counts on its
@@ -94,6 +112,7 @@ func (s *Server) Snapshot() Counters {
 	all := s.allRes
 	c.Rejected, c.Coalesced, c.UpstreamErrors = s.retired.Rejected, s.retired.Coalesced, s.retired.UpstreamErrors
 	c.CacheMisses, c.StaleServed = s.retired.CacheMisses, s.retired.StaleServed
+	c.ShareRejectsFlights = s.retired.ShareRejectsFlights
 	s.mu.Unlock()
 	for _, r := range all {
 		addResolverStats(&c, r)
@@ -112,6 +131,7 @@ func addResolverStats(c *Counters, r *resolve.Resolver) {
 	c.UpstreamErrors += rs.UpstreamErrors.Load()
 	c.CacheMisses += rs.Misses.Load()
 	c.StaleServed += rs.Stale.Load()
+	c.ShareRejectsFlights += rs.ShareRejected.Load()
 }
 
 // RcodeLabel names index i of Counters.Responses.

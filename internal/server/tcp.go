@@ -11,14 +11,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // serveTCP accepts connections until Shutdown (which wakes Accept with a
 // past deadline and leaves the listener, and its accept queue, to a twin
-// holding the same socket). Connections over MaxTCPConns are closed at once
-// (counted): a client then retries or uses UDP, and the server keeps its
-// memory.
+// holding the same socket). Connections over MaxTCPConns, or over their
+// client's share of it, are closed at once
+// unless an idle one makes room (addConn).
 func (s *Server) serveTCP(l *tcpListener) {
 	var backoff time.Duration
 	for {
@@ -37,40 +38,118 @@ func (s *Server) serveTCP(l *tcpListener) {
 			continue
 		}
 		backoff = 0
-		if s.stats.TCPConns.Add(1) > int64(s.cfg.MaxTCPConns) {
-			s.stats.TCPConns.Add(-1)
-			s.stats.TCPRefused.Add(1)
+		// Accepted during Shutdown: the client has sent, or is sending, its
+		// query; it is answered (the connection drains like the others).
+		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout}
+		tc.idleSince.Store(time.Now().UnixNano())
+		if !s.addConn(tc) {
 			_ = c.Close()
 			continue
 		}
-		// Accepted during Shutdown: the client has sent, or is sending, its
-		// query; it is answered (the connection drains like the others).
-		tc := &tcpConn{c: c, slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout}
-		s.mu.Lock()
-		s.conns[c] = tc
-		s.wg.Add(1)
-		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			s.serveConn(tc)
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-			s.stats.TCPConns.Add(-1)
+			s.removeConn(tc)
 		}()
 	}
+}
+
+// addConn admits a new connection: within its client's share of
+// MaxTCPConns (package fair) it is taken. Otherwise an idle connection
+// makes room (closed, counted in TCPEvicted): the client's own longest-idle
+// one when the client holds its share, else the longest-idle one of the
+// heaviest client, else the longest-idle one of all. With none idle it is
+// refused (TCPShareRejects when it was its client's share, TCPRefused when
+// the table was full): a client then retries or uses UDP, and the server
+// keeps its memory.
+func (s *Server) addConn(tc *tcpConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.tcpShares.Check(tc.client)
+	if v != fair.Taken {
+		heavy := v == fair.OverShare || s.tcpShares.Held(tc.client) >= s.tcpShares.Share()
+		var victim *tcpConn
+		if heavy {
+			victim = s.longestIdle(func(o *tcpConn) bool { return o.client == tc.client })
+		} else {
+			top, _ := s.tcpShares.Heaviest()
+			if victim = s.longestIdle(func(o *tcpConn) bool { return o.client == top }); victim == nil {
+				victim = s.longestIdle(func(*tcpConn) bool { return true })
+			}
+		}
+		if victim == nil {
+			if v == fair.OverShare {
+				s.stats.TCPShareRejects.Add(1)
+			} else {
+				s.stats.TCPRefused.Add(1)
+			}
+			return false
+		}
+		s.evict(victim)
+	}
+	s.tcpShares.Take(tc.client)
+	s.stats.TCPConns.Add(1)
+	s.conns[tc.c] = tc
+	s.wg.Add(1)
+	return true
+}
+
+// longestIdle is the connection, among those ok accepts, that has been
+// idle the longest (waiting for a query, none of its misses outstanding),
+// or nil. s.mu is held; a walk over the connections, for a full table.
+func (s *Server) longestIdle(ok func(*tcpConn) bool) *tcpConn {
+	var best *tcpConn
+	var since int64
+	for _, o := range s.conns {
+		if o.evicted || o.state.Load() == connBusy || len(o.slots) > 0 || !ok(o) {
+			continue
+		}
+		if t := o.idleSince.Load(); best == nil || t < since {
+			best, since = o, t
+		}
+	}
+	return best
+}
+
+// evict closes an idle connection to make room; its place is given up at
+// once (s.mu is held), its goroutine ends on the closed socket.
+func (s *Server) evict(tc *tcpConn) {
+	tc.evicted = true
+	delete(s.conns, tc.c)
+	s.tcpShares.Put(tc.client)
+	s.stats.TCPConns.Add(-1)
+	s.stats.TCPEvicted.Add(1)
+	_ = tc.c.Close()
+}
+
+// removeConn gives up a connection's place when its goroutine ends.
+func (s *Server) removeConn(tc *tcpConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tc.evicted {
+		return
+	}
+	delete(s.conns, tc.c)
+	s.tcpShares.Put(tc.client)
+	s.stats.TCPConns.Add(-1)
 }
 
 // tcpConn is one client connection: queries are read in order and
 // answered as they complete (RFC 7766 §6.2.1.1), hits at once, misses when
 // their upstream answers.
 type tcpConn struct {
-	c       net.Conn
-	wmu     sync.Mutex
-	pending sync.WaitGroup
-	slots   chan struct{}
-	timeout time.Duration
-	state   atomic.Int32 // connFirst, connIdle or connBusy
+	c      net.Conn
+	client netip.Addr // the remote address, whose share it takes
+	// idleSince: when it last began waiting for a query (unix ns), for
+	// choosing the longest-idle connection; evicted (under Server.mu):
+	// closed to make room, its place already given up.
+	idleSince atomic.Int64
+	evicted   bool
+	wmu       sync.Mutex
+	pending   sync.WaitGroup
+	slots     chan struct{}
+	timeout   time.Duration
+	state     atomic.Int32 // connFirst, connIdle or connBusy
 }
 
 // States of a TCP connection, for draining.
@@ -136,6 +215,9 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		var err error
 		if buf, err = readMsg(r, buf); err != nil {
+			if errors.Is(err, errOversized) {
+				s.stats.TCPOversized.Add(1)
+			}
 			return
 		}
 		t := s.cfg.Clock.Now()
@@ -168,7 +250,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			return
 		}
 		m := newMiss(buf, true, t)
-		m.q.From = from
+		m.q.From = tc.client
 		m.q.View = q.View
 		m.tc = tc
 		m.cdk = k
@@ -183,6 +265,9 @@ func (s *Server) serveConn(tc *tcpConn) {
 // connection for long). Socket deadlines are the kernel's: real time.
 func (s *Server) waitQuery(tc *tcpConn, r *bufio.Reader, state int32) bool {
 	c := tc.c
+	if state == connIdle { // a new connection is idle since it was accepted
+		tc.idleSince.Store(time.Now().UnixNano())
+	}
 	tc.state.Store(state)
 	wait := s.waitTimeout(state)
 	_ = c.SetReadDeadline(time.Now().Add(wait))
@@ -226,14 +311,31 @@ func (s *Server) takeSlot(tc *tcpConn, pend *[]byte) bool {
 // so a client announcing 65,535 bytes and sending none costs nothing.
 const tcpMsgChunk = 512
 
+// MaxTCPQuery is the longest query a client may send over TCP; a longer
+// announced length closes the connection before any of its bytes are
+// buffered (counted). A query is a header (12 bytes), one question (a name
+// of at most 255 bytes, type and class) and an OPT record (11 bytes and its
+// options: a client subnet, a cookie, padding to a multiple of 128 bytes,
+// RFC 8467); a TSIG adds a name and a MAC. Real queries stay well under
+// 1 KiB; 2 KiB leaves room, and bounds what 1,000 connections can make us
+// hold to 2 MiB where the 16-bit length would allow 64 MiB.
+const MaxTCPQuery = 2048
+
+// errOversized: a TCP message announced more than MaxTCPQuery bytes.
+var errOversized = errors.New("tcp query longer than MaxTCPQuery")
+
 // readMsg reads one length-prefixed message into buf (reused), growing it
-// only as the bytes arrive.
+// only as the bytes arrive, and refuses one announced longer than
+// MaxTCPQuery.
 func readMsg(r *bufio.Reader, buf []byte) ([]byte, error) {
 	var lb [2]byte
 	if _, err := io.ReadFull(r, lb[:]); err != nil {
 		return buf, err
 	}
 	n := int(binary.BigEndian.Uint16(lb[:]))
+	if n > MaxTCPQuery {
+		return buf, errOversized
+	}
 	buf = buf[:0]
 	for len(buf) < n {
 		if len(buf) == cap(buf) {

@@ -18,7 +18,9 @@ import (
 func TestWaitingClientMemory(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
-	s, _ := startServer(t, nil, func(c *resolve.Config) {
+	// One client, so a bound its share lets it fill: it may borrow all
+	// but the reserve (package fair).
+	s, _ := startServer(t, func(c *Config) { c.MaxWaiting = 4096 }, func(c *resolve.Config) {
 		c.MaxWaiters = 4096
 		c.Fetch = func(ctx context.Context, _ string, q []byte) ([]byte, error) {
 			select {
