@@ -95,7 +95,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, n := range cfg.DropIn.Notes {
 		log.Warn("configuration: " + n)
 	}
-	d, err := daemon.New(cfg, log, daemon.Options{PProf: cfg.PProf, OnReady: pidFileWriter(cfg.DropIn.PidFile, log)})
+	d, err := daemon.New(cfg, log, daemon.Options{OnReady: pidFileWriter(cfg.DropIn.PidFile, log)})
 	if err != nil {
 		log.Error("cannot start", "err", err)
 		return exitFailed

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -88,7 +89,10 @@ type Config struct {
 
 	LogFormat   string
 	CheckConfig bool
-	PProf       bool
+	// PProf is where /debug/pprof/ is served ("" off): its own listener,
+	// loopback unless an address is given explicitly (-pprof, the
+	// Corefile's pprof).
+	PProf string
 
 	// DropIn: the stock image's flags and the Corefile (stockflags.go,
 	// corefile.go).
@@ -184,7 +188,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.ForwardTimeout, "forward-timeout", DefaultForwardTimeout, "bound on resolving one miss (glibc retries after 5s)")
 	fs.IntVar(&c.TCPPoolSize, "tcp-pool-size", forward.DefaultPoolSize, "pipelined TCP connections per kube-dns server")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
-	fs.BoolVar(&c.PProf, "pprof", false, "serve /debug/pprof/ on the metrics address")
+	fs.Var(pprofFlag{&c.PProf}, "pprof", "serve /debug/pprof/ on a listener of its own: -pprof on "+DefaultPProfAddr+" (loopback only), -pprof=ADDR:PORT on that address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
 	var stock stockFlags
 	registerStock(fs, c, &stock) // drop-in: the stock image's flags
@@ -500,3 +504,36 @@ func parseBytes(s string) (int64, error) {
 
 // Getenv is the production Env.
 func Getenv(k string) string { return os.Getenv(k) }
+
+// DefaultPProfAddr is where -pprof serves /debug/pprof/ without an address:
+// loopback, so no pod on the node can read the daemon's memory or profile
+// it (the metrics port is reachable from every pod).
+const DefaultPProfAddr = "127.0.0.1:6053"
+
+// pprofFlag is -pprof: a boolean (DefaultPProfAddr, or off) that also
+// takes an address.
+type pprofFlag struct{ addr *string }
+
+func (f pprofFlag) IsBoolFlag() bool { return true }
+
+func (f pprofFlag) String() string {
+	if f.addr == nil {
+		return ""
+	}
+	return *f.addr
+}
+
+func (f pprofFlag) Set(v string) error {
+	switch v {
+	case "true", "1", "t", "T", "TRUE", "True":
+		*f.addr = DefaultPProfAddr
+	case "false", "0", "f", "F", "FALSE", "False", "":
+		*f.addr = ""
+	default:
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return fmt.Errorf("want true, false or HOST:PORT: %v", err)
+		}
+		*f.addr = v
+	}
+	return nil
+}

@@ -207,3 +207,37 @@ func TestAutopathFlags(t *testing.T) {
 		t.Errorf("-autopath -local-mode: %v", err)
 	}
 }
+
+// TestPProfIsLoopbackUnlessGiven: -pprof alone serves on loopback; an
+// explicit address is taken as given and -check-config says it is not
+// loopback; a Corefile's pprof without an address is loopback too.
+func TestPProfIsLoopbackUnlessGiven(t *testing.T) {
+	rc := writeFile(t, "nameserver 10.0.0.2\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+		says string
+	}{
+		{nil, "", "pprof:            off"},
+		{[]string{"-pprof"}, DefaultPProfAddr, "(loopback only)"},
+		{[]string{"-pprof=false"}, "", "pprof:            off"},
+		{[]string{"-pprof=[::1]:6060"}, "[::1]:6060", "(loopback only)"},
+		{[]string{"-pprof=0.0.0.0:6060"}, "0.0.0.0:6060", "NOT loopback"},
+	} {
+		c, err := Parse(append([]string{"-kube-dns", "10.96.0.10", "-resolv-conf", rc}, tc.args...), envOf(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if c.PProf != tc.want {
+			t.Fatalf("%v: pprof %q, want %q", tc.args, c.PProf, tc.want)
+		}
+		var out strings.Builder
+		Describe(&out, c)
+		if !strings.Contains(out.String(), tc.says) {
+			t.Fatalf("%v: -check-config does not say %q:\n%s", tc.args, tc.says, out.String())
+		}
+	}
+	if _, err := Parse([]string{"-kube-dns", "10.96.0.10", "-resolv-conf", rc, "-pprof=6060"}, envOf(nil), io.Discard); err == nil {
+		t.Fatal("-pprof=6060 (no host) accepted")
+	}
+}

@@ -86,7 +86,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	}
 	var succCap, denCap int
 	haveCache := false
-	var metrics, health, pprof string
+	var metrics, health string
 	// A zone in several blocks (other binds): the first block fills the
 	// shared route table; the views (views.go) route the others.
 	firstOf := map[string]*corefile.Server{}
@@ -221,9 +221,12 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			mapped(s, "prometheus %s: /metrics there", s.Prometheus)
 		}
 		if s.PProf != "" {
-			pprof = s.PProf
-			c.PProf = true
-			mapped(s, "pprof %s: /debug/pprof/ on the metrics address", s.PProf)
+			if set["pprof"] && c.PProf != s.PProf {
+				flagWins("pprof", "pprof", s.PProf, c.PProf)
+			} else {
+				c.PProf = s.PProf
+			}
+			mapped(s, "pprof %s: /debug/pprof/ on %s, a listener of its own", s.PProf, c.PProf)
 		}
 		if s.Log {
 			c.QueryLog = true
@@ -280,7 +283,6 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		c.DropIn.NodeCacheMetricsAddr = nodeCache
 		mapped(srv[0], "-metrics-listen-address %s: node-cache's own endpoint, served too (/metrics, /health, /ready)", nodeCache)
 	}
-	_ = pprof
 	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
 	}

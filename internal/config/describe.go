@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 )
 
 // Describe prints what a start with c would do, for -check-config.
@@ -32,6 +34,17 @@ func Describe(w io.Writer, c *Config) {
 		p("lifecycle:        lame duck %v; twins meet in %s (socket handover, exec probes: nodelocaldns -probe ready|health -state-dir %s)", c.LameDuck, c.StateDir, c.StateDir)
 	} else {
 		p("lifecycle:        lame duck %v; no state dir: no handover to a twin, no exec probes", c.LameDuck)
+	}
+	if c.PProf != "" {
+		scope := "loopback only"
+		if h, _, err := net.SplitHostPort(c.PProf); err == nil {
+			if a, err := netip.ParseAddr(h); (err != nil && h != "localhost") || (err == nil && !a.IsLoopback()) {
+				scope = "NOT loopback: every pod that reaches this address can read the daemon's memory profile"
+			}
+		}
+		p("pprof:            http://%s/debug/pprof/ (%s)", c.PProf, scope)
+	} else {
+		p("pprof:            off")
 	}
 	p("query log:        %v", c.QueryLog)
 	if c.SocketUID >= 0 {

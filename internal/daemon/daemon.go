@@ -59,7 +59,6 @@ type Daemon struct {
 	stopping    atomic.Bool
 	stopHTTP    context.CancelFunc
 	stopNet     context.CancelFunc
-	pprof       bool
 	bg          sync.WaitGroup
 	opt         Options
 	clock       clock.Clock // opt.Clock, never nil
@@ -98,7 +97,6 @@ type Options struct {
 	// Clock is the daemon's time: cache TTLs, the lame duck, the retiring
 	// of replaced upstream groups. clock.Real when nil.
 	Clock clock.Clock
-	PProf bool
 	// InstanceIDForTest overrides the id in the state directory (the PID
 	// namespace's inode and the PID), so tests can run twins in one process.
 	InstanceIDForTest string
@@ -240,7 +238,6 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 			return nil, err
 		}
 	}
-	d.pprof = opt.PProf
 	d.opt = opt
 	return d, nil
 }
@@ -346,7 +343,6 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		Addr:   d.cfg.MetricsAddr,
 		Health: d.health,
 		Ready:  d.readyProbe,
-		PProf:  d.pprof,
 		Log:    d.log,
 	})
 	if err != nil {
@@ -357,6 +353,12 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		_, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true, Log: d.log})
 		if err != nil {
 			return err
+		}
+	}
+	if a := d.cfg.PProf; a != "" {
+		// Not fatal either: a profile is for debugging.
+		if _, err := d.Metrics.ServePProf(hctx, a, d.log); err != nil {
+			d.log.Error("pprof not served", "addr", a, "err", err)
 		}
 	}
 	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint

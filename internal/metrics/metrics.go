@@ -29,6 +29,8 @@ type Metrics struct {
 	setupErrors *prometheus.CounterVec
 	backend     *prometheus.GaugeVec
 	httpErrors  *prometheus.CounterVec // http.go
+	httpRejects *prometheus.CounterVec // httpconns.go
+	httpEvicted *prometheus.CounterVec
 
 	upstreamDuration *prometheus.HistogramVec
 	upstreamFailures *prometheus.CounterVec
@@ -70,6 +72,7 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	}, []string{"backend"})
 	r.MustRegister(m.setupErrors, m.backend)
 	m.httpErrors = newHTTPErrors(r)
+	m.httpRejects, m.httpEvicted = newHTTPBounds(r)
 
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",
@@ -184,7 +187,10 @@ var (
 	descHealth    = prometheus.NewDesc(ns+"_health_queries_total", "Queries for the health name, answered by the server itself; neither hits nor misses.", nil, nil)
 	descReflector = prometheus.NewDesc(ns+"_reflector_drops_total", "UDP queries from a reflector source port (0, 7, 13, 17, 19, 37) dropped unanswered; also in dropped_queries_total.", nil, nil)
 	descTCPConns  = prometheus.NewDesc(ns+"_tcp_connections", "Open client TCP connections.", nil, nil)
-	descTCPRef    = prometheus.NewDesc(ns+"_tcp_refused_total", "Client TCP connections closed at once over -max-tcp-conns.", nil, nil)
+	descTCPRef    = prometheus.NewDesc(ns+"_tcp_refused_total", "Client TCP connections closed at once: -max-tcp-conns open and none of them idle to close instead.", nil, nil)
+	descShare     = prometheus.NewDesc(ns+"_client_share_rejects_total", "Requests refused because their client (source address) held its share of a bound while only the bound's reserve was free, by bound: inflight (a new question: stale answer or SERVFAIL), waiting (a miss: stale answer or SERVFAIL), tcp (a new connection, none of the client's own idle to close).", []string{"bound"}, nil)
+	descTCPEvict  = prometheus.NewDesc(ns+"_tcp_evicted_total", "Idle client TCP connections closed to make room for a new one (the client's own longest-idle one, else the heaviest client's, else the longest-idle of all).", nil, nil)
+	descTCPBig    = prometheus.NewDesc(ns+"_tcp_oversized_total", "Client TCP connections closed because a query announced more than 2048 bytes (server.MaxTCPQuery), before its bytes were read.", nil, nil)
 	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Queries answered from the cache, by entry type; type=stale counts answers served stale (RFC 8767), which are not misses. hits + misses is every query that reached the cache.", []string{"type"}, nil)
 	descPrefetch  = prometheus.NewDesc(ns+"_cache_prefetches_total", "Popular entries refreshed in the background before they expired.", nil, nil)
 	descMisses    = prometheus.NewDesc(ns+"_cache_misses_total", "Queries the cache could not answer: they waited for the upstream (or were not admitted). A stale answer is not a miss; health checks are neither.", nil, nil)
@@ -197,7 +203,7 @@ var (
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes, descPrefetch, descHealth, descReflector} {
+		descEntries, descBytes, descPrefetch, descHealth, descReflector, descShare, descTCPEvict, descTCPBig} {
 		ch <- d
 	}
 }
@@ -225,6 +231,11 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descFwdErrors, c.UpstreamErrors)
 		gauge(descTCPConns, c.TCPConns)
 		counter(descTCPRef, c.TCPRefused)
+		counter(descShare, c.ShareRejectsFlights, "inflight")
+		counter(descShare, c.ShareRejectsWaiting, "waiting")
+		counter(descShare, c.ShareRejectsTCP, "tcp")
+		counter(descTCPEvict, c.TCPEvicted)
+		counter(descTCPBig, c.TCPOversized)
 		counter(descHits, c.StaleServed, "stale")
 		counter(descMisses, c.CacheMisses)
 		counter(descHealth, c.HealthChecks)

@@ -85,9 +85,13 @@ func (s *Server) addConn(tc *tcpConn) bool {
 			}
 			return false
 		}
-		s.evict(victim)
+		s.evict(victim, victim.client != tc.client)
+		if victim.client != tc.client {
+			s.tcpShares.Take(tc.client) // under its share, with a unit free
+		}
+	} else {
+		s.tcpShares.Take(tc.client)
 	}
-	s.tcpShares.Take(tc.client)
 	s.stats.TCPConns.Add(1)
 	s.conns[tc.c] = tc
 	s.wg.Add(1)
@@ -112,11 +116,15 @@ func (s *Server) longestIdle(ok func(*tcpConn) bool) *tcpConn {
 }
 
 // evict closes an idle connection to make room; its place is given up at
-// once (s.mu is held), its goroutine ends on the closed socket.
-func (s *Server) evict(tc *tcpConn) {
+// once (s.mu is held), its goroutine ends on the closed socket. Its
+// client's unit is given back (put), or passes to the client's new
+// connection.
+func (s *Server) evict(tc *tcpConn, put bool) {
 	tc.evicted = true
 	delete(s.conns, tc.c)
-	s.tcpShares.Put(tc.client)
+	if put {
+		s.tcpShares.Put(tc.client)
+	}
 	s.stats.TCPConns.Add(-1)
 	s.stats.TCPEvicted.Add(1)
 	_ = tc.c.Close()
