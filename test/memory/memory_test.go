@@ -25,9 +25,10 @@ import (
 const (
 	// maxInflight is the daemon's default -max-inflight (config.DefaultMaxInflight).
 	maxInflight = 1024
-	// hostileConns client TCP connections announce a 65,535-byte query and
-	// send nothing more: 10 under the default -max-tcp-conns (1000), so the
-	// test's own TCP clients get in.
+	// hostileConns client TCP connections announce the longest query the
+	// daemon takes (2048 bytes, server.MaxTCPQuery: a longer one is closed
+	// at once) and send 2 bytes of it: 10 under the default -max-tcp-conns
+	// (1000), so the test's own TCP clients get in.
 	hostileConns = 990
 	// bigAnswer is the size of the large answers kube-dns sends (close to
 	// the 65,535 a TCP frame can hold).
@@ -287,16 +288,37 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// sendMisses sends n distinct questions under suffix over UDP from one
-// socket, without waiting for answers (there are none). It returns the socket.
-func sendMisses(t *testing.T, addr, suffix string, n int) net.Conn {
+// perClient is how many misses or connections one source address makes:
+// the daemon apportions its bounds by client (internal/fair: a client may
+// hold 32 of the 1024 flights, 64 of the 2048 waiting clients, 31 of the
+// 1000 TCP connections while the reserve is kept), so filling a bound
+// takes many clients, as on a node with many pods.
+const perClient = 30
+
+// clientAddr is the source address of the i-th hostile client of a kind
+// (kind picks the second octet: each kind's clients are different ones).
+func clientAddr(kind, i int) string {
+	return fmt.Sprintf("127.%d.%d.%d", 10+kind, 1+i/250, 1+i%250)
+}
+
+// sendMisses sends n distinct questions under suffix over UDP, perClient
+// from each source address (clients of the given kind), without waiting
+// for answers (there are none).
+func sendMisses(t *testing.T, addr, suffix string, n, kind int) {
 	t.Helper()
-	c, err := net.Dial("udp", addr)
+	dst, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
+	var c *net.UDPConn
 	for i := range n {
+		if i%perClient == 0 {
+			src := &net.UDPAddr{IP: net.ParseIP(clientAddr(kind, i/perClient))}
+			if c, err = net.DialUDP("udp", src, dst); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func(c *net.UDPConn) func() { return func() { c.Close() } }(c))
+		}
 		m := new(dns.Msg)
 		m.SetQuestion(fmt.Sprintf("q%d.%s", i, suffix), dns.TypeA)
 		m.SetEdns0(1232, false)
@@ -308,14 +330,13 @@ func sendMisses(t *testing.T, addr, suffix string, n int) net.Conn {
 			time.Sleep(time.Millisecond) // within the daemon's socket buffers
 		}
 	}
-	return c
 }
 
 // holdMisses makes -max-inflight misses outstanding against a silent
 // upstream (the metric of upstream queries in flight says when).
 func holdMisses(t *testing.T, d *daemon, suffix string) {
 	t.Helper()
-	sendMisses(t, d.addr, suffix, maxInflight)
+	sendMisses(t, d.addr, suffix, maxInflight, 1)
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d misses in flight", maxInflight), func() bool {
 		return d.inflight(t) >= maxInflight
 	})
@@ -355,7 +376,7 @@ func TestPeakRSSMissesTCP(t *testing.T) {
 
 // Everything hostile at once: -max-inflight misses outstanding (half to a
 // silent node resolver over UDP, half to a silent kube-dns over TCP),
-// 990 client TCP connections each announcing a 65,535-byte query and
+// 990 client TCP connections each announcing a 2,048-byte query and
 // sending 2 bytes of it, and clients fetching ~60 KB answers from kube-dns
 // over TCP.
 func TestPeakRSSEverythingHostile(t *testing.T) {
@@ -363,14 +384,15 @@ func TestPeakRSSEverythingHostile(t *testing.T) {
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
 
-	// The hostile TCP clients.
+	// The hostile TCP clients, perClient connections per source address.
 	for i := range hostileConns {
-		c, err := net.Dial("tcp", d.addr)
+		dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(clientAddr(50, i/perClient))}}
+		c, err := dl.Dial("tcp", d.addr)
 		if err != nil {
 			t.Fatalf("hostile connection %d: %v", i, err)
 		}
 		t.Cleanup(func() { c.Close() })
-		if _, err := c.Write([]byte{0xff, 0xff, 0x12, 0x34}); err != nil {
+		if _, err := c.Write([]byte{2048 >> 8, 2048 & 0xff, 0x12, 0x34}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -378,8 +400,8 @@ func TestPeakRSSEverythingHostile(t *testing.T) {
 	// The misses: -max-inflight less the 64 the large answers use, half
 	// each way, so the flight bound is full while large answers flow.
 	silent := maxInflight - bigClients*bigPipeline
-	sendMisses(t, d.addr, "silent.example.com.", silent/2)
-	sendMisses(t, d.addr, "silent.default.svc.cluster.local.", silent/2)
+	sendMisses(t, d.addr, "silent.example.com.", silent/2, 1)
+	sendMisses(t, d.addr, "silent.default.svc.cluster.local.", silent/2, 2)
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d misses in flight", silent), func() bool {
 		return d.inflight(t) >= float64(silent)
 	})
