@@ -53,6 +53,10 @@ var (
 
 func daemonBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("NLD_MEMORY_BINARY"); bin != "" {
+		// Another build (an earlier commit's), for before-and-after figures.
+		return bin
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "nld-mem")
 		if err != nil {
@@ -184,6 +188,13 @@ type daemon struct {
 // misses stay outstanding while the test measures.
 func startDaemon(t *testing.T, nodeIP, kube string, env ...string) *daemon {
 	t.Helper()
+	return startDaemonArgs(t, nodeIP, kube, []string{"-forward-timeout", "60s"}, env...)
+}
+
+// startDaemonArgs is startDaemon with args after the common ones (a flag
+// given twice takes the last value).
+func startDaemonArgs(t *testing.T, nodeIP, kube string, args []string, env ...string) *daemon {
+	t.Helper()
 	bin := daemonBinary(t)
 	rc := filepath.Join(t.TempDir(), "resolv.conf")
 	if err := os.WriteFile(rc, []byte("nameserver "+nodeIP+"\n"), 0o644); err != nil {
@@ -196,8 +207,9 @@ func startDaemon(t *testing.T, nodeIP, kube string, env ...string) *daemon {
 		"-kube-dns", kube, "-resolv-conf", rc,
 		"-setupinterface=false", "-setupiptables=false", "-metrics-listen-address", metrics,
 		"-state-dir", t.TempDir(), "-lameduck", "100ms",
-		"-cache-max-bytes", "64Mi", "-udp-sockets", "4", "-forward-timeout", "60s",
+		"-cache-max-bytes", "64Mi", "-udp-sockets", "4",
 		"-max-inflight", strconv.Itoa(maxInflight))
+	cmd.Args = append(cmd.Args, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GOGC=") && !strings.HasPrefix(kv, "GOMEMLIMIT=") {
 			cmd.Env = append(cmd.Env, kv)
@@ -209,8 +221,9 @@ func startDaemon(t *testing.T, nodeIP, kube string, env ...string) *daemon {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{}) // closed once Wait returns, with waitErr
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -218,8 +231,8 @@ func startDaemon(t *testing.T, nodeIP, kube string, env ...string) *daemon {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		select {
-		case err := <-exited:
-			t.Fatalf("daemon exited: %v\n%s", err, d.stderr.String())
+		case <-exited:
+			t.Fatalf("daemon exited: %v\n%s", waitErr, d.stderr.String())
 		default:
 		}
 		if resp, err := http.Get("http://" + metrics + "/ready"); err == nil {
