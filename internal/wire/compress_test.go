@@ -182,9 +182,9 @@ func TestCompressRejectsMalformed(t *testing.T) {
 	}
 	target := a.RRs[0].TTLOff + 6 // the first CNAME's rdata
 	for name, mutate := range map[string]func(b []byte){
-		"forward pointer": func(b []byte) { binary.BigEndian.PutUint16(b[target:], 0xC000|uint16(len(b)-2)) },
-		"self pointer":    func(b []byte) { binary.BigEndian.PutUint16(b[target:], 0xC000|uint16(target)) },
-		"label too long":  func(b []byte) { b[target] = 64 },
+		"forward pointer":            func(b []byte) { binary.BigEndian.PutUint16(b[target:], 0xC000|uint16(len(b)-2)) },
+		"self pointer":               func(b []byte) { binary.BigEndian.PutUint16(b[target:], 0xC000|uint16(target)) },
+		"label too long":             func(b []byte) { b[target] = 64 },
 		"byte past the rdata's name": nil,
 	} {
 		t.Run(name, func(t *testing.T) {
