@@ -74,6 +74,9 @@ func (c *Compressor) Compress(dst, b []byte, qEnd int, rrs []RR) ([]byte, bool) 
 	}
 	c.used = 0
 	c.names = c.names[:0]
+	if cap(c.Layout) < len(rrs) {
+		c.Layout = make([]RR, 0, len(rrs))
+	}
 	c.Layout = c.Layout[:0]
 	if qEnd < HeaderLen+5 || qEnd > len(b) {
 		return dst[:start], false
