@@ -255,7 +255,6 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 			rr := &a.RRs[i]
 			rr.Start, rr.TTLOff, rr.End = l.Start, l.TTLOff, l.End
 		}
-		end = len(msg)
 	} else {
 		if ok {
 			bld.buf = c
