@@ -246,19 +246,22 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 	// Names compressed when that makes the message smaller: kube-dns
 	// writes them out in full over TCP, and a truncated answer would keep
 	// fewer records than the stock node-local-dns's, which re-packs.
+	// Most compressed answers are recognised without trying.
 	var msg []byte
-	if c, ok := bld.c.Compress(bld.buf[:0], resp, a.QEnd, a.RRs[:kept]); ok && len(c) < end {
-		bld.buf = c
-		msg = make([]byte, len(c))
-		copy(msg, c)
-		for i, l := range bld.c.Layout {
-			rr := &a.RRs[i]
-			rr.Start, rr.TTLOff, rr.End = l.Start, l.TTLOff, l.End
-		}
-	} else {
-		if ok {
+	if !wire.AlreadyCompressed(resp, a.RRs[:kept]) {
+		if c, ok := bld.c.Compress(bld.buf[:0], resp, a.QEnd, a.RRs[:kept]); ok {
 			bld.buf = c
+			if len(c) < end {
+				msg = make([]byte, len(c))
+				copy(msg, c)
+				for i, l := range bld.c.Layout {
+					rr := &a.RRs[i]
+					rr.Start, rr.TTLOff, rr.End = l.Start, l.TTLOff, l.End
+				}
+			}
 		}
+	}
+	if msg == nil {
 		msg = make([]byte, end)
 		copy(msg, resp[:end])
 	}

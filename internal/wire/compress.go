@@ -1,6 +1,10 @@
 package wire
 
-import "encoding/binary"
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+)
 
 // Compressor re-packs a response with name compression (RFC 1035 §4.1.4).
 // kube-dns (CoreDNS) compresses only what would not fit the client's size,
@@ -88,13 +92,18 @@ func (c *Compressor) Compress(dst, b []byte, qEnd int, rrs []RR) ([]byte, bool) 
 		return dst[:start], false
 	}
 	dst = append(dst, b[qEnd-4:qEnd]...)
+	qname := b[HeaderLen : qEnd-4]
 	for _, rr := range rrs {
 		nameEnd := rr.TTLOff - 4
 		if rr.Start < qEnd || nameEnd < rr.Start || rr.End > len(b) || nameEnd+10 > rr.End {
 			return dst[:start], false
 		}
 		out := RR{Section: rr.Section, Type: rr.Type, TTL: rr.TTL, SOAMinimum: rr.SOAMinimum, Start: len(dst) - start}
-		if dst, end, ok = c.name(dst, start, b[:nameEnd], rr.Start, true); !ok || end != nameEnd {
+		if owner := b[rr.Start:nameEnd]; isName(owner, qname) {
+			// The owner is the question's name (most records are): the
+			// longest match is the question itself, no need to look.
+			dst = append(dst, 0xC0, HeaderLen)
+		} else if dst, end, ok = c.name(dst, start, b[:nameEnd], rr.Start, true); !ok || end != nameEnd {
 			return dst[:start], false
 		}
 		out.TTLOff = len(dst) - start + 4
@@ -153,6 +162,36 @@ func (c *Compressor) rdata(dst []byte, start int, b []byte, off int, typ uint16)
 		off += n
 	}
 	return dst, off == len(b)
+}
+
+// isName reports whether the name in place owner (the bytes of an owner
+// name, up to its type) is the question's name qname (uncompressed, at
+// HeaderLen): written out in full, ignoring case, or a pointer to it. The
+// root (one byte) is never pointed at.
+func isName(owner, qname []byte) bool {
+	if len(qname) < 2 {
+		return false
+	}
+	if len(owner) == 2 {
+		return owner[0] == 0xC0 && owner[1] == HeaderLen
+	}
+	return len(owner) == len(qname) && (bytes.Equal(owner, qname) || EqualNameFold(owner, qname))
+}
+
+// AlreadyCompressed reports whether re-packing the records rrs of b could
+// not make it smaller, without trying: every owner name is a pointer to
+// the question (or the root) and no rdata holds a name. Most answers of
+// upstreams that compress (A, AAAA, TXT records of the name asked) are so.
+func AlreadyCompressed(b []byte, rrs []RR) bool {
+	for _, rr := range rrs {
+		if rr.Start+2 > len(b) || strings.IndexByte(rdataFields(rr.Type), 'n') >= 0 {
+			return false
+		}
+		if b[rr.Start] != 0 && binary.BigEndian.Uint16(b[rr.Start:]) != 0xC000|HeaderLen {
+			return false
+		}
+	}
+	return true
 }
 
 // compressible reports whether names in the rdata of typ may be compressed

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strings"
@@ -163,6 +164,9 @@ func TestCompressAtLeastAsMiekg(t *testing.T) {
 						t.Fatalf("first %d records: %d bytes, miekg compressed %d", k+1, l.End, ref)
 					}
 				}
+				if AlreadyCompressed(in, a.RRs) && !bytes.Equal(out, in) {
+					t.Fatalf("AlreadyCompressed, but re-packed to %d bytes from %d", len(out), len(in))
+				}
 				if ref := len(packMsg(t, m, true)); len(out) > ref {
 					t.Fatalf("%d bytes, miekg compressed %d", len(out), ref)
 				}
@@ -235,6 +239,9 @@ func FuzzCompress(f *testing.F) {
 			cnt[rr.Section]++
 		}
 		SetCounts(out, 1, cnt[SectionAnswer], cnt[SectionAuthority], cnt[SectionAdditional])
+		if AlreadyCompressed(b, rrs) && !bytes.Equal(out[HeaderLen:], b[HeaderLen:end]) {
+			t.Fatalf("AlreadyCompressed, but re-packed differently")
+		}
 		var a2 Answer
 		if err := ParseAnswer(out, &a2); err != nil {
 			t.Fatalf("re-packed message does not parse: %v", err)
@@ -254,4 +261,44 @@ func FuzzCompress(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAlreadyCompressed: answers whose owners all point at the question and
+// whose rdata hold no names are recognised; the others are not.
+func TestAlreadyCompressed(t *testing.T) {
+	one := new(dns.Msg)
+	one.SetQuestion("www.example.org.", dns.TypeA)
+	one.Response = true
+	for _, s := range []string{"www.example.org. 60 IN A 192.0.2.1", "www.example.org. 60 IN A 192.0.2.2"} {
+		rr, err := dns.NewRR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one.Answer = append(one.Answer, rr)
+	}
+	cname := one.Copy()
+	rr, err := dns.NewRR("www.example.org. 60 IN CNAME www.example.org.cdn.example.net.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cname.Answer = append([]dns.RR{rr}, cname.Answer...)
+	for _, c := range []struct {
+		name     string
+		m        *dns.Msg
+		compress bool
+		want     bool
+	}{
+		{"A records compressed", one, true, true},
+		{"A records uncompressed", one, false, false},
+		{"a CNAME, compressed", cname, true, false},
+	} {
+		b := packMsg(t, c.m, c.compress)
+		var a Answer
+		if err := ParseAnswer(b, &a); err != nil {
+			t.Fatal(err)
+		}
+		if got := AlreadyCompressed(b, a.RRs); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
 }
