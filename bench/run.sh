@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# bench/run.sh: dnsperf side by side, nodelocaldns against CoreDNS (stock
-# node-local-dns Corefile), Unbound and dnsmasq, each a node-local cache in
-# front of the same test upstream (bench/upstream).
+# bench/run.sh: dnsperf side by side, nodelocaldns against the real stock
+# node-local-dns (k8s-dns-node-cache, unpacked from ../shared/oracles at bench
+# time), CoreDNS (stock node-local-dns Corefile), Unbound and dnsmasq, each a
+# node-local cache in front of the same test upstream (bench/upstream).
 #
 # Usage: bench/run.sh          (or: make bench)
 #        bench/run.sh profile  (or: make profile): CPU profiles of nodelocaldns
@@ -25,7 +26,10 @@
 #   BENCH_MISS_CPU_RATE  offered qps of the fixed-rate run on unique misses [10000]
 #   BENCH_CLIENTS        dnsperf -c [32]
 #   BENCH_OUTSTANDING    dnsperf -q [100]
-#   BENCH_SERVERS        [nodelocaldns coredns unbound dnsmasq ceiling limit]
+#   BENCH_SERVERS        [nodelocaldns node-local-dns coredns unbound dnsmasq ceiling limit]
+#   BENCH_ORACLES        directory of the stock node-local-dns binary, node-cache.xz
+#                        and node-cache.sha256 [../shared/oracles beside the repository];
+#                        without it the node-local-dns row says n/a
 #   BENCH_WORKLOADS      [hit1 hit20 nx1 names10k unique uniqext tcphit]
 #   BENCH_QUICK=1        smoke run: 2 s runs, one fixed-rate run each, workloads
 #                        "hit1 unique uniqext tcphit", no memory phase, RESULTS.md and results.png
@@ -79,7 +83,7 @@ CPU_RATE=${BENCH_CPU_RATE:-20000}
 MISS_CPU_RATE=${BENCH_MISS_CPU_RATE:-10000}
 CLIENTS=${BENCH_CLIENTS:-32}
 OUTSTANDING=${BENCH_OUTSTANDING:-100}
-SERVERS=${BENCH_SERVERS:-nodelocaldns coredns unbound dnsmasq ceiling limit}
+SERVERS=${BENCH_SERVERS:-nodelocaldns node-local-dns coredns unbound dnsmasq ceiling limit}
 WORKLOADS=${BENCH_WORKLOADS:-hit1 hit20 nx1 names10k unique uniqext tcphit}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 # Unique names generated per second of run: above any server's miss rate here.
@@ -90,10 +94,14 @@ CLIENT_CORE=1
 NODE_RESOLVER=${BENCH_NODE_RESOLVER:-127.0.0.2}
 KUBE_DNS=${BENCH_KUBE_DNS:-127.0.0.3}
 LISTEN=127.0.0.1
-declare -A PORT=([nodelocaldns]=5301 [coredns]=5302 [unbound]=5303 [dnsmasq]=5304 [ceiling]=5305 [limit]=5306)
+declare -A PORT=([nodelocaldns]=5301 [coredns]=5302 [unbound]=5303 [dnsmasq]=5304 [ceiling]=5305 [limit]=5306 [node-local-dns]=5307)
 # Second port of each server: metrics (and pprof) / health.
-declare -A MPORT=([nodelocaldns]=19301 [coredns]=19302)
-declare -A HPORT=([nodelocaldns]=18301 [coredns]=18302)
+declare -A MPORT=([nodelocaldns]=19301 [coredns]=19302 [node-local-dns]=19307)
+declare -A HPORT=([nodelocaldns]=18301 [coredns]=18302 [node-local-dns]=18307)
+# node-cache's own metrics endpoint (-metrics-listen-address, default 0.0.0.0:9353).
+STOCK_MPORT=19317
+ORACLES=${BENCH_ORACLES:-$(dirname "$ROOT")/shared/oracles}
+STOCK_STATUS="n/a: not unpacked in this mode"
 
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin
 COMMAND="BENCH_QUICK=$QUICK BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_REPS=$CPU_REPS BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
@@ -234,6 +242,26 @@ build_coredns() {
 		mv "$gobin/coredns" "$BIN/coredns-$COREDNS_VERSION"
 		rmdir "$gobin"
 	fi
+}
+
+# build_stock: the real stock node-local-dns, unpacked from ORACLES into BIN
+# and checked against its sha256 (never copied into the repository); sets
+# STOCK_STATUS to ok or to why the row is n/a.
+build_stock() {
+	STOCK_STATUS="n/a: no stock binary ($ORACLES/node-cache.xz; see its README, or set BENCH_ORACLES)"
+	[[ -f $ORACLES/node-cache.xz && -f $ORACLES/node-cache.sha256 ]] || return 0
+	need_packages xz:xz-utils sha256sum:coreutils
+	local want got
+	want=$(awk '{ print $1; exit }' "$ORACLES/node-cache.sha256")
+	xz -dc "$ORACLES/node-cache.xz" >"$BIN/node-cache.tmp" || die "xz -dc $ORACLES/node-cache.xz failed"
+	got=$(sha256sum "$BIN/node-cache.tmp" | awk '{ print $1 }')
+	if [[ $got != "$want" ]]; then
+		rm -f "$BIN/node-cache.tmp"
+		STOCK_STATUS="n/a: $ORACLES/node-cache.xz unpacks to sha256 $got, node-cache.sha256 says $want"
+		return 0
+	fi
+	chmod +x "$BIN/node-cache.tmp" && mv "$BIN/node-cache.tmp" "$BIN/node-cache"
+	STOCK_STATUS=ok
 }
 
 # build_nodelocaldns: sets NLD_STATUS to "ok" or to why it is n/a.
@@ -546,8 +574,22 @@ start_server() {
 			-cluster-domain cluster.local ${BENCH_NODELOCALDNS_ARGS:-}
 		;;
 	coredns)
-		write_corefile "$dir/Corefile" "$port"
+		write_corefile "$dir/Corefile" "$port" "$s"
 		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/coredns-$COREDNS_VERSION" -conf "$dir/Corefile"
+		;;
+	node-local-dns)
+		# The real stock binary on the same Corefile as CoreDNS's row, with
+		# the DaemonSet's flags less what needs a node (interface,
+		# iptables); -basecorefile names a file that does not exist, in an
+		# empty directory (node-cache reads the directory it is in), so
+		# -conf is used as written.
+		[[ $STOCK_STATUS == ok ]] || return 1
+		mkdir -p "$dir/base"
+		write_corefile "$dir/Corefile" "$port" "$s"
+		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/node-cache" -localip "$LISTEN" \
+			-conf "$dir/Corefile" -basecorefile "$dir/base/Corefile.base" \
+			-setupinterface=false -setupiptables=false -skipteardown \
+			-health-port "${HPORT[$s]}" -metrics-listen-address "$LISTEN:$STOCK_MPORT"
 		;;
 	unbound)
 		write_unbound_conf "$dir/unbound.conf" "$port" "$dir"
@@ -586,9 +628,10 @@ port_free() {
 }
 
 # The stock node-local-dns Corefile (kubernetes cluster/addons/dns/nodelocaldns),
-# with its pillars filled in for loopback.
+# with its pillars filled in for loopback: write_corefile FILE PORT SERVER
+# (SERVER's metrics and health ports).
 write_corefile() {
-	local f=$1 port=$2 zone
+	local f=$1 port=$2 s=$3 zone
 	{
 		cat <<EOF
 cluster.local:$port {
@@ -603,8 +646,8 @@ cluster.local:$port {
     forward . $KUBE_DNS {
         force_tcp
     }
-    prometheus $LISTEN:${MPORT[coredns]}
-    health $LISTEN:${HPORT[coredns]}
+    prometheus $LISTEN:${MPORT[$s]}
+    health $LISTEN:${HPORT[$s]}
 }
 EOF
 		for zone in in-addr.arpa ip6.arpa; do
@@ -618,7 +661,7 @@ $zone:$port {
     forward . $KUBE_DNS {
         force_tcp
     }
-    prometheus $LISTEN:${MPORT[coredns]}
+    prometheus $LISTEN:${MPORT[$s]}
 }
 EOF
 		done
@@ -630,7 +673,7 @@ EOF
     loop
     bind $LISTEN
     forward . $OUT/etc/resolv.conf
-    prometheus $LISTEN:${MPORT[coredns]}
+    prometheus $LISTEN:${MPORT[$s]}
 }
 EOF
 	} >"$f"
@@ -698,6 +741,7 @@ start_all() {
 		else
 			why="n/a: did not start (see bench/out/$s/server.log)"
 			if [[ $s == nodelocaldns && $NLD_STATUS != ok ]]; then why=$NLD_STATUS; fi
+			if [[ $s == node-local-dns && $STOCK_STATUS != ok ]]; then why=$STOCK_STATUS; fi
 			printf '%s\tstatus\t%s\n' "$s" "$why" >>"$OUT/status.tsv"
 			log "$s: $why"
 		fi
@@ -806,6 +850,11 @@ write_facts() {
 		echo "unbound=$(unbound -V 2>/dev/null | awk '/^Version/ { print $2; exit }')"
 		echo "dnsmasq=$(dnsmasq --version | awk 'NR == 1 { print $3 }')"
 		echo "coredns=$("$BIN/coredns-$COREDNS_VERSION" -version | awk -F- 'NR == 1 { print $2 }')"
+		if [[ $STOCK_STATUS == ok ]]; then
+			echo "node_local_dns=k8s-dns-node-cache, $(awk '/^CoreDNS-/ { print; exit }' "$OUT/node-local-dns/server.log" 2>/dev/null), sha256 $(sha256sum "$BIN/node-cache" | cut -c1-12)"
+		else
+			echo "node_local_dns=$STOCK_STATUS"
+		fi
 		echo "nodelocaldns=$nld_rev"
 		echo "nodelocaldns_status=$NLD_STATUS"
 		echo "duration=$DURATION"
@@ -854,6 +903,8 @@ common_setup() {
 bench() {
 	common_setup unbound:unbound dnsmasq:dnsmasq-base
 	build_coredns
+	build_stock
+	log "node-local-dns (stock): $STOCK_STATUS"
 	: >"$OUT/results.tsv"
 	: >"$OUT/reps.tsv"
 	: >"$OUT/rss.tsv"

@@ -352,3 +352,58 @@ func TestFmtSig(t *testing.T) {
 		}
 	}
 }
+
+// The stock node-local-dns row: each workload run is stated against it,
+// met only with QPS at least and CPU per query at most the stock's (or QPS
+// within the client's band when both are client-bound); without the row
+// every such target says why it is not measured.
+func TestStockVerdicts(t *testing.T) {
+	status := []string{"nodelocaldns\tstatus\tok", "node-local-dns\tstatus\tok", "ceiling\tstatus\tok"}
+	results := []string{
+		row("nodelocaldns", "hit1", "200000", "6"),
+		row("node-local-dns", "hit1", "70000", "22"),
+		// Both client-bound (within 5% of the ceiling): 2% less QPS is noise.
+		row("nodelocaldns", "hit20", "196000", "6"),
+		row("node-local-dns", "hit20", "199000", "20"),
+		row("ceiling", "hit20", "200000", "5"),
+		// Cheaper than the stock but fewer queries per second.
+		missRow("nodelocaldns", "unique", "40000", "30", "0.2", "0.6"),
+		missRow("node-local-dns", "unique", "45000", "50", "0.3", "0.9"),
+	}
+	rss := "nodelocaldns\t10000\t20000\t30000\t31000\nnode-local-dns\t20000\t40000\t60000\t61000\n"
+	d, err := load(writeRun(t, results, status, rss))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := d.verdicts()
+	for _, tt := range []struct {
+		wl  string
+		met int
+	}{{"hit1", 1}, {"hit20", 1}, {"unique", 0}} {
+		v := verdictOf(t, vs, workloadTitle[tt.wl]+": QPS ≥ and CPU/query ≤ the stock node-local-dns's")
+		if v.Met != tt.met {
+			t.Errorf("%s: met %d (%s), want %d", tt.wl, v.Met, v.Detail, tt.met)
+		}
+	}
+	if v := verdictOf(t, vs, workloadTitle["hit1"]+": QPS ≥ and CPU/query ≤ the stock node-local-dns's"); v.Detail != "QPS 200.0k vs 70.0k (2.86×), CPU 6.00 vs 22.00 µs/query (0.27×), p99 0.500 vs 0.500 ms" {
+		t.Errorf("hit1 detail %q", v.Detail)
+	}
+	if v := verdictOf(t, vs, "RSS with 100k names ≤ the stock node-local-dns's"); v.Met != 1 {
+		t.Errorf("RSS: %+v", v)
+	}
+	var b strings.Builder
+	writeTables(&b, d)
+	if !strings.Contains(b.String(), "QPS ÷ node-local-dns | CPU ÷ node-local-dns |") {
+		t.Errorf("no ratio columns for the stock:\n%s", b.String())
+	}
+
+	status[1] = "node-local-dns\tstatus\tn/a: no stock binary (../shared/oracles/node-cache.xz)"
+	d, err = load(writeRun(t, results[:1], status, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := verdictOf(t, d.verdicts(), workloadTitle["hit1"]+": QPS ≥ and CPU/query ≤ the stock node-local-dns's")
+	if v.Met != -1 || !strings.Contains(v.Detail, "no stock binary") {
+		t.Errorf("without the stock: %+v", v)
+	}
+}

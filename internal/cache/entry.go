@@ -178,24 +178,46 @@ func Build(resp []byte, q *wire.Query, pol Policy, servfailTTL time.Duration, no
 	return BuildStale(resp, q, pol, servfailTTL, 0, now)
 }
 
-// answerPool holds the wire.Answer each BuildStale parses into.
-var answerPool = sync.Pool{New: func() any { return new(wire.Answer) }}
+// builder is the scratch of one BuildStale: the answer's layout and the
+// compressor that re-packs it.
+type builder struct {
+	a   wire.Answer
+	c   wire.Compressor
+	buf []byte
+}
 
-// maxPooledRRs: an Answer that held a larger answer than this many records
-// is left to the collector rather than pinned in the pool.
-const maxPooledRRs = 64
+// builderPool holds the builders of BuildStale.
+var builderPool = sync.Pool{New: func() any { return new(builder) }}
+
+// maxPooledRRs, maxPooledBytes: a builder's buffers that held a larger
+// answer than this many records or bytes are left to the collector rather
+// than pinned in the pool.
+const (
+	maxPooledRRs   = 64
+	maxPooledBytes = 4096
+)
 
 // BuildStale is Build for a cache that serves stale answers: a positive or
 // denial entry may be served for staleWindow past its expiry.
 func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow time.Duration, now int64) (*Entry, error) {
 	// The records' layout, from a pool: ParseAnswer's slice of records
 	// escapes, and every miss builds an entry (one allocation less each).
-	a := answerPool.Get().(*wire.Answer)
+	bld := builderPool.Get().(*builder)
+	a := &bld.a
 	defer func() {
-		if cap(a.RRs) <= maxPooledRRs {
-			*a = wire.Answer{RRs: a.RRs[:0]} // keeps no name of resp's
-			answerPool.Put(a)
+		// Large buffers are left to the collector, the rest is kept.
+		rrs := a.RRs[:0]
+		if cap(rrs) > maxPooledRRs {
+			rrs = nil
 		}
+		*a = wire.Answer{RRs: rrs} // keeps no name of resp's
+		if cap(bld.c.Layout) > maxPooledRRs {
+			bld.c.Layout = nil
+		}
+		if cap(bld.buf) > maxPooledBytes {
+			bld.buf = nil
+		}
+		builderPool.Put(bld)
 	}()
 	if err := wire.ParseAnswer(resp, a); err != nil {
 		return nil, err
@@ -216,8 +238,33 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 			}
 		}
 	}
-	msg := make([]byte, end)
-	copy(msg, resp[:end])
+	// Records kept: those before the OPT, a prefix of a.RRs.
+	kept := 0
+	for kept < len(a.RRs) && a.RRs[kept].Start < end {
+		kept++
+	}
+	// Names compressed when that makes the message smaller: kube-dns
+	// writes them out in full over TCP, and a truncated answer would keep
+	// fewer records than the stock node-local-dns's, which re-packs.
+	// Most compressed answers are recognised without trying.
+	var msg []byte
+	if !wire.AlreadyCompressed(resp, a.RRs[:kept]) {
+		if c, ok := bld.c.Compress(bld.buf[:0], resp, a.QEnd, a.RRs[:kept]); ok {
+			bld.buf = c
+			if len(c) < end {
+				msg = make([]byte, len(c))
+				copy(msg, c)
+				for i, l := range bld.c.Layout {
+					rr := &a.RRs[i]
+					rr.Start, rr.TTLOff, rr.End = l.Start, l.TTLOff, l.End
+				}
+			}
+		}
+	}
+	if msg == nil {
+		msg = make([]byte, end)
+		copy(msg, resp[:end])
+	}
 	wire.SetCounts(msg, 1, an, ns, ar)
 	// Store the question name lower-cased: hits write the client's case.
 	for i := wire.HeaderLen; i < wire.HeaderLen+len(a.Name); i++ {
@@ -260,17 +307,8 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 		e.staleUntil += int64(staleWindow)
 	}
 	life := uint32((e.expires - now) / int64(time.Second))
-	n := 0
-	for _, rr := range a.RRs {
-		if rr.Start < end {
-			n++
-		}
-	}
-	e.rrs = make([]rrField, 0, n)
-	for _, rr := range a.RRs {
-		if rr.Start >= end {
-			continue
-		}
+	e.rrs = make([]rrField, 0, kept)
+	for _, rr := range a.RRs[:kept] {
 		t := rr.TTL
 		if shown && e.expires > now && (t > life || pol.Uniform) {
 			t = life

@@ -73,10 +73,26 @@ func FuzzBuild(f *testing.F) {
 	_, q := query(f, "a.example.", dns.TypeA, 1232, false)
 	f.Add(answer(f, "a.example.", dns.TypeA, 0, []string{"a.example. 30 IN A 1.1.1.1"}, nil, true))
 	f.Add(answer(f, "a.example.", dns.TypeA, 3, nil, []string{"example. 30 IN SOA ns.example. h.example. 1 2 3 4 5"}, true))
+	// Uncompressed, as kube-dns sends over TCP: Build re-packs it.
+	m := unpack(f, answer(f, "a.example.", dns.TypeA, 0, []string{"A.example. 30 IN CNAME b.Example.", "b.example. 30 IN A 1.1.1.1",
+		"b.example. 30 IN A 1.1.1.2"}, []string{"example. 30 IN NS ns.example."}, true))
+	m.Compress = false
+	raw, err := m.Pack()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(raw)
 	f.Fuzz(func(t *testing.T, resp []byte) {
 		e, err := Build(resp, q, externalP, 2, t0)
 		if err != nil {
 			return
+		}
+		// An answer whose names and rdata are well-formed stays so,
+		// re-packed or not (records past its OPT are dropped).
+		if wire.CheckMessage(resp) == nil {
+			if err := wire.CheckMessage(e.Write(nil, q, t0, 0xFFFF, 1232)); err != nil {
+				t.Fatalf("valid answer stored as an invalid one: %v", err)
+			}
 		}
 		// A truncated answer never exceeds the client's size, and keeps
 		// the header and question whatever the records.

@@ -100,13 +100,14 @@ func records(m *dns.Msg) []string {
 	return out
 }
 
-// prefixLen packs the first k records of m in section order with m's
-// compression setting and returns the length: miekg's packer as an
-// independent oracle of where each record ends.
+// prefixLen packs the first k records of m in section order with name
+// compression (Build stores answers compressed, however they came) and
+// returns the length: miekg's packer as an independent oracle of where each
+// record ends.
 func prefixLen(t testing.TB, m *dns.Msg, k int) int {
 	t.Helper()
 	p := m.Copy()
-	p.Compress = m.Compress
+	p.Compress = true
 	all := append(append(append([]dns.RR{}, m.Answer...), m.Ns...), m.Extra...)
 	na, nn := len(m.Answer), len(m.Ns)
 	keep := all[:k]
@@ -125,9 +126,10 @@ func prefixLen(t testing.TB, m *dns.Msg, k int) int {
 // without EDNS, and checks the cut: the answer re-parses, is no larger than
 // the size, carries exactly the first records (answer, then authority, then
 // additional) that fit whole, sets TC exactly when a record was left out,
-// and keeps the client's OPT. For compressed answers (as every real
-// upstream sends them) it must equal miekg/dns's Msg.Truncate on the same
-// message, which CoreDNS uses.
+// and keeps the client's OPT. Compressed or not as the upstream sent it
+// (kube-dns sends its TCP answers uncompressed), it must equal miekg/dns's
+// Msg.Truncate on the same records re-packed with compression, which the
+// stock node-local-dns (CoreDNS) does.
 func TestTruncationKeepsWholeRecordsThatFit(t *testing.T) {
 	for _, tc := range truncCases() {
 		t.Run(tc.name, func(t *testing.T) {
@@ -187,9 +189,6 @@ func TestTruncationKeepsWholeRecordsThatFit(t *testing.T) {
 					if got.Rcode != tc.rcode || len(got.Question) != 1 || got.Question[0].Name != tc.qname {
 						t.Fatalf("edns %d size %d: rcode %d question %v", edns, size, got.Rcode, got.Question)
 					}
-					if !tc.compress {
-						continue
-					}
 					// The oracle CoreDNS uses: miekg's Truncate on the whole answer.
 					ref := full.Copy()
 					ref.Truncate(size)
@@ -238,5 +237,65 @@ func TestTruncationStaleAndCaseKeepCut(t *testing.T) {
 	// A size under 512 is read as 512 (RFC 6891 §6.2.5).
 	if small := unpack(t, e.Write(nil, cq, t0, 100, 1232)); len(small.Answer) != 29 {
 		t.Fatalf("size 100: %d records", len(small.Answer))
+	}
+}
+
+// TestUncompressedAnswerStoredCompressed is kube-dns's TCP answer for a
+// headless Service (every name written out in full): it is stored with
+// names compressed, as small as miekg/dns packs it with compression, and a
+// client at 512 (no EDNS), 1232 and 4096 bytes gets as many records, and
+// TC exactly when, the stock node-local-dns does (miekg/dns's Truncate of a
+// compressed re-pack). Before, the 40 records at 1232 came truncated to 26
+// and the 100 records at 512 to 9. Every owner name shows the client's case.
+func TestUncompressedAnswerStoredCompressed(t *testing.T) {
+	const name = "web.default.svc.cluster.local."
+	for _, n := range []int{40, 100} {
+		var ans []string
+		for i := range n {
+			ans = append(ans, fmt.Sprintf("%s 30 IN A 10.244.%d.%d", name, i/200, i%200+1))
+		}
+		up := truncCase{qname: name, qtype: dns.TypeA, ans: ans}.msg(t)
+		up.Compress = false
+		resp, err := up.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		up.Compress = true
+		packed, err := up.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, q := query(t, name, dns.TypeA, 0, false)
+		e, err := Build(resp, q, clusterP, 0, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(e.msg) != len(packed) || len(e.msg) >= len(resp) {
+			t.Fatalf("%d records: stored %d bytes, upstream sent %d, miekg compressed %d", n, len(e.msg), len(resp), len(packed))
+		}
+		for _, size := range []int{512, 1232, 4096} {
+			edns := size
+			if size == 512 {
+				edns = 0
+			}
+			_, cq := query(t, "WEB.Default.svc.cluster.local.", dns.TypeA, edns, false)
+			got := unpack(t, e.Write(nil, cq, t0, size, 1232))
+			ref := unpack(t, packed)
+			ref.Id = cq.ID
+			if edns > 0 {
+				ref.SetEdns0(uint16(edns), false)
+			}
+			ref.Truncate(size)
+			if got.Truncated != ref.Truncated || len(got.Answer) != len(ref.Answer) {
+				t.Errorf("%d records at %d bytes: ours tc=%v %d records, stock tc=%v %d records",
+					n, size, got.Truncated, len(got.Answer), ref.Truncated, len(ref.Answer))
+			}
+			for i, rr := range got.Answer {
+				if rr.Header().Name != "WEB.Default.svc.cluster.local." {
+					t.Fatalf("record %d owner %q", i, rr.Header().Name)
+				}
+			}
+			t.Logf("%d records at %d bytes: tc=%v %d records", n, size, got.Truncated, len(got.Answer))
+		}
 	}
 }
