@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
 func writeFile(t *testing.T, content string) string {
@@ -205,5 +208,13 @@ func TestAutopathFlags(t *testing.T) {
 	}
 	if _, err := Parse([]string{"-resolv-conf", rc, "-autopath", "-local-mode"}, env, io.Discard); !errors.Is(err, ErrUsage) {
 		t.Errorf("-autopath -local-mode: %v", err)
+	}
+}
+
+// The -max-inflight flag bounds both the resolver's flights and each
+// upstream group; their owners' defaults must agree.
+func TestMaxInflightDefaultsAgree(t *testing.T) {
+	if resolve.DefaultMaxInflight != forward.DefaultMaxInflight {
+		t.Fatalf("resolve.DefaultMaxInflight %d, forward.DefaultMaxInflight %d", resolve.DefaultMaxInflight, forward.DefaultMaxInflight)
 	}
 }

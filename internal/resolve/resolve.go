@@ -22,7 +22,6 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
-	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -81,11 +80,11 @@ type Policy struct {
 	StaleWindow time.Duration
 	// StaleClientTimeout is how long a client whose answer is stale waits
 	// for the refresh before it gets the stale answer (0:
-	// config.DefaultStaleClientTimeout).
+	// DefaultStaleClientTimeout).
 	StaleClientTimeout time.Duration
 	// StaleRecheck is how long after a failed refresh a stale answer is
 	// served without asking the upstream again (0:
-	// config.DefaultStaleRecheck).
+	// DefaultStaleRecheck).
 	StaleRecheck time.Duration
 }
 
@@ -106,16 +105,16 @@ type Config struct {
 	// Clock is the time source (nil: clock.Real).
 	Clock clock.Clock
 	// FetchTimeout bounds one upstream fetch (0:
-	// config.DefaultForwardTimeout).
+	// DefaultFetchTimeout).
 	FetchTimeout time.Duration
 	// UDPSize is the EDNS payload size advertised upstream (0:
-	// config.DefaultMaxUDPSize).
+	// DefaultUDPSize).
 	UDPSize uint16
 	// MaxFlights bounds the distinct questions being fetched at once,
-	// prefetches and refreshes included (0: config.DefaultMaxInflight).
+	// prefetches and refreshes included (0: DefaultMaxInflight).
 	MaxFlights int
 	// MaxWaiters caps the clients waiting on one question (0:
-	// config.DefaultMaxWaitersPerQuestion).
+	// DefaultMaxWaitersPerQuestion).
 	MaxWaiters int
 }
 
@@ -157,16 +156,16 @@ func New(cfg Config) (*Resolver, error) {
 		return nil, errors.New("resolve: Cache, Fetch and Policy are required")
 	}
 	if cfg.FetchTimeout <= 0 {
-		cfg.FetchTimeout = config.DefaultForwardTimeout
+		cfg.FetchTimeout = DefaultFetchTimeout
 	}
 	if cfg.UDPSize < wire.MinUDPSize {
-		cfg.UDPSize = config.DefaultMaxUDPSize
+		cfg.UDPSize = DefaultUDPSize
 	}
 	if cfg.MaxFlights <= 0 {
-		cfg.MaxFlights = config.DefaultMaxInflight
+		cfg.MaxFlights = DefaultMaxInflight
 	}
 	if cfg.MaxWaiters <= 0 {
-		cfg.MaxWaiters = config.DefaultMaxWaitersPerQuestion
+		cfg.MaxWaiters = DefaultMaxWaitersPerQuestion
 	}
 	r := &Resolver{cfg: cfg, clk: clock.Or(cfg.Clock)}
 	r.flights.max = cfg.MaxFlights
@@ -254,7 +253,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	}
 	timeout := r.policy(q.Name).StaleClientTimeout
 	if timeout <= 0 {
-		timeout = config.DefaultStaleClientTimeout
+		timeout = DefaultStaleClientTimeout
 	}
 	t := r.clk.NewTimer(timeout)
 	defer t.Stop()
@@ -438,7 +437,7 @@ func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*c
 func (r *Resolver) refreshFailed(q *wire.Query, pol *Policy) {
 	recheck := pol.StaleRecheck
 	if recheck <= 0 {
-		recheck = config.DefaultStaleRecheck
+		recheck = DefaultStaleRecheck
 	}
 	now := r.clk.Now().UnixNano()
 	r.cfg.Cache.RefreshFailed(q, now, now+int64(recheck))

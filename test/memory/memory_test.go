@@ -23,7 +23,7 @@ import (
 )
 
 const (
-	// maxInflight is the daemon's default -max-inflight (config.DefaultMaxInflight).
+	// maxInflight is the daemon's default -max-inflight (resolve.DefaultMaxInflight).
 	maxInflight = 1024
 	// hostileConns client TCP connections announce a 65,535-byte query and
 	// send nothing more: 10 under the default -max-tcp-conns (1000), so the
