@@ -71,22 +71,20 @@ func (d *Daemon) chainFetch(next resolve.FetchFunc) (resolve.FetchFunc, error) {
 	}, nil
 }
 
-// reloadChain replaces the chains after a Corefile change (n is the new
-// configuration) and returns the zones of the blocks whose fetch-side
-// directives changed: their cached answers came from the old directives,
-// and the reloader drops them (CoreDNS starts with a new cache on reload).
-func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
+// prepareChain builds the chains of a Corefile change (n is the new
+// configuration), not yet in use, and returns the zones of the blocks
+// whose fetch-side directives changed: their cached answers came from the
+// old directives, and the reloader drops them (CoreDNS starts with a new
+// cache on reload). nil chain: no chain to replace.
+func (d *Daemon) prepareChain(n *config.Config) (*fetchChain, []string, error) {
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	c, err := d.buildChains(n.DropIn.Corefile.Servers, nil, d.chainNext)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("directives: %w", err)
 	}
-	old := d.chain.Swap(c)
-	if d.Server != nil {
-		d.Server.SetRecordAskers(usesRemote(n.DropIn.Corefile.Servers))
-	}
+	old := d.chain.Load()
 	var changed []string
 	for _, b := range c.blocks {
 		for _, z := range b.zones {
@@ -102,7 +100,7 @@ func (d *Daemon) reloadChain(n *config.Config) ([]string, error) {
 			}
 		}
 	}
-	return changed, nil
+	return c, changed, nil
 }
 
 // usesRemote reports whether a template of any block uses .Remote, so

@@ -30,24 +30,18 @@ func (d *Daemon) lookupPolicy(name []byte) *resolve.Policy {
 	return (*d.policy.Load())(name)
 }
 
-// swapPolicies applies a reloaded Corefile's cache policies, and reports
-// whether they changed.
-func (d *Daemon) swapPolicies(n *config.Config) bool {
+// preparePolicies builds the policy lookup of a reloaded Corefile's
+// cache policies; nil when they did not change.
+func (d *Daemon) preparePolicies(n *config.Config) (*resolve.PolicyFunc, error) {
 	cur, next := d.corefile(), n.DropIn.Corefile
 	if cur == nil || next == nil || reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
-		return false
+		return nil, nil
 	}
 	f, err := resolve.Zones(d.policyDefault, corefileZones(n, next.ZonePolicies)...)
 	if err != nil {
-		d.log.Error("Corefile's cache policies not applied; keeping the old ones", "err", err)
-		return false
+		return nil, fmt.Errorf("cache policies: %w", err)
 	}
-	d.policy.Store(&f)
-	cb := coreDNSCacheBlocks(n) // the tags of the new policies name its blocks
-	d.cacheBlocks.Store(&cb)
-	d.reload.cf.zonePolicies = next.ZonePolicies
-	d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(next.ZonePolicies))
-	return true
+	return &f, nil
 }
 
 // stubConflict refuses a kube-dns ConfigMap whose stub domain duplicates a

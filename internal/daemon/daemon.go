@@ -86,6 +86,10 @@ type Daemon struct {
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
+	// reloadFault, when set (tests), fails a Corefile edit half-way through
+	// its rebuild: after views, policies and chains are built, before the
+	// groups (corefile.go).
+	reloadFault atomic.Pointer[func() error]
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch

@@ -142,33 +142,17 @@ func (d *Daemon) useViews(vs *viewSet) (*viewSet, error) {
 	return old, nil
 }
 
-// reloadViews applies a reloaded Corefile whose views differ from the
-// running ones: new resolvers, chains and groups, swapped into the server
-// at once; the old groups are retired and the whole cache dropped by the
-// caller's apply (the view indexes changed meaning; CoreDNS too starts
-// with new caches on reload). A change of the listen addresses needs a
-// restart: refused.
-func (d *Daemon) reloadViews(n *config.Config) error {
+// prepareViews builds the views of a reloaded Corefile whose views differ
+// from the running ones: new resolvers, chains and groups, not yet in use
+// (commitCorefile swaps them into the server at once; the old groups are
+// retired and the whole cache dropped by apply: the view indexes changed
+// meaning, and CoreDNS too starts with new caches on reload). A change of
+// the listen addresses needs a restart: refused.
+func (d *Daemon) prepareViews(n *config.Config) (*viewSet, error) {
 	if !slices.Equal(n.LocalIPs, d.cfg.LocalIPs) {
-		return fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
+		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
 	}
-	vs, err := d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
-	if err != nil {
-		return err
-	}
-	old, err := d.useViews(vs)
-	if err != nil {
-		for _, g := range vs.groups {
-			_ = g.Close()
-		}
-		return err
-	}
-	cb := coreDNSCacheBlocks(n) // the new views' tags name n's blocks
-	d.cacheBlocks.Store(&cb)
-	d.reload.retireLater = append(d.reload.retireLater, old.groups...)
-	d.reload.changedZones = append(d.reload.changedZones, ".")
-	d.log.Info("Corefile changed the views; applied", "views", describeViews(vs.cc))
-	return nil
+	return d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
 }
 
 // fetch forwards qname as the view's block for it would: to the view's own
@@ -238,7 +222,7 @@ func refusedAnswer(query []byte) ([]byte, error) {
 }
 
 // viewsChanged reports whether a reloaded Corefile sees other views than
-// the running one (then reloadViews applies it).
+// the running one (then prepareViews builds them).
 func (d *Daemon) viewsChanged(n *config.Config) bool {
 	var cur *config.CorefileConfig
 	if d.views != nil {
