@@ -7,13 +7,16 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
+	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
@@ -27,21 +30,16 @@ import (
 // what the plugins behind it answered. A block without such directives
 // fetches straight from its forward, unparsed.
 
-// msgNext is one link of a block's chain.
-type msgNext func(ctx context.Context, r *dns.Msg) (*dns.Msg, error)
-
 // blockChain is one block's chain.
 type blockChain struct {
 	zones []string
-	run   msgNext // nil: no fetch-side directive
+	run   directive.Next // nil: no fetch-side directive
 	// sig is the block's fetch-side directives as configured: a reload
 	// that changes it drops the block's cached answers.
 	sig any
-	// Counters of the block's directives (for metrics).
-	template *template.Handler
-	hosts    *hosts.Handler
-	rewrite  *rewrite.Handler
-	dns64    *dns64.Handler
+	// handlers are the block's directives by name (their counters, for
+	// metrics).
+	handlers map[string]directive.Handler
 }
 
 // fetchChain is what the daemon's FetchFunc runs: the blocks' chains,
@@ -148,84 +146,63 @@ func (d *Daemon) buildChains(servers []*corefile.Server, pick map[string]int, ne
 }
 
 // build links s's fetch-side directives in plugin.cfg order (s.Plugins is
-// sorted so), ending in the forward routes.
+// sorted so), ending in the forward routes: each directive registered with
+// internal/directive wraps the ones after it. Repeated lines of one
+// directive are one handler (it holds them all).
 func (b *blockChain) build(d *Daemon, s *corefile.Server, c *fetchChain, next resolve.FetchFunc) error {
-	run := msgNext(func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+	run := directive.Next(func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 		return exchangeMsg(ctx, r, next)
 	})
-	have := false
+	env := directive.Env{
+		Clock: d.clock,
+		Lookup: func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
+			return c.lookup(ctx, name, qtype, next)
+		},
+		Asker: resolve.Asker,
+	}
+	if d.Metrics != nil {
+		env.Metrics = directiveMetrics{d.Metrics.Directives}
+	}
+	b.handlers = map[string]directive.Handler{}
 	// Walk backwards so each link wraps the ones after it.
 	for i := len(s.Plugins) - 1; i >= 0; i-- {
-		switch s.Plugins[i].Name {
-		case "hosts":
-			h := hosts.New(*s.Hosts, d.clock, d.log.With("component", "hosts", "block", s.Pos.String()))
-			b.hosts = h
-			if d.Metrics != nil {
-				hc := d.Metrics.Directives.Hosts(s.Hosts.Path)
-				h.Report(&hc.Entries, &hc.ReloadUnix)
-			}
-			inner := run
-			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
-				return h.Serve(ctx, r, hosts.Next(inner))
-			}
-			have = true
-		case "dns64":
-			// Without allow_ipv4 the configuration refused an IPv4
-			// listener (config.checkDNS64).
-			cfg := *s.DNS64
-			h := dns64.New(cfg, func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
-				return c.lookup(ctx, name, qtype, next)
-			})
-			b.dns64 = h
-			if d.Metrics != nil {
-				h.Report(d.Metrics.Directives.DNS64())
-			}
-			inner := run
-			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
-				return h.Serve(ctx, r, dns64.Next(inner))
-			}
-			have = true
-		case "rewrite":
-			if b.rewrite != nil {
-				continue
-			}
-			h := rewrite.New(s.Rewrites)
-			b.rewrite = h
-			inner := run
-			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
-				return h.Serve(ctx, r, rewrite.Next(inner))
-			}
-			have = true
-		case "template":
-			if b.template != nil {
-				continue // repeated lines: one handler holds them all
-			}
-			h, err := template.New(s.Templates, func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
-				return c.lookup(ctx, name, qtype, next)
-			})
-			if err != nil {
-				return err
-			}
-			b.template = h
-			h.Asker = resolve.Asker
-			if d.Metrics != nil {
-				for i, tc := range s.Templates {
-					mc := d.Metrics.Directives.Template(tc.Zones[0], dns.ClassToString[tc.Class], dns.TypeToString[tc.Type])
-					h.SetHooks(i, template.Hooks{Match: func() { mc.Matches.Add(1) }, Failure: mc.TemplateFailure, RRFailure: mc.RRFailure})
-				}
-			}
-			inner := run
-			run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
-				return h.Serve(ctx, r, template.Next(inner))
-			}
-			have = true
+		name := s.Plugins[i].Name
+		setup, ok := directive.Registered(name)
+		if !ok || b.handlers[name] != nil {
+			continue
+		}
+		env.Log = d.log.With("component", name, "block", s.Pos.String())
+		h, err := setup(env, s.Config(name))
+		if err != nil {
+			return err
+		}
+		b.handlers[name] = h
+		inner := run
+		run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+			return h.Serve(ctx, r, inner)
 		}
 	}
-	if have {
+	if len(b.handlers) > 0 {
 		b.run = run
 	}
 	return nil
 }
+
+// directiveMetrics gives the directives CoreDNS's series for them
+// (directive.Metrics over metrics.Directives).
+type directiveMetrics struct{ m *metrics.Directives }
+
+func (dm directiveMetrics) Hosts(file string) (*atomic.Int64, *atomic.Int64) {
+	hc := dm.m.Hosts(file)
+	return &hc.Entries, &hc.ReloadUnix
+}
+
+func (dm directiveMetrics) Template(zone, class, typ string) (func(), func(string, string), func(string, string)) {
+	mc := dm.m.Template(zone, class, typ)
+	return func() { mc.Matches.Add(1) }, mc.TemplateFailure, mc.RRFailure
+}
+
+func (dm directiveMetrics) DNS64() *atomic.Uint64 { return dm.m.DNS64() }
 
 // block returns the block of the longest zone containing qname.
 func (c *fetchChain) block(qname string) *blockChain {
@@ -358,17 +335,17 @@ func (d *Daemon) DirectiveStats() []BlockStats {
 			continue
 		}
 		s := BlockStats{Zones: b.zones}
-		if b.template != nil {
-			s.Template = &b.template.Stats
+		if h, ok := b.handlers["template"].(*template.Handler); ok {
+			s.Template = &h.Stats
 		}
-		if b.hosts != nil {
-			s.Hosts = &b.hosts.Stats
+		if h, ok := b.handlers["hosts"].(*hosts.Handler); ok {
+			s.Hosts = &h.Stats
 		}
-		if b.rewrite != nil {
-			s.Rewrite = &b.rewrite.Stats
+		if h, ok := b.handlers["rewrite"].(*rewrite.Handler); ok {
+			s.Rewrite = &h.Stats
 		}
-		if b.dns64 != nil {
-			s.DNS64 = &b.dns64.Stats
+		if h, ok := b.handlers["dns64"].(*dns64.Handler); ok {
+			s.DNS64 = &h.Stats
 		}
 		out = append(out, s)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 )
 
 func templateCorefile(addr string) string {
@@ -141,4 +143,12 @@ func mustParse(b *testing.B, text string) []*corefile.Block {
 		b.Fatal(err)
 	}
 	return bs
+}
+
+// The fetch-side directives are registered by their packages (the chain
+// is built from the registry alone).
+func TestFetchSideDirectivesRegistered(t *testing.T) {
+	if got, want := directive.Names(), []string{"dns64", "hosts", "rewrite", "template"}; !slices.Equal(got, want) {
+		t.Fatalf("registered %v, want %v", got, want)
+	}
 }
