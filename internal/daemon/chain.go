@@ -48,25 +48,21 @@ type fetchChain struct {
 	blocks []*blockChain
 }
 
-// chainFetch wraps next (the forward routes) with the Corefile's chains.
-// Without a Corefile it returns next itself.
-func (d *Daemon) chainFetch(next resolve.FetchFunc) (resolve.FetchFunc, error) {
+// initChain builds the Corefile's chains over next (the forward routes)
+// for the shared view (blocks.go compiles them into its blocks). Without a
+// Corefile there is none.
+func (d *Daemon) initChain(next resolve.FetchFunc) error {
 	cc := d.cfg.DropIn.Corefile
 	if cc == nil {
-		return next, nil
+		return nil
 	}
 	c, err := d.buildChains(cc.Servers, nil, next)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.chain.Store(c)
 	d.chainNext = next
-	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		if c := d.chain.Load(); c != nil {
-			return c.fetch(ctx, qname, query, next)
-		}
-		return next(ctx, qname, query)
-	}, nil
+	return nil
 }
 
 // prepareChain builds the chains of a Corefile change (n is the new
@@ -218,23 +214,21 @@ func (c *fetchChain) block(qname string) *blockChain {
 	return best
 }
 
-// runs reports whether the directives of qname's block run for it: its fetch is not a plain
-// forward.
-func (c *fetchChain) runs(qname string) bool {
-	b := c.block(qname)
-	return b != nil && b.run != nil
-}
-
 func (c *fetchChain) fetch(ctx context.Context, qname string, query []byte, next resolve.FetchFunc) ([]byte, error) {
 	b := c.block(qname)
 	if b == nil || b.run == nil {
 		return next(ctx, qname, query)
 	}
+	return runChain(ctx, b.run, qname, query)
+}
+
+// runChain fetches query for qname through a block's chain.
+func runChain(ctx context.Context, run directive.Next, qname string, query []byte) ([]byte, error) {
 	r := new(dns.Msg)
 	if err := r.Unpack(query); err != nil {
 		return nil, err
 	}
-	m, err := b.run(context.WithValue(ctx, routeKey{}, qname), r)
+	m, err := run(context.WithValue(ctx, routeKey{}, qname), r)
 	if err != nil {
 		return nil, err
 	}

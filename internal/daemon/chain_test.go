@@ -106,9 +106,12 @@ func BenchmarkChainFetch(b *testing.B) {
 	ans.Answer = []dns.RR{a}
 	wire, _ := ans.Pack()
 	next := func(context.Context, string, []byte) ([]byte, error) { return wire, nil }
-	fetch, err := d.chainFetch(next)
-	if err != nil {
+	if err := d.initChain(next); err != nil {
 		b.Fatal(err)
+	}
+	c := d.chain.Load()
+	fetch := func(ctx context.Context, qname string, query []byte) ([]byte, error) {
+		return c.fetch(ctx, qname, query, next)
 	}
 	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeA} {
 		q := new(dns.Msg)

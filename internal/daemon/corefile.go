@@ -9,9 +9,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
-	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
 // The Corefile (Corefile mode, config.DropIn.Corefile) is watched with the
@@ -117,11 +117,12 @@ func (d *Daemon) corefileFailed(cc *config.CorefileConfig, msg string, err error
 
 // corefileEdit is a Corefile edit built but not yet in use.
 type corefileEdit struct {
-	views      *viewSet            // nil: the views did not change
-	policy     *resolve.PolicyFunc // nil: the cache policies did not change
-	chain      *fetchChain         // nil: no chain to replace
-	chainZones []string            // zones whose directives changed
-	kube       *forward.Group      // nil: kube-dns' address did not change
+	views      *viewSet       // nil: the views did not change
+	policy     *sharedPolicy  // nil: the cache policies did not change
+	chain      *fetchChain    // nil: no chain to replace
+	chainZones []string       // zones whose directives changed
+	shared     *blocks.View   // the shared view compiled anew; nil: unchanged
+	kube       *forward.Group // nil: kube-dns' address did not change
 	routes     map[string]config.ZoneRoute
 	groups     map[string]*forward.Group // new groups of the zone routes that changed
 	changed    bool                      // set by commitCorefile: apply must run
@@ -164,6 +165,18 @@ func (d *Daemon) prepareCorefile(n *config.Config) (e *corefileEdit, err error) 
 	}
 	if e.chain, e.chainZones, err = d.prepareChain(n); err != nil { // chain.go: template, hosts, rewrite, dns64
 		return e, err
+	}
+	if e.policy != nil || e.chain != nil {
+		sp, c := d.sharedPol, d.chain.Load()
+		if e.policy != nil {
+			sp = *e.policy
+		}
+		if e.chain != nil {
+			c = e.chain
+		}
+		if e.shared, err = d.compileView(sp, c, nil); err != nil {
+			return e, fmt.Errorf("blocks: %w", err)
+		}
 	}
 	if h := d.reloadFault.Load(); h != nil {
 		if err = (*h)(); err != nil {
@@ -215,8 +228,11 @@ func (d *Daemon) commitCorefile(n *config.Config, e *corefileEdit) error {
 			d.log.Warn("Corefile changed settings that apply at the next restart; routes are updated now", "file", cc.Source(), "settings", s)
 		}
 	}
+	if e.shared != nil {
+		d.shared.Store(e.shared) // the blocks the shared resolver serves by: one pointer
+	}
 	if e.policy != nil {
-		d.policy.Store(e.policy)
+		d.sharedPol = *e.policy
 		r.cf.zonePolicies = n.DropIn.Corefile.ZonePolicies
 		d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(r.cf.zonePolicies))
 	}

@@ -25,14 +25,18 @@ func corefileZones(cfg *config.Config, zps []config.ZonePolicy) []resolve.Zone {
 	return out
 }
 
-// lookupPolicy is the resolver's PolicyFunc: the current one (misses only).
-func (d *Daemon) lookupPolicy(name []byte) *resolve.Policy {
-	return (*d.policy.Load())(name)
+// zonePolicyZones are the zones of zps.
+func zonePolicyZones(zps []config.ZonePolicy) []string {
+	out := make([]string, len(zps))
+	for i, zp := range zps {
+		out[i] = zp.Zone
+	}
+	return out
 }
 
 // preparePolicies builds the policy lookup of a reloaded Corefile's
 // cache policies; nil when they did not change.
-func (d *Daemon) preparePolicies(n *config.Config) (*resolve.PolicyFunc, error) {
+func (d *Daemon) preparePolicies(n *config.Config) (*sharedPolicy, error) {
 	cur, next := d.corefile(), n.DropIn.Corefile
 	if cur == nil || next == nil || reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
 		return nil, nil
@@ -41,7 +45,7 @@ func (d *Daemon) preparePolicies(n *config.Config) (*resolve.PolicyFunc, error) 
 	if err != nil {
 		return nil, fmt.Errorf("cache policies: %w", err)
 	}
-	return &f, nil
+	return &sharedPolicy{pol: f, zones: zonePolicyZones(next.ZonePolicies)}, nil
 }
 
 // stubConflict refuses a kube-dns ConfigMap whose stub domain duplicates a

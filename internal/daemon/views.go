@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
@@ -98,7 +97,7 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 			vs.groups = append(vs.groups, g)
 			vr.groups[zr.Zone] = g
 		}
-		next := vr.fetch(d.forward)
+		next := vr.fetch(d.forward) // the end of the view's chains
 		c, err := d.buildChains(cc.Servers, v.Pick, next)
 		if err != nil {
 			return nil, err
@@ -106,13 +105,15 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 		if vi == 0 {
 			vs.chain0 = c
 		}
+		view, err := d.compileView(sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies)}, c, vr)
+		if err != nil {
+			return nil, err
+		}
 		res, err := resolve.New(resolve.Config{
-			Cache: d.Cache,
-			Fetch: func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-				return c.fetch(ctx, qname, query, next)
-			},
-			Start:        vr.start(d, c),
-			Policy:       pol,
+			Cache:        d.Cache,
+			Fetch:        d.fetchBlock,
+			Start:        d.startBlock,
+			Policy:       view.Policy,
 			Clock:        d.clock,
 			FetchTimeout: cfg.ForwardTimeout,
 			UDPSize:      uint16(cfg.MaxUDPSize),
@@ -177,31 +178,16 @@ func (vr *viewRoutes) fetch(shared resolve.FetchFunc) resolve.FetchFunc {
 	}
 }
 
-// start is the view's StartFunc, as fetch routes: a name of a zone the view
-// forwards elsewhere goes to its group, a name of the shared table to
-// startForward's; a name whose block runs directives, or that the view
-// refuses, takes the blocking path (fetch).
-func (vr *viewRoutes) start(d *Daemon, c *fetchChain) resolve.StartFunc {
-	return func(qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
-		name := wire.NameString(qname)
-		if c.runs(name) {
-			return false
+// at is what the view's routes do for the names of zone: refuse them, or
+// send them to the view's own group (nil: the shared route table).
+func (vr *viewRoutes) at(zone string) (refused bool, g *forward.Group) {
+	for _, z := range vr.zones {
+		if z != "." && zone != z && !strings.HasSuffix(zone, "."+z) {
+			continue
 		}
-		for _, z := range vr.zones {
-			if z != "." && name != z && !strings.HasSuffix(name, "."+z) {
-				continue
-			}
-			if vr.refused[z] {
-				return false
-			}
-			if g := vr.groups[z]; g != nil {
-				g.ExchangeAsync(query, timeout, fetchDone{done})
-				return true
-			}
-			break
-		}
-		return d.startShared(name, query, timeout, done)
+		return vr.refused[z], vr.groups[z]
 	}
+	return false, nil
 }
 
 // fetchDone hands a group's result to a resolver's FetchDone.

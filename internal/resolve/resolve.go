@@ -35,8 +35,9 @@ type FetchFunc func(ctx context.Context, qname string, query []byte) ([]byte, er
 // answer or the error then goes to done.Fetched exactly once, within timeout, from whichever
 // goroutine learnt it (possibly before StartFunc returns). It reports false, having started
 // nothing, when this question must be fetched by FetchFunc (its fetch is not a plain forward).
-// query stays unchanged until done is called.
-type StartFunc func(qname []byte, query []byte, timeout time.Duration, done FetchDone) bool
+// query stays unchanged until done is called. pol is the question's policy, as the PolicyFunc
+// gave it for this miss (its Route: how to fetch, from the same lookup).
+type StartFunc func(pol *Policy, qname []byte, query []byte, timeout time.Duration, done FetchDone) bool
 
 // FetchDone receives the result of a StartFunc. resp may be the transport's buffer: it is
 // valid only until Fetched returns.
@@ -69,8 +70,24 @@ func WithAsker(ctx context.Context, a netip.Addr) context.Context {
 	return context.WithValue(ctx, askerKey{}, a)
 }
 
+// policyKey is the context key of the policy of the question a fetch asks.
+type policyKey struct{}
+
+// PolicyOf returns the policy of the question ctx's fetch asks, as the
+// PolicyFunc gave it for this fetch (nil outside a fetch): a FetchFunc
+// finds its Route there instead of looking the name up again.
+func PolicyOf(ctx context.Context) *Policy {
+	p, _ := ctx.Value(policyKey{}).(*Policy)
+	return p
+}
+
 // Policy is the cache policy of one part of the name space.
 type Policy struct {
+	// Route is what the fetch side needs for the names under this policy
+	// (the daemon's block: its directive chain, forward group, refusal),
+	// found by the same lookup; resolve hands it on untouched, to
+	// StartFunc and, through PolicyOf, to FetchFunc. nil: none.
+	Route any
 	// TTL caps and floors the lifetime of answers.
 	TTL cache.Policy
 	// ServFailTTL is how long an upstream SERVFAIL is cached (0: not).
@@ -325,7 +342,7 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error)
 	c.r = r
 	c.pol = r.policy(c.q.Name)
 	c.uq = wire.AppendUpstreamQuery(c.buf[len(c.buf):], &c.q, r.cfg.UDPSize)
-	if !r.cfg.Start(c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
+	if !r.cfg.Start(c.pol, c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
 		go r.run(c) // not a plain forward: the fetch blocks, in a goroutine of its own
 	}
 	return nil, Later, nil
@@ -405,7 +422,7 @@ func (r *Resolver) run(c *call) {
 // that is not NOERROR or NXDOMAIN) starts its recheck interval.
 func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, error) {
 	pol := r.policy(q.Name)
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
+	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), policyKey{}, pol), r.cfg.FetchTimeout)
 	defer cancel()
 	if q.From.IsValid() {
 		ctx = WithAsker(ctx, q.From)
