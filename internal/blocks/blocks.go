@@ -10,6 +10,11 @@
 // A View is built whole and never changed: a reload compiles a new one and
 // swaps one pointer, so a query sees the old configuration or the new one,
 // never a mix.
+//
+// The sources a view is compiled from live here too: the blocks' fetch-side
+// chains (BuildChains: each block's directives, registered with
+// internal/directive, linked in plugin.cfg order) and, with several views,
+// a view's own routes (Routes: its groups, its refused zones).
 package blocks
 
 import (
@@ -119,4 +124,26 @@ func (v *View) Zones() []string {
 		out[i] = z.b.Zone
 	}
 	return out
+}
+
+// CompileView compiles a view from its sources: the cache policies (pol,
+// over polZones; def for names in none), the chains (nil: none) and the
+// view's routes (nil: the shared route table).
+func CompileView(def resolve.Policy, pol resolve.PolicyFunc, polZones []string, c *Chains, vr *Routes) (*View, error) {
+	zones := slices.Clone(polZones)
+	zones = append(zones, c.Zones()...)
+	if vr != nil {
+		zones = append(zones, vr.Zones...)
+	}
+	return Compile(zones, Block{Policy: def}, func(z string) (Block, error) {
+		w, ok := wire.AppendNameWire(nil, z)
+		if !ok {
+			return Block{}, fmt.Errorf("invalid zone name %q", z)
+		}
+		b := Block{Policy: *pol(w), Run: c.Run(z)}
+		if vr != nil {
+			b.Refused, b.Group = vr.At(z)
+		}
+		return b, nil
+	})
 }

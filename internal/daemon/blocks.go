@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
@@ -26,34 +24,10 @@ type sharedPolicy struct {
 	zones []string
 }
 
-// compileView compiles a view from its policies, its chain (nil: none) and,
-// with several views, its routes (nil: the shared route table).
-func (d *Daemon) compileView(sp sharedPolicy, c *fetchChain, vr *viewRoutes) (*blocks.View, error) {
-	zones := slices.Clone(sp.zones)
-	if c != nil {
-		for _, b := range c.blocks {
-			zones = append(zones, b.zones...)
-		}
-	}
-	if vr != nil {
-		zones = append(zones, vr.zones...)
-	}
-	return blocks.Compile(zones, blocks.Block{Policy: d.policyDefault}, func(z string) (blocks.Block, error) {
-		w, ok := wire.AppendNameWire(nil, z)
-		if !ok {
-			return blocks.Block{}, fmt.Errorf("invalid zone name %q", z)
-		}
-		b := blocks.Block{Policy: *sp.pol(w)}
-		if c != nil {
-			if cb := c.block(z); cb != nil {
-				b.Run = cb.run
-			}
-		}
-		if vr != nil {
-			b.Refused, b.Group = vr.at(z)
-		}
-		return b, nil
-	})
+// compileView compiles a view from its policies, its chains (nil: none)
+// and, with several views, its routes (nil: the shared route table).
+func (d *Daemon) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes) (*blocks.View, error) {
+	return blocks.CompileView(d.policyDefault, sp.pol, sp.zones, c, vr)
 }
 
 // sharedView is the shared view's compiled blocks now.
@@ -87,9 +61,9 @@ func (d *Daemon) fetchBlock(ctx context.Context, qname string, query []byte) ([]
 	switch {
 	case b == nil:
 	case b.Run != nil:
-		return runChain(ctx, b.Run, qname, query)
+		return blocks.RunChain(ctx, b.Run, qname, query)
 	case b.Refused:
-		return refusedAnswer(query)
+		return blocks.RefusedAnswer(query)
 	case b.Group != nil:
 		return b.Group.Exchange(ctx, query)
 	}

@@ -111,7 +111,7 @@ func BenchmarkChainFetch(b *testing.B) {
 	}
 	c := d.chain.Load()
 	fetch := func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		return c.fetch(ctx, qname, query, next)
+		return c.Fetch(ctx, qname, query, next)
 	}
 	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeA} {
 		q := new(dns.Msg)

@@ -119,7 +119,7 @@ func (d *Daemon) corefileFailed(cc *config.CorefileConfig, msg string, err error
 type corefileEdit struct {
 	views      *viewSet       // nil: the views did not change
 	policy     *sharedPolicy  // nil: the cache policies did not change
-	chain      *fetchChain    // nil: no chain to replace
+	chain      *blocks.Chains // nil: no chain to replace
 	chainZones []string       // zones whose directives changed
 	shared     *blocks.View   // the shared view compiled anew; nil: unchanged
 	kube       *forward.Group // nil: kube-dns' address did not change
@@ -243,7 +243,7 @@ func (d *Daemon) commitCorefile(n *config.Config, e *corefileEdit) error {
 	if e.chain != nil {
 		d.chain.Store(e.chain)
 		if d.Server != nil {
-			d.Server.SetRecordAskers(usesRemote(n.DropIn.Corefile.Servers))
+			d.Server.SetRecordAskers(blocks.UsesRemote(n.DropIn.Corefile.Servers))
 		}
 		if len(e.chainZones) > 0 {
 			r.changedZones, e.changed = append(r.changedZones, e.chainZones...), true

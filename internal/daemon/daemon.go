@@ -78,13 +78,13 @@ type Daemon struct {
 	sharedPol     sharedPolicy // owned like reload's state
 	policyDefault resolve.Policy
 	// The Corefile's fetch-side directives (chain.go): nil without them.
-	chain     atomic.Pointer[fetchChain]
+	chain     atomic.Pointer[blocks.Chains]
 	chainNext resolve.FetchFunc
 	// The Corefile's views (views.go), owned like reload's state; res0 is
 	// the resolver of the one-view case (d.shared), also
 	// autopath's.
 	views     *viewSet
-	viewChain atomic.Pointer[fetchChain]
+	viewChain atomic.Pointer[blocks.Chains]
 	res0      *resolve.Resolver
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
@@ -230,7 +230,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	if cc := cfg.DropIn.Corefile; cc != nil {
-		srv.SetRecordAskers(usesRemote(cc.Servers)) // a template uses .Remote
+		srv.SetRecordAskers(blocks.UsesRemote(cc.Servers)) // a template uses .Remote
 	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,

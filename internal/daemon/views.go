@@ -1,17 +1,16 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
-	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Views (config.View): when the Corefile's blocks seen from one listen
@@ -29,13 +28,6 @@ import (
 // to -max-inflight distinct questions; the groups bound what reaches an
 // upstream.
 
-// viewRoutes is one view's forwarding beyond the chain.
-type viewRoutes struct {
-	zones   []string                  // every zone of the Corefile, longest first
-	groups  map[string]*forward.Group // zones forwarded elsewhere than the shared table
-	refused map[string]bool           // zones no block of the view serves
-}
-
 // viewSet is the running views: their resolvers (by view index), the view
 // of each listen address (by index in cfg.LocalIPs), their own groups, and
 // the first view's chain (for DirectiveStats). nil res: one view, the
@@ -45,7 +37,7 @@ type viewSet struct {
 	res    []*resolve.Resolver
 	addr   []uint8
 	groups []*forward.Group
-	chain0 *fetchChain
+	chain0 *blocks.Chains
 }
 
 // newViews builds a resolver per view of cc over the listen addresses
@@ -85,9 +77,9 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 		if err != nil {
 			return nil, err
 		}
-		vr := &viewRoutes{zones: zones, groups: map[string]*forward.Group{}, refused: map[string]bool{}}
+		vr := &blocks.Routes{Zones: zones, Groups: map[string]*forward.Group{}, Refused: map[string]bool{}}
 		for _, z := range v.Refused {
-			vr.refused[z] = true
+			vr.Refused[z] = true
 		}
 		for _, zr := range v.Routes {
 			g, err := d.routeGroup(zr)
@@ -95,9 +87,9 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 				return nil, fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
 			}
 			vs.groups = append(vs.groups, g)
-			vr.groups[zr.Zone] = g
+			vr.Groups[zr.Zone] = g
 		}
-		next := vr.fetch(d.forward) // the end of the view's chains
+		next := vr.Fetch(d.forward) // the end of the view's chains
 		c, err := d.buildChains(cc.Servers, v.Pick, next)
 		if err != nil {
 			return nil, err
@@ -156,56 +148,10 @@ func (d *Daemon) prepareViews(n *config.Config) (*viewSet, error) {
 	return d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
 }
 
-// fetch forwards qname as the view's block for it would: to the view's own
-// group when the block forwards elsewhere than the shared table, REFUSED
-// when no block of the view serves it (as CoreDNS answers), else through
-// the shared route table (shared).
-func (vr *viewRoutes) fetch(shared resolve.FetchFunc) resolve.FetchFunc {
-	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		for _, z := range vr.zones {
-			if z != "." && qname != z && !strings.HasSuffix(qname, "."+z) {
-				continue
-			}
-			if vr.refused[z] {
-				return refusedAnswer(query)
-			}
-			if g := vr.groups[z]; g != nil {
-				return g.Exchange(ctx, query)
-			}
-			break
-		}
-		return shared(ctx, qname, query)
-	}
-}
-
-// at is what the view's routes do for the names of zone: refuse them, or
-// send them to the view's own group (nil: the shared route table).
-func (vr *viewRoutes) at(zone string) (refused bool, g *forward.Group) {
-	for _, z := range vr.zones {
-		if z != "." && zone != z && !strings.HasSuffix(zone, "."+z) {
-			continue
-		}
-		return vr.refused[z], vr.groups[z]
-	}
-	return false, nil
-}
-
 // fetchDone hands a group's result to a resolver's FetchDone.
 type fetchDone struct{ done resolve.FetchDone }
 
 func (f fetchDone) ExchangeDone(ans []byte, err error) { f.done.Fetched(ans, err) }
-
-// refusedAnswer is the REFUSED response to query (its question and OPT
-// echoed), what CoreDNS answers a name no block of the server serves.
-func refusedAnswer(query []byte) ([]byte, error) {
-	if len(query) < wire.HeaderLen {
-		return nil, fmt.Errorf("views: short query")
-	}
-	b := append([]byte(nil), query...)
-	b[2] |= 0x80                         // QR
-	b[3] = b[3]&0x70 | wire.RcodeRefused // no RA, rcode REFUSED
-	return b, nil
-}
 
 // viewsChanged reports whether a reloaded Corefile sees other views than
 // the running one (then prepareViews builds them).
