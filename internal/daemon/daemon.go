@@ -9,7 +9,11 @@
 // the one that exits while its twin serves leaves link and rules in place.
 // probe.go holds the health check and the exec probe's client.
 //
-// It holds no DNS logic of its own; cmd/nodelocaldns only parses flags,
+// It decides no name's fate itself: which block serves a name, and what
+// the block's directives and groups do with it, is internal/blocks'
+// (compiled here from the configuration, swapped here on reload); the
+// transport is internal/server's, resolution internal/resolve's, the
+// upstreams internal/forward's. cmd/nodelocaldns only parses flags,
 // handles signals and calls Run.
 package daemon
 
