@@ -9,11 +9,16 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
+// DefaultCapacity is the default bound on entries of each kind (success,
+// denial): the stock node-local-dns Corefile's 9984, so the drop-in holds
+// as much as the image it replaces.
+const DefaultCapacity = 9984
+
 // Config sizes a Cache.
 type Config struct {
 	// SuccessCapacity and DenialCapacity bound the number of entries of
-	// each kind (SERVFAIL entries count as denials). Defaults are the stock
-	// node-local-dns': 9984 each.
+	// each kind (SERVFAIL entries count as denials; 0:
+	// DefaultCapacity).
 	SuccessCapacity int
 	DenialCapacity  int
 	// MaxBytes bounds the memory held by entries (see Entry.size); 0 means
@@ -99,10 +104,10 @@ func New(cfg Config) *Cache {
 		n++
 	}
 	if cfg.SuccessCapacity <= 0 {
-		cfg.SuccessCapacity = 9984
+		cfg.SuccessCapacity = DefaultCapacity
 	}
 	if cfg.DenialCapacity <= 0 {
-		cfg.DenialCapacity = 9984
+		cfg.DenialCapacity = DefaultCapacity
 	}
 	c := &Cache{shards: make([]shard, n), mask: uint64(n - 1), prefetchHits: uint32(max(0, cfg.PrefetchHits)), maxBytes: cfg.MaxBytes}
 	c.capacity[Success] = int64(cfg.SuccessCapacity)

@@ -20,7 +20,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
 
 // Config is everything the daemon needs to start.
@@ -166,8 +169,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
-	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", 9984, "cache entries for positive answers")
-	fs.IntVar(&c.Cache.DenialCapacity, "denial-capacity", 9984, "cache entries for NXDOMAIN/NODATA answers")
+	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", cache.DefaultCapacity, "cache entries for positive answers")
+	fs.IntVar(&c.Cache.DenialCapacity, "denial-capacity", cache.DefaultCapacity, "cache entries for NXDOMAIN/NODATA answers")
 	fs.StringVar(&maxBytes, "cache-max-bytes", "64Mi", "memory bound for cached answers (bytes; suffixes Ki, Mi, Gi)")
 	fs.DurationVar(&c.Cache.ClusterSuccessTTL, "cluster-success-ttl", 30*time.Second, "TTL cap for positive answers in the cluster domain")
 	fs.DurationVar(&c.Cache.ClusterDenialTTL, "cluster-denial-ttl", 5*time.Second, "TTL cap for denials in the cluster domain")
@@ -176,16 +179,16 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.Cache.MinTTL, "min-ttl", 0, "TTL floor; 0 honours a TTL of 0 (not cached)")
 	fs.DurationVar(&c.Cache.ServFailTTL, "servfail-ttl", 2*time.Second, "how long an upstream SERVFAIL is cached (0 disables, at most 5s)")
 	fs.DurationVar(&c.Cache.StaleWindow, "serve-stale", time.Hour, "how long past expiry an answer may be served (TTL 30s) when the upstream fails or is slow; 0 disables")
-	fs.DurationVar(&c.Cache.StaleClientTimeout, "stale-client-timeout", DefaultStaleClientTimeout, "how long a client waits for a refresh before it gets the stale answer")
-	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", DefaultStaleRecheck, "after a failed refresh, serve stale without asking the upstream for this long")
+	fs.DurationVar(&c.Cache.StaleClientTimeout, "stale-client-timeout", resolve.DefaultStaleClientTimeout, "how long a client waits for a refresh before it gets the stale answer")
+	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", resolve.DefaultStaleRecheck, "after a failed refresh, serve stale without asking the upstream for this long")
 	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
 	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
-	fs.IntVar(&c.MaxUDPSize, "max-udp-size", DefaultMaxUDPSize, "EDNS UDP size we advertise, to upstreams (larger answers come over TCP) and in our answers")
-	fs.IntVar(&c.MaxClientUDPSize, "max-client-udp-size", DefaultMaxClientUDPSize, "largest UDP answer to a client: its EDNS size up to this (512 without EDNS); larger answers are truncated")
-	fs.IntVar(&c.MaxInflight, "max-inflight", DefaultMaxInflight, "distinct questions resolved upstream at once; past it a new question gets its stale answer or SERVFAIL at once")
-	fs.IntVar(&c.MaxTCPConns, "max-tcp-conns", DefaultMaxTCPConns, "open client TCP connections")
-	fs.DurationVar(&c.TCPIdleTimeout, "tcp-idle-timeout", DefaultTCPIdleTimeout, "close client TCP connections idle this long")
-	fs.DurationVar(&c.ForwardTimeout, "forward-timeout", DefaultForwardTimeout, "bound on resolving one miss (glibc retries after 5s)")
+	fs.IntVar(&c.MaxUDPSize, "max-udp-size", resolve.DefaultUDPSize, "EDNS UDP size we advertise, to upstreams (larger answers come over TCP) and in our answers")
+	fs.IntVar(&c.MaxClientUDPSize, "max-client-udp-size", server.DefaultMaxClientUDPSize, "largest UDP answer to a client: its EDNS size up to this (512 without EDNS); larger answers are truncated")
+	fs.IntVar(&c.MaxInflight, "max-inflight", resolve.DefaultMaxInflight, "distinct questions resolved upstream at once; past it a new question gets its stale answer or SERVFAIL at once")
+	fs.IntVar(&c.MaxTCPConns, "max-tcp-conns", server.DefaultMaxTCPConns, "open client TCP connections")
+	fs.DurationVar(&c.TCPIdleTimeout, "tcp-idle-timeout", server.DefaultTCPIdleTimeout, "close client TCP connections idle this long")
+	fs.DurationVar(&c.ForwardTimeout, "forward-timeout", resolve.DefaultFetchTimeout, "bound on resolving one miss (glibc retries after 5s)")
 	fs.IntVar(&c.TCPPoolSize, "tcp-pool-size", forward.DefaultPoolSize, "pipelined TCP connections per kube-dns server")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.Var(pprofFlag{&c.PProf}, "pprof", "serve /debug/pprof/ on a listener of its own: -pprof on "+DefaultPProfAddr+" (loopback only), -pprof=ADDR:PORT on that address")

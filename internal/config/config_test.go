@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
 func writeFile(t *testing.T, content string) string {
@@ -239,5 +242,13 @@ func TestPProfIsLoopbackUnlessGiven(t *testing.T) {
 	}
 	if _, err := Parse([]string{"-kube-dns", "10.96.0.10", "-resolv-conf", rc, "-pprof=6060"}, envOf(nil), io.Discard); err == nil {
 		t.Fatal("-pprof=6060 (no host) accepted")
+	}
+}
+
+// The -max-inflight flag bounds both the resolver's flights and each
+// upstream group; their owners' defaults must agree.
+func TestMaxInflightDefaultsAgree(t *testing.T) {
+	if resolve.DefaultMaxInflight != forward.DefaultMaxInflight {
+		t.Fatalf("resolve.DefaultMaxInflight %d, forward.DefaultMaxInflight %d", resolve.DefaultMaxInflight, forward.DefaultMaxInflight)
 	}
 }

@@ -50,6 +50,23 @@ type Server struct {
 	Plugins []Plugin
 }
 
+// Config is the configuration of the fetch-side directive name in s, what
+// its setup reads (internal/directive): []template.Config, *hosts.Config,
+// []*rewrite.Rule or *dns64.Config; nil for any other name.
+func (s *Server) Config(name string) any {
+	switch name {
+	case "template":
+		return s.Templates
+	case "hosts":
+		return s.Hosts
+	case "rewrite":
+		return s.Rewrites
+	case "dns64":
+		return s.DNS64
+	}
+	return nil
+}
+
 // Plugin is one directive of a block as loaded.
 type Plugin struct {
 	Name string

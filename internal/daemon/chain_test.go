@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 )
 
 func templateCorefile(addr string) string {
@@ -104,9 +106,12 @@ func BenchmarkChainFetch(b *testing.B) {
 	ans.Answer = []dns.RR{a}
 	wire, _ := ans.Pack()
 	next := func(context.Context, string, []byte) ([]byte, error) { return wire, nil }
-	fetch, err := d.chainFetch(next)
-	if err != nil {
+	if err := d.initChain(next); err != nil {
 		b.Fatal(err)
+	}
+	c := d.chain.Load()
+	fetch := func(ctx context.Context, qname string, query []byte) ([]byte, error) {
+		return c.Fetch(ctx, qname, query, next)
 	}
 	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeA} {
 		q := new(dns.Msg)
@@ -141,4 +146,12 @@ func mustParse(b *testing.B, text string) []*corefile.Block {
 		b.Fatal(err)
 	}
 	return bs
+}
+
+// The fetch-side directives are registered by their packages (the chain
+// is built from the registry alone).
+func TestFetchSideDirectivesRegistered(t *testing.T) {
+	if got, want := directive.Names(), []string{"dns64", "hosts", "rewrite", "template"}; !slices.Equal(got, want) {
+		t.Fatalf("registered %v, want %v", got, want)
+	}
 }

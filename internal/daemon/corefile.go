@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 )
@@ -62,6 +63,14 @@ func (d *Daemon) initCorefile() {
 }
 
 // readCorefile reports whether the Corefile changed what apply routes.
+//
+// An edit applies entirely or not at all: prepareCorefile builds every new
+// part (views, cache policies, directive chains, groups) while the old
+// ones serve, and only when all are built does commitCorefile swap them
+// in. A failure anywhere closes what was built, keeps the running
+// configuration whole, is logged and counted (coredns_reload_failed_total
+// and a "configmap" setup error, once per distinct error), and the next
+// change of the file is tried afresh.
 func (d *Daemon) readCorefile() bool {
 	cc := d.corefile()
 	r := &d.reload
@@ -71,33 +80,147 @@ func (d *Daemon) readCorefile() bool {
 	}
 	var n *config.Config
 	if err == nil {
-		r.cf.seen = data
+		r.cf.seen = data // applied or failed, this content is done with
 		n, err = cc.Reload()
 	}
 	if err != nil {
-		if err.Error() != r.cf.err {
-			r.cf.err = err.Error()
-			d.Metrics.SetupError("configmap") // node-cache counts Corefile errors under this kind too
-			d.Metrics.ReloadFailed()
-			d.log.Error("Corefile invalid; keeping the last good configuration", "file", cc.Source(), "err", err)
-		}
+		d.corefileFailed(cc, "Corefile invalid; keeping the last good configuration", err)
+		return false
+	}
+	e, err := d.prepareCorefile(n)
+	if err == nil {
+		err = d.commitCorefile(n, e)
+	}
+	if err != nil {
+		// Nothing of this edit is applied: half of it would answer with
+		// new policies and old directives, or some addresses with the
+		// old blocks and some with the new.
+		d.corefileFailed(cc, "Corefile change not applied; keeping the last good configuration", err)
 		return false
 	}
 	r.cf.err = ""
-	changed := false
-	if d.viewsChanged(n) { // views.go: which blocks each address sees
-		if err := d.reloadViews(n); err != nil {
-			// Nothing of this edit is applied: half of it would answer
-			// some addresses with the old blocks and some with the new.
-			if err.Error() != r.cf.err {
-				r.cf.err = err.Error()
-				d.Metrics.SetupError("configmap") // as an invalid Corefile
-				d.Metrics.ReloadFailed()
-				d.log.Error("Corefile change of the views refused; keeping the last good configuration", "file", cc.Source(), "err", err)
-			}
-			return false
+	return e.changed
+}
+
+// corefileFailed logs and counts a rejected Corefile edit, once per
+// distinct error.
+func (d *Daemon) corefileFailed(cc *config.CorefileConfig, msg string, err error) {
+	r := &d.reload
+	if err.Error() == r.cf.err {
+		return
+	}
+	r.cf.err = err.Error()
+	d.Metrics.SetupError("configmap") // node-cache counts Corefile errors under this kind too
+	d.Metrics.ReloadFailed()
+	d.log.Error(msg, "file", cc.Source(), "err", err)
+}
+
+// corefileEdit is a Corefile edit built but not yet in use.
+type corefileEdit struct {
+	views      *viewSet       // nil: the views did not change
+	policy     *sharedPolicy  // nil: the cache policies did not change
+	chain      *blocks.Chains // nil: no chain to replace
+	chainZones []string       // zones whose directives changed
+	shared     *blocks.View   // the shared view compiled anew; nil: unchanged
+	kube       *forward.Group // nil: kube-dns' address did not change
+	routes     map[string]config.ZoneRoute
+	groups     map[string]*forward.Group // new groups of the zone routes that changed
+	changed    bool                      // set by commitCorefile: apply must run
+}
+
+// abandon closes the groups e built.
+func (e *corefileEdit) abandon() {
+	if e.views != nil {
+		for _, g := range e.views.groups {
+			_ = g.Close()
 		}
-		changed = true
+	}
+	if e.kube != nil {
+		_ = e.kube.Close()
+	}
+	for _, g := range e.groups {
+		_ = g.Close()
+	}
+}
+
+// prepareCorefile builds what the reloaded configuration n needs and the
+// running one lacks. It changes nothing that serves; on error it closes
+// what it built.
+func (d *Daemon) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
+	r := &d.reload
+	e = &corefileEdit{routes: map[string]config.ZoneRoute{}, groups: map[string]*forward.Group{}}
+	defer func() {
+		if err != nil {
+			e.abandon()
+			e = nil
+		}
+	}()
+	if d.viewsChanged(n) { // views.go: which blocks each address sees
+		if e.views, err = d.prepareViews(n); err != nil {
+			return e, fmt.Errorf("views: %w", err)
+		}
+	}
+	if e.policy, err = d.preparePolicies(n); err != nil { // the blocks' cache settings
+		return e, err
+	}
+	if e.chain, e.chainZones, err = d.prepareChain(n); err != nil { // chain.go: template, hosts, rewrite, dns64
+		return e, err
+	}
+	if e.policy != nil || e.chain != nil {
+		sp, c := d.sharedPol, d.chain.Load()
+		if e.policy != nil {
+			sp = *e.policy
+		}
+		if e.chain != nil {
+			c = e.chain
+		}
+		if e.shared, err = d.compileView(sp, c, nil); err != nil {
+			return e, fmt.Errorf("blocks: %w", err)
+		}
+	}
+	if h := d.reloadFault.Load(); h != nil {
+		if err = (*h)(); err != nil {
+			return e, err
+		}
+	}
+	if r.kube != nil && n.KubeDNS != d.kubeAddr() {
+		if e.kube, err = d.kubeGroup(n.KubeDNS); err != nil {
+			return e, fmt.Errorf("kube-dns group: %w", err)
+		}
+	}
+	for _, zr := range n.DropIn.Routes {
+		e.routes[zr.Zone] = zr
+	}
+	for _, zone := range sortedKeys(e.routes) {
+		zr := e.routes[zone]
+		if _, ok := r.cf.static[zone]; ok && slices.Equal(r.cf.servers[zone], zr.Servers) && r.cf.tcp[zone] == zr.ForceTCP && r.cf.opts[zone] == zr.Opts {
+			continue
+		}
+		g, err := d.routeGroup(zr)
+		if err != nil {
+			return e, fmt.Errorf("%s: forward for %s: %w", zr.From, zone, err)
+		}
+		e.groups[zone] = g
+	}
+	return e, nil
+}
+
+// commitCorefile puts a prepared edit in use. Only the first step, the
+// server taking new views, can fail; then nothing is applied and e is
+// abandoned.
+func (d *Daemon) commitCorefile(n *config.Config, e *corefileEdit) error {
+	cc := d.corefile()
+	r := &d.reload
+	if e.views != nil {
+		old, err := d.useViews(e.views)
+		if err != nil {
+			e.abandon()
+			return fmt.Errorf("views: %w", err)
+		}
+		r.retireLater = append(r.retireLater, old.groups...)
+		r.changedZones = append(r.changedZones, ".")
+		e.changed = true
+		d.log.Info("Corefile changed the views; applied", "views", describeViews(e.views.cc))
 	}
 	if diff := restartFields(d.cfg, n); len(diff) > 0 {
 		if s := strings.Join(diff, ", "); s != r.cf.restart {
@@ -105,66 +228,65 @@ func (d *Daemon) readCorefile() bool {
 			d.log.Warn("Corefile changed settings that apply at the next restart; routes are updated now", "file", cc.Source(), "settings", s)
 		}
 	}
-	d.swapPolicies(n)                               // the blocks' cache settings: applied now, no route change
-	if zones, err := d.reloadChain(n); err != nil { // chain.go: template, hosts, rewrite, dns64
-		d.log.Error("Corefile directives not rebuilt; keeping the old ones", "file", cc.Source(), "err", err)
-	} else if len(zones) > 0 {
-		r.changedZones, changed = append(r.changedZones, zones...), true
+	if e.shared != nil {
+		d.shared.Store(e.shared) // the blocks the shared resolver serves by: one pointer
+	}
+	if e.policy != nil {
+		d.sharedPol = *e.policy
+		r.cf.zonePolicies = n.DropIn.Corefile.ZonePolicies
+		d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(r.cf.zonePolicies))
+	}
+	if e.views != nil || e.policy != nil {
+		cb := coreDNSCacheBlocks(n) // the tags of the new policies and views name n's blocks
+		d.cacheBlocks.Store(&cb)
+	}
+	if e.chain != nil {
+		d.chain.Store(e.chain)
+		if d.Server != nil {
+			d.Server.SetRecordAskers(blocks.UsesRemote(n.DropIn.Corefile.Servers))
+		}
+		if len(e.chainZones) > 0 {
+			r.changedZones, e.changed = append(r.changedZones, e.chainZones...), true
+		}
 	}
 	if !slices.Equal(n.DropIn.KubeDNSZones, r.cf.kubeZones) {
-		r.cf.kubeZones, changed = n.DropIn.KubeDNSZones, true
+		r.cf.kubeZones, e.changed = n.DropIn.KubeDNSZones, true
 	}
-	if r.kube != nil && n.KubeDNS != d.kubeAddr() {
-		if g, err := d.kubeGroup(n.KubeDNS); err != nil {
-			d.log.Error("kube-dns group not rebuilt; keeping the old one", "err", err)
-		} else {
-			r.retireLater = append(r.retireLater, r.kube)
-			r.kube, r.kubeAt, changed = g, n.KubeDNS, true
-		}
+	if e.kube != nil {
+		r.retireLater = append(r.retireLater, r.kube)
+		r.kube, r.kubeAt, e.changed = e.kube, n.KubeDNS, true
 	}
 	if n.ResolvConf == "" && !slices.Equal(n.Nameservers, r.resolv) {
-		r.resolv, changed = n.Nameservers, true
+		r.resolv, e.changed = n.Nameservers, true
 	}
-	want := map[string]config.ZoneRoute{}
-	for _, zr := range n.DropIn.Routes {
-		want[zr.Zone] = zr
-	}
-	for zone, zr := range want {
-		if old, ok := r.cf.static[zone]; ok && slices.Equal(r.cf.servers[zone], zr.Servers) && r.cf.tcp[zone] == zr.ForceTCP && r.cf.opts[zone] == zr.Opts {
-			_ = old
-			continue
-		}
-		g, err := d.routeGroup(zr)
-		if err != nil {
-			d.log.Error("zone route not rebuilt; keeping the old one", "zone", zone, "err", err)
-			continue
-		}
+	for zone, g := range e.groups {
+		zr := e.routes[zone]
 		if old, ok := r.cf.static[zone]; ok {
 			r.retireLater = append(r.retireLater, old.g)
 		}
 		r.cf.static[zone], r.cf.servers[zone], r.cf.tcp[zone], r.cf.opts[zone] = staticRoute{zone: zone, g: g}, zr.Servers, zr.ForceTCP, zr.Opts
 		r.changedZones = append(r.changedZones, zone)
-		changed = true
+		e.changed = true
 	}
 	for zone, old := range r.cf.static {
-		if _, ok := want[zone]; !ok {
+		if _, ok := e.routes[zone]; !ok {
 			r.retireLater = append(r.retireLater, old.g)
 			delete(r.cf.static, zone)
 			delete(r.cf.servers, zone)
 			delete(r.cf.tcp, zone)
 			delete(r.cf.opts, zone)
 			r.changedZones = append(r.changedZones, zone)
-			changed = true
+			e.changed = true
 		}
 	}
-	if changed {
+	if e.changed {
 		r.static = r.static[:0]
 		for _, z := range sortedKeys(r.cf.static) {
 			r.static = append(r.static, r.cf.static[z])
 		}
 		d.log.Info("Corefile changed; routes updated", "file", cc.Source(), "kube_dns_zones", fmt.Sprint(r.cf.kubeZones), "zone_routes", len(r.static))
 	}
-	return changed
+	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -187,7 +309,7 @@ func restartFields(a, b *config.Config) []string {
 	}
 	cmp("listen addresses (bind)", a.LocalIPs, b.LocalIPs)
 	cmp("port", a.Port, b.Port)
-	// The blocks' cache policies apply live (swapPolicies); the sizes and
+	// The blocks' cache policies apply live (preparePolicies); the sizes and
 	// the recheck interval do not.
 	cmp("cache sizes", [4]int64{int64(a.Cache.SuccessCapacity), int64(a.Cache.DenialCapacity), a.Cache.MaxBytes, int64(a.Cache.StaleRecheck)},
 		[4]int64{int64(b.Cache.SuccessCapacity), int64(b.Cache.DenialCapacity), b.Cache.MaxBytes, int64(b.Cache.StaleRecheck)})

@@ -25,29 +25,27 @@ func corefileZones(cfg *config.Config, zps []config.ZonePolicy) []resolve.Zone {
 	return out
 }
 
-// lookupPolicy is the resolver's PolicyFunc: the current one (misses only).
-func (d *Daemon) lookupPolicy(name []byte) *resolve.Policy {
-	return (*d.policy.Load())(name)
+// zonePolicyZones are the zones of zps.
+func zonePolicyZones(zps []config.ZonePolicy) []string {
+	out := make([]string, len(zps))
+	for i, zp := range zps {
+		out[i] = zp.Zone
+	}
+	return out
 }
 
-// swapPolicies applies a reloaded Corefile's cache policies, and reports
-// whether they changed.
-func (d *Daemon) swapPolicies(n *config.Config) bool {
+// preparePolicies builds the policy lookup of a reloaded Corefile's
+// cache policies; nil when they did not change.
+func (d *Daemon) preparePolicies(n *config.Config) (*sharedPolicy, error) {
 	cur, next := d.corefile(), n.DropIn.Corefile
 	if cur == nil || next == nil || reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
-		return false
+		return nil, nil
 	}
 	f, err := resolve.Zones(d.policyDefault, corefileZones(n, next.ZonePolicies)...)
 	if err != nil {
-		d.log.Error("Corefile's cache policies not applied; keeping the old ones", "err", err)
-		return false
+		return nil, fmt.Errorf("cache policies: %w", err)
 	}
-	d.policy.Store(&f)
-	cb := coreDNSCacheBlocks(n) // the tags of the new policies name its blocks
-	d.cacheBlocks.Store(&cb)
-	d.reload.cf.zonePolicies = next.ZonePolicies
-	d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(next.ZonePolicies))
-	return true
+	return &sharedPolicy{pol: f, zones: zonePolicyZones(next.ZonePolicies)}, nil
 }
 
 // stubConflict refuses a kube-dns ConfigMap whose stub domain duplicates a

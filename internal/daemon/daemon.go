@@ -9,7 +9,11 @@
 // the one that exits while its twin serves leaves link and rules in place.
 // probe.go holds the health check and the exec probe's client.
 //
-// It holds no DNS logic of its own; cmd/nodelocaldns only parses flags,
+// It decides no name's fate itself: which block serves a name, and what
+// the block's directives and groups do with it, is internal/blocks'
+// (compiled here from the configuration, swapped here on reload); the
+// transport is internal/server's, resolution internal/resolve's, the
+// upstreams internal/forward's. cmd/nodelocaldns only parses flags,
 // handles signals and calls Run.
 package daemon
 
@@ -28,6 +32,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
@@ -69,22 +74,28 @@ type Daemon struct {
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 
-	// The resolver's policy lookup, swapped when a Corefile reload
-	// changes a block's cache settings (corefilepolicy.go).
-	policy        atomic.Pointer[resolve.PolicyFunc]
+	// The shared view's block table (blocks.go): what its resolver serves
+	// by, compiled from sharedPol and chain and swapped whole when a
+	// Corefile reload changes a block's cache settings or directives.
+	shared        atomic.Pointer[blocks.View]
+	sharedPol     sharedPolicy // owned like reload's state
 	policyDefault resolve.Policy
 	// The Corefile's fetch-side directives (chain.go): nil without them.
-	chain     atomic.Pointer[fetchChain]
+	chain     atomic.Pointer[blocks.Chains]
 	chainNext resolve.FetchFunc
 	// The Corefile's views (views.go), owned like reload's state; res0 is
-	// the resolver of the one-view case (d.policy, d.chain), also
+	// the resolver of the one-view case (d.shared), also
 	// autopath's.
 	views     *viewSet
-	viewChain atomic.Pointer[fetchChain]
+	viewChain atomic.Pointer[blocks.Chains]
 	res0      *resolve.Resolver
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
+	// reloadFault, when set (tests), fails a Corefile edit half-way through
+	// its rebuild: after views, policies and chains are built, before the
+	// groups (corefile.go).
+	reloadFault atomic.Pointer[func() error]
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -148,19 +159,27 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		d.closeGroups()
 		return nil, err
 	}
-	d.policy.Store(&policy) // a Corefile reload swaps it (corefilepolicy.go)
+	d.sharedPol = sharedPolicy{pol: policy}
+	for _, z := range zones {
+		d.sharedPol.zones = append(d.sharedPol.zones, z.Name)
+	}
 	cb := coreDNSCacheBlocks(cfg)
 	d.cacheBlocks.Store(&cb)
-	fetch, err := d.chainFetch(d.forward)
+	if err := d.initChain(d.forward); err != nil {
+		d.closeGroups()
+		return nil, err
+	}
+	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
 	if err != nil {
 		d.closeGroups()
 		return nil, err
 	}
+	d.shared.Store(shared) // a Corefile reload swaps it (corefile.go)
 	res, err := resolve.New(resolve.Config{
 		Cache:        d.Cache,
-		Fetch:        fetch,
-		Start:        d.startForward,
-		Policy:       d.lookupPolicy,
+		Fetch:        d.fetchBlock,
+		Start:        d.startBlock,
+		Policy:       d.sharedView,
 		Clock:        opt.Clock,
 		FetchTimeout: cfg.ForwardTimeout,
 		UDPSize:      uint16(cfg.MaxUDPSize),
@@ -213,7 +232,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	if cc := cfg.DropIn.Corefile; cc != nil {
-		srv.SetRecordAskers(usesRemote(cc.Servers)) // a template uses .Remote
+		srv.SetRecordAskers(blocks.UsesRemote(cc.Servers)) // a template uses .Remote
 	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,

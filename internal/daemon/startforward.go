@@ -7,21 +7,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
-	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
-
-// startForward is the resolver's StartFunc (resolve.Resolver.Start): a miss whose fetch is a
-// plain forward (no Corefile directive of its block runs for it) goes to its zone's group with
-// ExchangeAsync, and the group's reader hands the answer on. It declines (the fetch then runs
-// through chainFetch and forward, blocking) when a block's chain runs for the name or no route
-// takes it (forward gives that error).
-func (d *Daemon) startForward(qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
-	name := wire.NameString(qname)
-	if c := d.chain.Load(); c != nil && c.runs(name) {
-		return false
-	}
-	return d.startShared(name, query, timeout, done)
-}
 
 // startShared starts the forward of name through the shared routes (the
 // Router), as forward does.
@@ -37,7 +23,7 @@ func (d *Daemon) startShared(name string, query []byte, timeout time.Duration, d
 	return true
 }
 
-// asyncForward is one startForward in flight.
+// asyncForward is one startShared in flight.
 type asyncForward struct {
 	d       *Daemon
 	g       *forward.Group

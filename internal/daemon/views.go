@@ -1,18 +1,16 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
-	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
-	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Views (config.View): when the Corefile's blocks seen from one listen
@@ -30,13 +28,6 @@ import (
 // to -max-inflight distinct questions; the groups bound what reaches an
 // upstream.
 
-// viewRoutes is one view's forwarding beyond the chain.
-type viewRoutes struct {
-	zones   []string                  // every zone of the Corefile, longest first
-	groups  map[string]*forward.Group // zones forwarded elsewhere than the shared table
-	refused map[string]bool           // zones no block of the view serves
-}
-
 // viewSet is the running views: their resolvers (by view index), the view
 // of each listen address (by index in cfg.LocalIPs), their own groups, and
 // the first view's chain (for DirectiveStats). nil res: one view, the
@@ -46,7 +37,7 @@ type viewSet struct {
 	res    []*resolve.Resolver
 	addr   []uint8
 	groups []*forward.Group
-	chain0 *fetchChain
+	chain0 *blocks.Chains
 }
 
 // newViews builds a resolver per view of cc over the listen addresses
@@ -86,9 +77,9 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 		if err != nil {
 			return nil, err
 		}
-		vr := &viewRoutes{zones: zones, groups: map[string]*forward.Group{}, refused: map[string]bool{}}
+		vr := &blocks.Routes{Zones: zones, Groups: map[string]*forward.Group{}, Refused: map[string]bool{}}
 		for _, z := range v.Refused {
-			vr.refused[z] = true
+			vr.Refused[z] = true
 		}
 		for _, zr := range v.Routes {
 			g, err := d.routeGroup(zr)
@@ -96,9 +87,9 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 				return nil, fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
 			}
 			vs.groups = append(vs.groups, g)
-			vr.groups[zr.Zone] = g
+			vr.Groups[zr.Zone] = g
 		}
-		next := vr.fetch(d.forward)
+		next := vr.Fetch(d.forward) // the end of the view's chains
 		c, err := d.buildChains(cc.Servers, v.Pick, next)
 		if err != nil {
 			return nil, err
@@ -106,13 +97,15 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 		if vi == 0 {
 			vs.chain0 = c
 		}
+		view, err := d.compileView(sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies)}, c, vr)
+		if err != nil {
+			return nil, err
+		}
 		res, err := resolve.New(resolve.Config{
-			Cache: d.Cache,
-			Fetch: func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-				return c.fetch(ctx, qname, query, next)
-			},
-			Start:        vr.start(d, c),
-			Policy:       pol,
+			Cache:        d.Cache,
+			Fetch:        d.fetchBlock,
+			Start:        d.startBlock,
+			Policy:       view.Policy,
 			Clock:        d.clock,
 			FetchTimeout: cfg.ForwardTimeout,
 			UDPSize:      uint16(cfg.MaxUDPSize),
@@ -142,82 +135,17 @@ func (d *Daemon) useViews(vs *viewSet) (*viewSet, error) {
 	return old, nil
 }
 
-// reloadViews applies a reloaded Corefile whose views differ from the
-// running ones: new resolvers, chains and groups, swapped into the server
-// at once; the old groups are retired and the whole cache dropped by the
-// caller's apply (the view indexes changed meaning; CoreDNS too starts
-// with new caches on reload). A change of the listen addresses needs a
-// restart: refused.
-func (d *Daemon) reloadViews(n *config.Config) error {
+// prepareViews builds the views of a reloaded Corefile whose views differ
+// from the running ones: new resolvers, chains and groups, not yet in use
+// (commitCorefile swaps them into the server at once; the old groups are
+// retired and the whole cache dropped by apply: the view indexes changed
+// meaning, and CoreDNS too starts with new caches on reload). A change of
+// the listen addresses needs a restart: refused.
+func (d *Daemon) prepareViews(n *config.Config) (*viewSet, error) {
 	if !slices.Equal(n.LocalIPs, d.cfg.LocalIPs) {
-		return fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
+		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
 	}
-	vs, err := d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
-	if err != nil {
-		return err
-	}
-	old, err := d.useViews(vs)
-	if err != nil {
-		for _, g := range vs.groups {
-			_ = g.Close()
-		}
-		return err
-	}
-	cb := coreDNSCacheBlocks(n) // the new views' tags name n's blocks
-	d.cacheBlocks.Store(&cb)
-	d.reload.retireLater = append(d.reload.retireLater, old.groups...)
-	d.reload.changedZones = append(d.reload.changedZones, ".")
-	d.log.Info("Corefile changed the views; applied", "views", describeViews(vs.cc))
-	return nil
-}
-
-// fetch forwards qname as the view's block for it would: to the view's own
-// group when the block forwards elsewhere than the shared table, REFUSED
-// when no block of the view serves it (as CoreDNS answers), else through
-// the shared route table (shared).
-func (vr *viewRoutes) fetch(shared resolve.FetchFunc) resolve.FetchFunc {
-	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		for _, z := range vr.zones {
-			if z != "." && qname != z && !strings.HasSuffix(qname, "."+z) {
-				continue
-			}
-			if vr.refused[z] {
-				return refusedAnswer(query)
-			}
-			if g := vr.groups[z]; g != nil {
-				return g.Exchange(ctx, query)
-			}
-			break
-		}
-		return shared(ctx, qname, query)
-	}
-}
-
-// start is the view's StartFunc, as fetch routes: a name of a zone the view
-// forwards elsewhere goes to its group, a name of the shared table to
-// startForward's; a name whose block runs directives, or that the view
-// refuses, takes the blocking path (fetch).
-func (vr *viewRoutes) start(d *Daemon, c *fetchChain) resolve.StartFunc {
-	return func(qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
-		name := wire.NameString(qname)
-		if c.runs(name) {
-			return false
-		}
-		for _, z := range vr.zones {
-			if z != "." && name != z && !strings.HasSuffix(name, "."+z) {
-				continue
-			}
-			if vr.refused[z] {
-				return false
-			}
-			if g := vr.groups[z]; g != nil {
-				g.ExchangeAsync(query, timeout, fetchDone{done})
-				return true
-			}
-			break
-		}
-		return d.startShared(name, query, timeout, done)
-	}
+	return d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
 }
 
 // fetchDone hands a group's result to a resolver's FetchDone.
@@ -225,20 +153,8 @@ type fetchDone struct{ done resolve.FetchDone }
 
 func (f fetchDone) ExchangeDone(ans []byte, err error) { f.done.Fetched(ans, err) }
 
-// refusedAnswer is the REFUSED response to query (its question and OPT
-// echoed), what CoreDNS answers a name no block of the server serves.
-func refusedAnswer(query []byte) ([]byte, error) {
-	if len(query) < wire.HeaderLen {
-		return nil, fmt.Errorf("views: short query")
-	}
-	b := append([]byte(nil), query...)
-	b[2] |= 0x80                         // QR
-	b[3] = b[3]&0x70 | wire.RcodeRefused // no RA, rcode REFUSED
-	return b, nil
-}
-
 // viewsChanged reports whether a reloaded Corefile sees other views than
-// the running one (then reloadViews applies it).
+// the running one (then prepareViews builds them).
 func (d *Daemon) viewsChanged(n *config.Config) bool {
 	var cur *config.CorefileConfig
 	if d.views != nil {

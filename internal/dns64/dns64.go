@@ -25,6 +25,8 @@ import (
 	"sync/atomic"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 )
 
 // DefaultPrefix is RFC 6052's well-known prefix.
@@ -60,11 +62,11 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 }
 
 // Next is the rest of the chain.
-type Next func(ctx context.Context, r *dns.Msg) (*dns.Msg, error)
+type Next = directive.Next
 
 // Lookup asks for the A records of name through the block (CoreDNS's
 // upstream).
-type Lookup func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error)
+type Lookup = directive.Lookup
 
 // Stats counts synthesised answers (CoreDNS:
 // coredns_dns64_requests_translated_total).

@@ -35,6 +35,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 )
 
 // Defaults as CoreDNS's hosts plugin.
@@ -63,7 +64,7 @@ type Config struct {
 }
 
 // Next is the rest of the chain.
-type Next func(ctx context.Context, r *dns.Msg) (*dns.Msg, error)
+type Next = directive.Next
 
 // ErrServFail: a name in the zones with no entry and no fallthrough
 // (CoreDNS answers SERVFAIL without passing it through its cache).

@@ -22,7 +22,6 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
-	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -36,8 +35,9 @@ type FetchFunc func(ctx context.Context, qname string, query []byte) ([]byte, er
 // answer or the error then goes to done.Fetched exactly once, within timeout, from whichever
 // goroutine learnt it (possibly before StartFunc returns). It reports false, having started
 // nothing, when this question must be fetched by FetchFunc (its fetch is not a plain forward).
-// query stays unchanged until done is called.
-type StartFunc func(qname []byte, query []byte, timeout time.Duration, done FetchDone) bool
+// query stays unchanged until done is called. pol is the question's policy, as the PolicyFunc
+// gave it for this miss (its Route: how to fetch, from the same lookup).
+type StartFunc func(pol *Policy, qname []byte, query []byte, timeout time.Duration, done FetchDone) bool
 
 // FetchDone receives the result of a StartFunc. resp may be the transport's buffer: it is
 // valid only until Fetched returns.
@@ -70,8 +70,24 @@ func WithAsker(ctx context.Context, a netip.Addr) context.Context {
 	return context.WithValue(ctx, askerKey{}, a)
 }
 
+// policyKey is the context key of the policy of the question a fetch asks.
+type policyKey struct{}
+
+// PolicyOf returns the policy of the question ctx's fetch asks, as the
+// PolicyFunc gave it for this fetch (nil outside a fetch): a FetchFunc
+// finds its Route there instead of looking the name up again.
+func PolicyOf(ctx context.Context) *Policy {
+	p, _ := ctx.Value(policyKey{}).(*Policy)
+	return p
+}
+
 // Policy is the cache policy of one part of the name space.
 type Policy struct {
+	// Route is what the fetch side needs for the names under this policy
+	// (the daemon's block: its directive chain, forward group, refusal),
+	// found by the same lookup; resolve hands it on untouched, to
+	// StartFunc and, through PolicyOf, to FetchFunc. nil: none.
+	Route any
 	// TTL caps and floors the lifetime of answers.
 	TTL cache.Policy
 	// ServFailTTL is how long an upstream SERVFAIL is cached (0: not).
@@ -81,11 +97,11 @@ type Policy struct {
 	StaleWindow time.Duration
 	// StaleClientTimeout is how long a client whose answer is stale waits
 	// for the refresh before it gets the stale answer (0:
-	// config.DefaultStaleClientTimeout).
+	// DefaultStaleClientTimeout).
 	StaleClientTimeout time.Duration
 	// StaleRecheck is how long after a failed refresh a stale answer is
 	// served without asking the upstream again (0:
-	// config.DefaultStaleRecheck).
+	// DefaultStaleRecheck).
 	StaleRecheck time.Duration
 }
 
@@ -106,16 +122,16 @@ type Config struct {
 	// Clock is the time source (nil: clock.Real).
 	Clock clock.Clock
 	// FetchTimeout bounds one upstream fetch (0:
-	// config.DefaultForwardTimeout).
+	// DefaultFetchTimeout).
 	FetchTimeout time.Duration
 	// UDPSize is the EDNS payload size advertised upstream (0:
-	// config.DefaultMaxUDPSize).
+	// DefaultUDPSize).
 	UDPSize uint16
 	// MaxFlights bounds the distinct questions being fetched at once,
-	// prefetches and refreshes included (0: config.DefaultMaxInflight).
+	// prefetches and refreshes included (0: DefaultMaxInflight).
 	MaxFlights int
 	// MaxWaiters caps the clients waiting on one question (0:
-	// config.DefaultMaxWaitersPerQuestion).
+	// DefaultMaxWaitersPerQuestion).
 	MaxWaiters int
 }
 
@@ -161,16 +177,16 @@ func New(cfg Config) (*Resolver, error) {
 		return nil, errors.New("resolve: Cache, Fetch and Policy are required")
 	}
 	if cfg.FetchTimeout <= 0 {
-		cfg.FetchTimeout = config.DefaultForwardTimeout
+		cfg.FetchTimeout = DefaultFetchTimeout
 	}
 	if cfg.UDPSize < wire.MinUDPSize {
-		cfg.UDPSize = config.DefaultMaxUDPSize
+		cfg.UDPSize = DefaultUDPSize
 	}
 	if cfg.MaxFlights <= 0 {
-		cfg.MaxFlights = config.DefaultMaxInflight
+		cfg.MaxFlights = DefaultMaxInflight
 	}
 	if cfg.MaxWaiters <= 0 {
-		cfg.MaxWaiters = config.DefaultMaxWaitersPerQuestion
+		cfg.MaxWaiters = DefaultMaxWaitersPerQuestion
 	}
 	r := &Resolver{cfg: cfg, clk: clock.Or(cfg.Clock)}
 	r.flights = newFlights(cfg.MaxFlights, cfg.MaxWaiters, &r.stats.ShareRejected)
@@ -257,7 +273,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	}
 	timeout := r.policy(q.Name).StaleClientTimeout
 	if timeout <= 0 {
-		timeout = config.DefaultStaleClientTimeout
+		timeout = DefaultStaleClientTimeout
 	}
 	t := r.clk.NewTimer(timeout)
 	defer t.Stop()
@@ -329,7 +345,7 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error)
 	c.r = r
 	c.pol = r.policy(c.q.Name)
 	c.uq = wire.AppendUpstreamQuery(c.buf[len(c.buf):], &c.q, r.cfg.UDPSize)
-	if !r.cfg.Start(c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
+	if !r.cfg.Start(c.pol, c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
 		go r.run(c) // not a plain forward: the fetch blocks, in a goroutine of its own
 	}
 	return nil, Later, nil
@@ -411,7 +427,7 @@ func (r *Resolver) run(c *call) {
 // that is not NOERROR or NXDOMAIN) starts its recheck interval.
 func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, error) {
 	pol := r.policy(q.Name)
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
+	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), policyKey{}, pol), r.cfg.FetchTimeout)
 	defer cancel()
 	if q.From.IsValid() {
 		ctx = WithAsker(ctx, q.From)
@@ -443,7 +459,7 @@ func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*c
 func (r *Resolver) refreshFailed(q *wire.Query, pol *Policy) {
 	recheck := pol.StaleRecheck
 	if recheck <= 0 {
-		recheck = config.DefaultStaleRecheck
+		recheck = DefaultStaleRecheck
 	}
 	now := r.clk.Now().UnixNano()
 	r.cfg.Cache.RefreshFailed(q, now, now+int64(recheck))

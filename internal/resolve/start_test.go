@@ -30,7 +30,7 @@ type started struct {
 	done  FetchDone
 }
 
-func (s *starter) start(qname []byte, query []byte, _ time.Duration, done FetchDone) bool {
+func (s *starter) start(_ *Policy, qname []byte, query []byte, _ time.Duration, done FetchDone) bool {
 	if s.decline.Load() {
 		return false
 	}
@@ -84,8 +84,8 @@ func newStartEnv(t *testing.T, mutate func(*Config)) (*env, *starter) {
 	t.Helper()
 	var s *starter
 	e := newEnv(t, func(c *Config) {
-		c.Start = func(qname []byte, query []byte, timeout time.Duration, done FetchDone) bool {
-			return s.start(qname, query, timeout, done)
+		c.Start = func(pol *Policy, qname []byte, query []byte, timeout time.Duration, done FetchDone) bool {
+			return s.start(pol, qname, query, timeout, done)
 		}
 		if mutate != nil {
 			mutate(c)

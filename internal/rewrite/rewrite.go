@@ -30,6 +30,8 @@ import (
 	"sync/atomic"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 )
 
 // Match types of a name rule.
@@ -45,7 +47,7 @@ const (
 const maxRegexpLen = 10000
 
 // Next is the rest of the chain.
-type Next func(ctx context.Context, r *dns.Msg) (*dns.Msg, error)
+type Next = directive.Next
 
 // ErrServFail: the rewritten name is not a domain name (CoreDNS answers
 // SERVFAIL).

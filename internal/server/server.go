@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
-	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -56,24 +55,24 @@ type Config struct {
 	Clock clock.Clock
 	// MaxUDPSize caps the payload size answered over UDP and advertised in
 	// OPT records, to upstreams and to clients (default
-	// config.DefaultMaxUDPSize).
+	// DefaultMaxUDPSize).
 	MaxUDPSize uint16
 	// MaxClientUDPSize caps a UDP answer to a client that advertises a
-	// larger EDNS size (default config.DefaultMaxClientUDPSize: the
+	// larger EDNS size (default DefaultMaxClientUDPSize: the
 	// pod-to-node link has no path MTU to fear; docs/design.md, "UDP
 	// sizes"). Clients without EDNS get 512.
 	MaxClientUDPSize uint16
 	// MaxWaiting bounds the clients waiting for a miss, all questions
 	// together, so memory stays bounded whatever the clients do (default
-	// config.DefaultMaxWaiting), apportioned by client address (package
-	// fair); past it, or past its client's share, a miss gets its stale
-	// answer or SERVFAIL at once and is counted as rejected. The bound on
+	// DefaultMaxWaiting), apportioned by client address (package fair);
+	// past it, or past its client's share, a miss gets its stale answer
+	// or SERVFAIL at once and is counted as rejected. The bound on
 	// distinct questions is the Resolver's.
 	MaxWaiting int
 	// TCPIdleTimeout closes a TCP connection with no query for this long;
 	// TCPReadTimeout bounds reading one query once it has started;
 	// MaxTCPConns bounds open TCP connections; MaxTCPPipeline bounds the
-	// misses outstanding on one connection (defaults: config.Default*).
+	// misses outstanding on one connection (defaults: Default*, defaults.go).
 	TCPIdleTimeout time.Duration
 	TCPReadTimeout time.Duration
 	MaxTCPConns    int
@@ -96,25 +95,25 @@ func (c *Config) setDefaults() {
 		c.UDPSockets = runtime.GOMAXPROCS(0)
 	}
 	if c.MaxUDPSize < wire.MinUDPSize {
-		c.MaxUDPSize = config.DefaultMaxUDPSize
+		c.MaxUDPSize = DefaultMaxUDPSize
 	}
 	if c.MaxClientUDPSize < wire.MinUDPSize {
-		c.MaxClientUDPSize = config.DefaultMaxClientUDPSize
+		c.MaxClientUDPSize = DefaultMaxClientUDPSize
 	}
 	if c.MaxWaiting <= 0 {
-		c.MaxWaiting = config.DefaultMaxWaiting
+		c.MaxWaiting = DefaultMaxWaiting
 	}
 	if c.TCPIdleTimeout <= 0 {
-		c.TCPIdleTimeout = config.DefaultTCPIdleTimeout
+		c.TCPIdleTimeout = DefaultTCPIdleTimeout
 	}
 	if c.TCPReadTimeout <= 0 {
-		c.TCPReadTimeout = config.DefaultTCPReadTimeout
+		c.TCPReadTimeout = DefaultTCPReadTimeout
 	}
 	if c.MaxTCPConns <= 0 {
-		c.MaxTCPConns = config.DefaultMaxTCPConns
+		c.MaxTCPConns = DefaultMaxTCPConns
 	}
 	if c.MaxTCPPipeline <= 0 {
-		c.MaxTCPPipeline = config.DefaultMaxTCPPipeline
+		c.MaxTCPPipeline = DefaultMaxTCPPipeline
 	}
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {

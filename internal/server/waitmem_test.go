@@ -13,7 +13,7 @@ import (
 )
 
 // TestWaitingClientMemory: what a client waiting on a miss costs (heap and
-// goroutine stack), the figure behind config.DefaultMaxWaiting and the
+// goroutine stack), the figure behind server.DefaultMaxWaiting and the
 // manifest's memory arithmetic.
 func TestWaitingClientMemory(t *testing.T) {
 	release := make(chan struct{})
@@ -59,7 +59,7 @@ func TestWaitingClientMemory(t *testing.T) {
 	stack := int64(after.StackInuse) - int64(before.StackInuse)
 	per := (heap + stack) / n
 	t.Logf("%d waiting clients: heap +%d KiB, stacks +%d KiB: %d bytes each", n, heap>>10, stack>>10, per)
-	// config.DefaultMaxWaiting's comment and the manifest count ~7 KiB;
+	// server.DefaultMaxWaiting's comment and the manifest count ~7 KiB;
 	// fail past 10 KiB.
 	if per > 10<<10 {
 		t.Fatalf("%d bytes per waiting client, budget 10 KiB", per)

@@ -34,6 +34,8 @@ import (
 	"text/template/parse"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 )
 
 // Config is one `template` directive.
@@ -51,11 +53,11 @@ type Config struct {
 }
 
 // Next is the rest of the chain: the plugins after template.
-type Next func(ctx context.Context, r *dns.Msg) (*dns.Msg, error)
+type Next = directive.Next
 
 // Lookup resolves a CNAME target a template answered with (A and AAAA
 // questions), as CoreDNS's template asks its upstream; nil: not chased.
-type Lookup func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error)
+type Lookup = directive.Lookup
 
 // ErrServFail is returned for SERVFAIL: a name no template matched without
 // fallthrough, `rcode SERVFAIL`, or a record that did not execute or parse.

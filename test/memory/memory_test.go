@@ -23,7 +23,7 @@ import (
 )
 
 const (
-	// maxInflight is the daemon's default -max-inflight (config.DefaultMaxInflight).
+	// maxInflight is the daemon's default -max-inflight (resolve.DefaultMaxInflight).
 	maxInflight = 1024
 	// hostileConns client TCP connections announce the longest query the
 	// daemon takes (2048 bytes, server.MaxTCPQuery: a longer one is closed

@@ -1,0 +1,81 @@
+package blocks
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+func wireName(t testing.TB, s string) []byte {
+	t.Helper()
+	w, ok := wire.AppendNameWire(nil, s)
+	if !ok {
+		t.Fatalf("bad name %q", s)
+	}
+	return w
+}
+
+// The longest zone holding a name decides, whatever the order given; the
+// match is case-insensitive and on label boundaries; a name in no zone
+// gets the default; each block's policy routes back to the block.
+func TestLookupLongestZone(t *testing.T) {
+	ttl := func(z string) resolve.Policy {
+		return resolve.Policy{TTL: cache.Policy{SuccessMax: time.Duration(len(z)) * time.Second}}
+	}
+	v, err := Compile([]string{"example.", "corp.example.", "corp.example.", "in-addr.arpa."}, Block{Policy: ttl("")},
+		func(z string) (Block, error) { return Block{Policy: ttl(z), Refused: z == "in-addr.arpa."}, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.Zones(); !slices.Equal(got, []string{"corp.example.", "in-addr.arpa.", "example."}) {
+		t.Fatalf("zones %v", got)
+	}
+	for name, want := range map[string]string{
+		"a.B.Corp.Example.":      "corp.example.",
+		"corp.example.":          "corp.example.",
+		"xcorp.example.":         "example.",
+		"example.":               "example.",
+		"1.0.0.10.in-addr.arpa.": "in-addr.arpa.",
+		"example.org.":           "",
+		".":                      "",
+	} {
+		b := v.Lookup(wireName(t, name))
+		if b.Zone != want {
+			t.Errorf("%s: block %q, want %q", name, b.Zone, want)
+		}
+		if p := v.Policy(wireName(t, name)); Of(p) != b || p.TTL.SuccessMax != time.Duration(len(want))*time.Second {
+			t.Errorf("%s: policy %+v does not route to its block", name, p)
+		}
+	}
+	if !v.Lookup(wireName(t, "4.3.2.1.in-addr.arpa.")).Refused {
+		t.Error("in-addr.arpa. not refused")
+	}
+}
+
+func TestRootZoneHoldsEverything(t *testing.T) {
+	v, err := Compile([]string{".", "cluster.local."}, Block{}, func(z string) (Block, error) { return Block{}, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := v.Lookup(wireName(t, "example.org.")); b.Zone != "." {
+		t.Fatalf("example.org.: %q", b.Zone)
+	}
+	if b := v.Lookup(wireName(t, "a.cluster.local.")); b.Zone != "cluster.local." {
+		t.Fatalf("a.cluster.local.: %q", b.Zone)
+	}
+}
+
+func TestLookupAllocatesNothing(t *testing.T) {
+	v, err := Compile([]string{"cluster.local.", "in-addr.arpa.", "ip6.arpa.", "."}, Block{}, func(string) (Block, error) { return Block{}, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := wireName(t, "my-svc.my-ns.svc.cluster.local.")
+	if n := testing.AllocsPerRun(100, func() { v.Lookup(name) }); n != 0 {
+		t.Fatalf("%v allocations per lookup", n)
+	}
+}

@@ -1,0 +1,330 @@
+package blocks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
+	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
+	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
+	"github.com/nodelocaldns/nodelocaldns/internal/template"
+)
+
+// The Corefile's directives that CoreDNS's plugin.cfg puts behind `cache`
+// (rewrite, dns64, template, hosts; forward last) run on the fetch side:
+// a miss's block (its View lookup) carries its chain, which runs the
+// block's directives in plugin.cfg order; what the chain answers is cached
+// as CoreDNS's cache would cache what the plugins behind it answered. A
+// block without such directives fetches straight from its forward,
+// unparsed.
+
+// ChainEnv is what building chains uses besides the blocks.
+type ChainEnv struct {
+	Clock clock.Clock
+	Log   *slog.Logger
+	// Metrics feeds CoreDNS's per-directive series; nil: not counted.
+	Metrics directive.Metrics
+}
+
+// blockChain is one block's chain.
+type blockChain struct {
+	zones []string
+	run   directive.Next // nil: no fetch-side directive
+	// sig is the block's fetch-side directives as configured: a reload
+	// that changes it drops the block's cached answers.
+	sig any
+	// handlers are the block's directives by name (their counters, for
+	// metrics).
+	handlers map[string]directive.Handler
+}
+
+// Chains are the blocks' chains (one view's), in the Corefile's order.
+// Built whole, never changed.
+type Chains struct {
+	blocks []*blockChain
+}
+
+// UsesRemote reports whether a template of any block uses .Remote, so
+// the server must record each query's client (Server.SetRecordAskers).
+func UsesRemote(servers []*corefile.Server) bool {
+	for _, s := range servers {
+		if template.ConfigsUseRemote(s.Templates) {
+			return true
+		}
+	}
+	return false
+}
+
+// BuildChains builds every block's chain. pick (a view's, config.View)
+// gives each zone its block, by index in servers; nil: a zone's first
+// block. A block with no zone of its own is left out.
+func BuildChains(env ChainEnv, servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc) (*Chains, error) {
+	c := &Chains{}
+	seen := map[string]bool{}
+	for i, s := range servers {
+		b := &blockChain{}
+		for _, z := range s.Zones {
+			if pick != nil {
+				if pick[z] == i && !seen[z] {
+					seen[z] = true
+					b.zones = append(b.zones, z)
+				}
+				continue
+			}
+			if !seen[z] { // a zone in two blocks (other binds): the first
+				seen[z] = true
+				b.zones = append(b.zones, z)
+			}
+		}
+		if pick != nil && len(b.zones) == 0 {
+			continue
+		}
+		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64}
+		if err := b.build(env, s, c, next); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Pos, err)
+		}
+		c.blocks = append(c.blocks, b)
+	}
+	return c, nil
+}
+
+// build links s's fetch-side directives in plugin.cfg order (s.Plugins is
+// sorted so), ending in the forward routes: each directive registered with
+// internal/directive wraps the ones after it. Repeated lines of one
+// directive are one handler (it holds them all).
+func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next resolve.FetchFunc) error {
+	run := directive.Next(func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+		return exchangeMsg(ctx, r, next)
+	})
+	env := directive.Env{
+		Clock: ce.Clock,
+		Lookup: func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
+			return c.lookup(ctx, name, qtype, next)
+		},
+		Asker: resolve.Asker,
+	}
+	env.Metrics = ce.Metrics
+	b.handlers = map[string]directive.Handler{}
+	// Walk backwards so each link wraps the ones after it.
+	for i := len(s.Plugins) - 1; i >= 0; i-- {
+		name := s.Plugins[i].Name
+		setup, ok := directive.Registered(name)
+		if !ok || b.handlers[name] != nil {
+			continue
+		}
+		env.Log = ce.Log.With("component", name, "block", s.Pos.String())
+		h, err := setup(env, s.Config(name))
+		if err != nil {
+			return err
+		}
+		b.handlers[name] = h
+		inner := run
+		run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+			return h.Serve(ctx, r, inner)
+		}
+	}
+	if len(b.handlers) > 0 {
+		b.run = run
+	}
+	return nil
+}
+
+// block returns the block of the longest zone containing qname.
+func (c *Chains) block(qname string) *blockChain {
+	var best *blockChain
+	bestLen := -1
+	for _, b := range c.blocks {
+		for _, z := range b.zones {
+			if len(z) > bestLen && (z == "." || qname == z || strings.HasSuffix(qname, "."+z)) {
+				best, bestLen = b, len(z)
+			}
+		}
+	}
+	return best
+}
+
+// Fetch fetches query for qname through its block's chain, or next when
+// none runs for it.
+func (c *Chains) Fetch(ctx context.Context, qname string, query []byte, next resolve.FetchFunc) ([]byte, error) {
+	b := c.block(qname)
+	if b == nil || b.run == nil {
+		return next(ctx, qname, query)
+	}
+	return RunChain(ctx, b.run, qname, query)
+}
+
+// RunChain fetches query for qname through a block's chain.
+func RunChain(ctx context.Context, run directive.Next, qname string, query []byte) ([]byte, error) {
+	r := new(dns.Msg)
+	if err := r.Unpack(query); err != nil {
+		return nil, err
+	}
+	m, err := run(context.WithValue(ctx, routeKey{}, qname), r)
+	if err != nil {
+		return nil, err
+	}
+	m.Id = r.Id
+	m.Compress = true // as upstreams pack: truncation keeps as many records
+	return m.Pack()
+}
+
+// lookup resolves name through its block's chain (a template's CNAME
+// target), as CoreDNS's upstream asks its own server.
+func (c *Chains) lookup(ctx context.Context, name string, qtype uint16, next resolve.FetchFunc) (*dns.Msg, error) {
+	depth, _ := ctx.Value(depthKey{}).(int)
+	if depth >= maxLookupDepth {
+		return nil, fmt.Errorf("chain: %s: more than %d nested lookups (a template CNAME loop?)", name, maxLookupDepth)
+	}
+	ctx = context.WithValue(ctx, depthKey{}, depth+1)
+	r := new(dns.Msg)
+	r.SetQuestion(dns.Fqdn(strings.ToLower(name)), qtype)
+	r.SetEdns0(dns.DefaultMsgSize, false)
+	b := c.block(r.Question[0].Name)
+	ctx = context.WithValue(ctx, routeKey{}, r.Question[0].Name)
+	if b == nil || b.run == nil {
+		return exchangeMsg(ctx, r, next)
+	}
+	return b.run(ctx, r)
+}
+
+// depthKey counts nested lookups in a context; maxLookupDepth bounds them
+// (CNAME chains through templates, dns64's A lookups): deeper than any
+// sane configuration, shallow enough that a loop fails fast.
+type depthKey struct{}
+
+const maxLookupDepth = 8
+
+// routeKey is the context key of the name a block's forward is chosen by:
+// the question's name before any rewrite (CoreDNS forwards a rewritten
+// question with the block's forward, the block chosen by the name the
+// client asked).
+type routeKey struct{}
+
+// exchangeMsg sends r through the forward routes.
+func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.Msg, error) {
+	if len(r.Question) != 1 {
+		return nil, errors.New("chain: a query has one question")
+	}
+	q, err := r.Pack()
+	if err != nil {
+		return nil, err
+	}
+	route := strings.ToLower(r.Question[0].Name)
+	if n, ok := ctx.Value(routeKey{}).(string); ok {
+		route = n
+	}
+	ans, err := next(ctx, route, q)
+	if err != nil {
+		return nil, err
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(ans); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func rewriteSig(rules []*rewrite.Rule) []string {
+	var out []string
+	for _, r := range rules {
+		out = append(out, r.String())
+	}
+	return out
+}
+
+// BlockStats are the counters of one block's fetch-side directives (nil
+// where the block has none), for metrics (CoreDNS: coredns_template_*,
+// coredns_hosts_*, coredns_dns64_*).
+type BlockStats struct {
+	Zones    []string
+	Template *template.Stats
+	Hosts    *hosts.Stats
+	Rewrite  *rewrite.Stats
+	DNS64    *dns64.Stats
+}
+
+// Stats returns the counters of the blocks with fetch-side directives.
+func (c *Chains) Stats() []BlockStats {
+	if c == nil {
+		return nil
+	}
+	var out []BlockStats
+	for _, b := range c.blocks {
+		if b.run == nil {
+			continue
+		}
+		s := BlockStats{Zones: b.zones}
+		if h, ok := b.handlers["template"].(*template.Handler); ok {
+			s.Template = &h.Stats
+		}
+		if h, ok := b.handlers["hosts"].(*hosts.Handler); ok {
+			s.Hosts = &h.Stats
+		}
+		if h, ok := b.handlers["rewrite"].(*rewrite.Handler); ok {
+			s.Rewrite = &h.Stats
+		}
+		if h, ok := b.handlers["dns64"].(*dns64.Handler); ok {
+			s.DNS64 = &h.Stats
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Run is the chain of the block holding zone (nil: none runs).
+func (c *Chains) Run(zone string) directive.Next {
+	if c == nil {
+		return nil
+	}
+	if b := c.block(zone); b != nil {
+		return b.run
+	}
+	return nil
+}
+
+// Zones lists the zones of the blocks.
+func (c *Chains) Zones() []string {
+	if c == nil {
+		return nil
+	}
+	var out []string
+	for _, b := range c.blocks {
+		out = append(out, b.zones...)
+	}
+	return out
+}
+
+// Changed lists the zones whose fetch-side directives differ between old
+// and c (their cached answers came from the old directives).
+func (c *Chains) Changed(old *Chains) []string {
+	if old == nil {
+		old = &Chains{}
+	}
+	var changed []string
+	for _, b := range c.blocks {
+		for _, z := range b.zones {
+			if ob := old.block(z); ob == nil || !reflect.DeepEqual(ob.sig, b.sig) || !slices.Contains(ob.zones, z) {
+				changed = append(changed, z)
+			}
+		}
+	}
+	for _, ob := range old.blocks {
+		for _, z := range ob.zones {
+			if nb := c.block(z); (nb == nil || !slices.Contains(nb.zones, z)) && !slices.Contains(changed, z) {
+				changed = append(changed, z)
+			}
+		}
+	}
+	return changed
+}

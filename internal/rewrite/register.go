@@ -1,0 +1,19 @@
+package rewrite
+
+import (
+	"fmt"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/directive"
+)
+
+func init() { directive.Register("rewrite", setup) }
+
+// setup builds a block's rewrite handler from its rules ([]*Rule): one
+// handler holds them all, in the order written.
+func setup(_ directive.Env, cfg any) (directive.Handler, error) {
+	rules, ok := cfg.([]*Rule)
+	if !ok {
+		return nil, fmt.Errorf("rewrite: configuration %T", cfg)
+	}
+	return New(rules), nil
+}
