@@ -77,37 +77,49 @@ func (s *Shares) Held(c netip.Addr) int { return int(s.held[c]) }
 func (s *Shares) Clients() int { return len(s.held) }
 
 // Take gives c one unit if it may have one.
-func (s *Shares) Take(c netip.Addr) Verdict {
-	if v := s.Check(c); v != Taken {
+func (s *Shares) Take(c netip.Addr) Verdict { return s.TakeN(c, 1) }
+
+// TakeN gives c n units (n >= 1) if it may have them: all, or none. A
+// client under its share takes them while they fit in the bound; one at or
+// past it only while the reserve stays free after them. A bound counted in
+// bytes takes a buffer's size at once.
+func (s *Shares) TakeN(c netip.Addr, n int) Verdict {
+	if v := s.CheckN(c, n); v != Taken {
 		return v
 	}
-	s.used++
-	s.held[c]++
+	s.used += n
+	s.held[c] += int32(n)
 	return Taken
 }
 
 // Check says what Take would, without taking.
-func (s *Shares) Check(c netip.Addr) Verdict {
-	if s.used >= s.max {
+func (s *Shares) Check(c netip.Addr) Verdict { return s.CheckN(c, 1) }
+
+// CheckN says what TakeN would, without taking.
+func (s *Shares) CheckN(c netip.Addr, n int) Verdict {
+	if s.used+n > s.max {
 		return Full
 	}
-	if c.IsValid() && int(s.held[c]) >= s.share && s.max-s.used <= s.reserve {
+	if c.IsValid() && int(s.held[c]) >= s.share && s.max-s.used-n < s.reserve {
 		return OverShare
 	}
 	return Taken
 }
 
 // Put gives back one unit of c's.
-func (s *Shares) Put(c netip.Addr) {
-	n, ok := s.held[c]
-	if !ok {
-		panic("fair: Put of a unit not held")
+func (s *Shares) Put(c netip.Addr) { s.PutN(c, 1) }
+
+// PutN gives back n units of c's.
+func (s *Shares) PutN(c netip.Addr, n int) {
+	k, ok := s.held[c]
+	if !ok || int(k) < n {
+		panic("fair: Put of units not held")
 	}
-	s.used--
-	if n <= 1 {
+	s.used -= n
+	if int(k) == n {
 		delete(s.held, c)
 	} else {
-		s.held[c] = n - 1
+		s.held[c] = k - int32(n)
 	}
 }
 

@@ -190,6 +190,7 @@ var (
 	descTCPRef    = prometheus.NewDesc(ns+"_tcp_refused_total", "Client TCP connections closed at once: -max-tcp-conns open and none of them idle to close instead.", nil, nil)
 	descShare     = prometheus.NewDesc(ns+"_client_share_rejects_total", "Requests refused because their client (source address) held its share of a bound while only the bound's reserve was free, by bound: inflight (a new question: stale answer or SERVFAIL), waiting (a miss: stale answer or SERVFAIL), tcp (a new connection, none of the client's own idle to close).", []string{"bound"}, nil)
 	descTCPEvict  = prometheus.NewDesc(ns+"_tcp_evicted_total", "Idle client TCP connections closed to make room for a new one (the client's own longest-idle one, else the heaviest client's, else the longest-idle of all).", nil, nil)
+	descTCPDrop   = prometheus.NewDesc(ns+"_tcp_answer_drops_total", "Answers to misses dropped, and their client TCP connections closed, because the answers being written to TCP clients would pass 16 MiB (server.MaxTCPAnswerBytes) or their client's share of it: a client that does not read its answers.", nil, nil)
 	descTCPBig    = prometheus.NewDesc(ns+"_tcp_oversized_total", "Client TCP connections closed because a query announced more than 2048 bytes (server.MaxTCPQuery), before its bytes were read.", nil, nil)
 	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Queries answered from the cache, by entry type; type=stale counts answers served stale (RFC 8767), which are not misses. hits + misses is every query that reached the cache.", []string{"type"}, nil)
 	descPrefetch  = prometheus.NewDesc(ns+"_cache_prefetches_total", "Popular entries refreshed in the background before they expired.", nil, nil)
@@ -203,7 +204,7 @@ var (
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes, descPrefetch, descHealth, descReflector, descShare, descTCPEvict, descTCPBig} {
+		descEntries, descBytes, descPrefetch, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop} {
 		ch <- d
 	}
 }
@@ -236,6 +237,7 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descShare, c.ShareRejectsTCP, "tcp")
 		counter(descTCPEvict, c.TCPEvicted)
 		counter(descTCPBig, c.TCPOversized)
+		counter(descTCPDrop, c.TCPAnswerDrops)
 		counter(descHits, c.StaleServed, "stale")
 		counter(descMisses, c.CacheMisses)
 		counter(descHealth, c.HealthChecks)

@@ -35,3 +35,12 @@ const (
 	// byte is there (a slow-loris client cannot hold a slot for long).
 	DefaultTCPReadTimeout = 2 * time.Second
 )
+
+// MaxTCPAnswerBytes bounds the answers to misses being written to TCP
+// clients, all connections together, apportioned by client (package fair:
+// a client holding 512 KiB borrows only while the 4 MiB reserve stays
+// free). A client that reads its answers holds its bytes for the time of
+// a write; one that does not can hold them until the write deadline, and
+// without a bound 1,000 connections with 32 answers of 64 KiB each pending
+// were 2 GiB.
+const MaxTCPAnswerBytes = 16 << 20

@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,4 +138,82 @@ func TestOneClientCannotHoldTheWaitingBound(t *testing.T) {
 	if c := s.Snapshot(); c.ShareRejectsWaiting != 12 {
 		t.Fatalf("waiting share rejects %d, want 12", c.ShareRejectsWaiting)
 	}
+}
+
+// bigAnswer answers every question with ~60 KB of TXT records.
+func bigAnswer(_ context.Context, _ string, query []byte) ([]byte, error) {
+	m := new(dns.Msg)
+	if err := m.Unpack(query); err != nil {
+		return nil, err
+	}
+	r := new(dns.Msg)
+	r.SetReply(m)
+	txt := strings.Repeat("x", 250)
+	for range 235 {
+		r.Answer = append(r.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 60}, Txt: []string{txt}})
+	}
+	return r.Pack()
+}
+
+// TestTCPAnswersThatAreNotReadAreBounded: a client that pipelines misses
+// with large answers on many connections and reads none holds at most the
+// bound on answers being written (less the reserve): past it its answers
+// are dropped and its connections closed, and another client still gets
+// its large answer.
+func TestTCPAnswersThatAreNotReadAreBounded(t *testing.T) {
+	s, _ := startServer(t, func(c *Config) {
+		c.TCPReadTimeout = 20 * time.Second // writes stay blocked
+	}, func(c *resolve.Config) { c.Fetch = bigAnswer })
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	for i := range 24 {
+		c, err := d.Dial("tcp", s.TCPAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.(*net.TCPConn).SetReadBuffer(4096) // read nothing, hold little in the kernel
+		for j := range 32 {
+			m := new(dns.Msg)
+			m.SetQuestion(fmt.Sprintf("big%d-%d.example.", i, j), dns.TypeTXT)
+			b, _ := m.Pack()
+			if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...)); err != nil {
+				break // closed for not reading
+			}
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); s.Snapshot().TCPAnswerDrops == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no answer dropped: 24 x 32 unread 60 KB answers are under the bound")
+		}
+	}
+	s.tcpOutMu.Lock()
+	held := s.tcpOut.Held(netip.MustParseAddr("127.0.0.2"))
+	s.tcpOutMu.Unlock()
+	if max := (MaxTCPAnswerBytes >> 10) * 3 / 4; held > max {
+		t.Fatalf("the client holds %d KiB of answers, more than %d", held, max)
+	}
+	// Another client gets its large answer at once.
+	c, err := net.Dial("tcp", s.TCPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("other.example.", dns.TypeTXT)
+	b, _ := m.Pack()
+	_, _ = c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var lb [2]byte
+	if _, err := io.ReadFull(c, lb[:]); err != nil {
+		t.Fatalf("the other client's answer: %v", err)
+	}
+	resp := make([]byte, binary.BigEndian.Uint16(lb[:]))
+	if _, err := io.ReadFull(c, resp); err != nil {
+		t.Fatal(err)
+	}
+	var r dns.Msg
+	if err := r.Unpack(resp); err != nil || len(r.Answer) < 200 {
+		t.Fatalf("the other client's answer: %d records, %v", len(r.Answer), err)
+	}
+	t.Logf("dropped %d answers; the client held %d KiB", s.Snapshot().TCPAnswerDrops, held)
 }

@@ -203,7 +203,7 @@ func (s *Server) finishMiss(m *missReq) {
 		s.logQuery(m.client(), m.tcp, &m.q, resp, m.source, m.t0)
 	}
 	if m.tcp {
-		m.tc.deliver(m)
+		s.deliverTCP(m)
 	} else {
 		m.l.reply(m)
 	}

@@ -150,10 +150,14 @@ type Server struct {
 	conns map[net.Conn]*tcpConn
 	// tcpShares: the open connections by client, at most MaxTCPConns.
 	tcpShares *fair.Shares
-	closing   atomic.Bool
-	serving   atomic.Bool
-	wg        sync.WaitGroup // serving goroutines
-	missWG    sync.WaitGroup // miss workers
+	// tcpOut: KiB of miss answers being written to TCP clients, by
+	// client, at most MaxTCPAnswerBytes (deliverTCP); under tcpOutMu.
+	tcpOutMu sync.Mutex
+	tcpOut   *fair.Shares
+	closing  atomic.Bool
+	serving  atomic.Bool
+	wg       sync.WaitGroup // serving goroutines
+	missWG   sync.WaitGroup // miss workers
 	// missQ hands a miss to an idle miss worker (unbuffered: taken only by
 	// one waiting for it); missStop, closed at shutdown, ends idle ones.
 	missQ    chan *missReq
@@ -193,6 +197,7 @@ func New(cfg Config) (*Server, error) {
 		missStop:  make(chan struct{}),
 		conns:     make(map[net.Conn]*tcpConn),
 		tcpShares: fair.New(cfg.MaxTCPConns),
+		tcpOut:    fair.New(MaxTCPAnswerBytes >> 10),
 	}
 	if len(cfg.CoreDNSZones) > 0 {
 		s.cdz = newCDZones(cfg.CoreDNSZones)

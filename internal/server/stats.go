@@ -37,7 +37,10 @@ type Stats struct {
 	TCPEvicted      atomic.Uint64
 	TCPOversized    atomic.Uint64
 	TCPShareRejects atomic.Uint64
-	_               [64]byte
+	// TCPAnswerDrops: answers to misses dropped, and their connections
+	// closed, over the bound on TCP answers being written.
+	TCPAnswerDrops atomic.Uint64
+	_              [64]byte
 }
 
 func (st *Stats) countRequest(tcp bool) {
@@ -82,7 +85,7 @@ type Counters struct {
 	// waiting clients, TCP connections (a new one refused because its
 	// client held its share and no idle connection of its could go).
 	ShareRejectsFlights, ShareRejectsWaiting, ShareRejectsTCP uint64
-	TCPEvicted, TCPOversized                                  uint64
+	TCPEvicted, TCPOversized, TCPAnswerDrops                  uint64
 }
 
 func (c *Counters) add(st *Stats) {
@@ -101,6 +104,7 @@ func (c *Counters) add(st *Stats) {
 	c.ShareRejectsTCP += st.TCPShareRejects.Load()
 	c.TCPEvicted += st.TCPEvicted.Load()
 	c.TCPOversized += st.TCPOversized.Load()
+	c.TCPAnswerDrops += st.TCPAnswerDrops.Load()
 }
 
 // Snapshot sums the counters of every socket. Each UDP socket counts on its

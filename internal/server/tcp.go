@@ -38,6 +38,14 @@ func (s *Server) serveTCP(l *tcpListener) {
 			continue
 		}
 		backoff = 0
+		if tcp, ok := c.(*net.TCPConn); ok {
+			// The kernel's buffers of a client connection are the pod's
+			// memory too (cgroup v2 charges them); autotuned, a client
+			// that neither reads its answers nor stops sending could make
+			// each hold megabytes (tcpSndBuf).
+			_ = tcp.SetWriteBuffer(tcpSndBuf)
+			_ = tcp.SetReadBuffer(tcpRcvBuf)
+		}
 		// Accepted during Shutdown: the client has sent, or is sending, its
 		// query; it is answered (the connection drains like the others).
 		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout}
@@ -314,6 +322,16 @@ func (s *Server) takeSlot(tc *tcpConn, pend *[]byte) bool {
 	}
 }
 
+// The kernel buffers of a client TCP connection (the kernel doubles what is
+// set): room for a 64 KiB answer in flight and for the queries of a full
+// pipeline (32 of a few hundred bytes), 96 KiB in all. Autotuning would let
+// each grow to tcp_wmem's and tcp_rmem's maxima (4 and 6 MiB), which 1,000
+// connections make gigabytes.
+const (
+	tcpSndBuf = 32 << 10
+	tcpRcvBuf = 16 << 10
+)
+
 // tcpMsgChunk is how much a message buffer grows by at first: the buffer
 // follows the data that has arrived, not the length the client announced,
 // so a client announcing 65,535 bytes and sending none costs nothing.
@@ -358,6 +376,32 @@ func readMsg(r *bufio.Reader, buf []byte) ([]byte, error) {
 		}
 	}
 	return buf, nil
+}
+
+// deliverTCP writes a miss's answer within the bound on TCP answers being
+// written (MaxTCPAnswerBytes, by client share). An answer that would pass
+// it, or its client's share while only the reserve is free, is dropped and
+// its connection closed: a client whose answers pile up does not read
+// them, and what it leaves unread must not grow without bound (answers
+// wait for a blocked write up to the read timeout, each a goroutine with
+// its buffer: 32 per connection of up to 64 KiB).
+func (s *Server) deliverTCP(m *missReq) {
+	tc := m.tc
+	kib := (len(m.out) + 1023) >> 10
+	s.tcpOutMu.Lock()
+	v := s.tcpOut.TakeN(tc.client, kib)
+	s.tcpOutMu.Unlock()
+	if v != fair.Taken {
+		s.stats.TCPAnswerDrops.Add(1)
+		_ = tc.c.Close()
+		m.out = m.out[:2] // dropped
+		tc.deliver(m)
+		return
+	}
+	tc.deliver(m)
+	s.tcpOutMu.Lock()
+	s.tcpOut.PutN(tc.client, kib)
+	s.tcpOutMu.Unlock()
 }
 
 // deliver writes a miss's answer, frees its pipeline slot and returns it
