@@ -38,9 +38,9 @@ const (
 
 // MaxTCPAnswerBytes bounds the answers to misses being written to TCP
 // clients, all connections together, apportioned by client (package fair:
-// a client holding 512 KiB borrows only while the 4 MiB reserve stays
+// a client holding 256 KiB borrows only while the 2 MiB reserve stays
 // free). A client that reads its answers holds its bytes for the time of
 // a write; one that does not can hold them until the write deadline, and
 // without a bound 1,000 connections with 32 answers of 64 KiB each pending
-// were 2 GiB.
-const MaxTCPAnswerBytes = 16 << 20
+// were 2 GiB. 8 MiB is 128 of the largest answers at once.
+const MaxTCPAnswerBytes = 8 << 20

@@ -243,8 +243,20 @@ func flagSet(args []string, name string) bool {
 const (
 	udpSocketHeap  = 340 << 10 // one recvmmsg batch: 64 x 4 KiB in, 64 x 1232 B out
 	perMissHeap    = 16 << 10  // the worst case, a goroutine per miss (stack, pooled request, flight, answer); test/memory measures 5-10 KiB of peak RSS per miss held
-	perTCPConnHeap = 10 << 10  // reader goroutine and buffers
-	baseHeap       = 8 << 20   // runtime, metrics, routes, upstream pools
+	perTCPConnHeap = 10 << 10  // reader goroutine and buffers (a query over 2 KiB closes its connection)
+	// The clients waiting on the misses beyond one each (the server's
+	// bound is twice -max-inflight), ~7 KiB each (TestWaitingClientMemory).
+	perWaitingHeap = 7 << 10
+	// Answers to misses being written to TCP clients, at most
+	// server.MaxTCPAnswerBytes.
+	tcpAnswersHeap = 8 << 20
+	// An HTTP listener holds at most 256 connections of ~17 KiB each
+	// (internal/metrics, httpMaxConns).
+	httpListenerHeap = 256 * 17 << 10
+	baseHeap         = 8 << 20 // runtime, metrics, routes, upstream pools
+	// A client TCP connection's kernel buffers, fixed (server.tcpSndBuf
+	// and tcpRcvBuf, doubled by the kernel).
+	perTCPConnKernel = 24 << 10
 	// SO_RCVBUF asks 4 MiB, which the kernel doubles (capped by rmem_max);
 	// queued datagrams are charged to the pod's memory cgroup.
 	socketRcvBuf = 2 * 4 << 20
@@ -581,7 +593,12 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 		fail("GOMEMLIMIT %q: without it the heap may reach twice the live data (%v)", env["GOMEMLIMIT"], err)
 	}
 	sockets := int64(cfg.UDPSockets * len(cfg.LocalIPs))
-	live := cfg.Cache.MaxBytes + sockets*udpSocketHeap + int64(cfg.MaxInflight)*perMissHeap + int64(cfg.MaxTCPConns)*perTCPConnHeap + baseHeap
+	listeners := int64(1) // metrics
+	if cfg.HealthPort != 0 {
+		listeners++
+	}
+	live := cfg.Cache.MaxBytes + sockets*udpSocketHeap + int64(cfg.MaxInflight)*(perMissHeap+perWaitingHeap) +
+		int64(cfg.MaxTCPConns)*perTCPConnHeap + tcpAnswersHeap + listeners*httpListenerHeap + baseHeap
 	if float64(live) > (1-minGarbage)*float64(gml) {
 		fail("memory: live heap %d MiB (cache %d MiB + overhead) leaves less than %.0f%% of GOMEMLIMIT %d MiB for garbage",
 			live>>20, cfg.Cache.MaxBytes>>20, minGarbage*100, gml>>20)
@@ -593,9 +610,10 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 		fail("memory: GOMEMLIMIT %d MiB leaves %d MiB over the live heap, less than the garbage collector's floor (%d MiB + 25%%)",
 			gml>>20, garbage>>20, gcfloor.DefaultFloor>>20)
 	}
-	if need := gml + sockets*socketRcvBuf + childrenAndText; memLimit < need {
-		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + socket buffers %d MiB + children %d MiB",
-			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, childrenAndText>>20)
+	tcpKernel := int64(cfg.MaxTCPConns) * perTCPConnKernel
+	if need := gml + sockets*socketRcvBuf + tcpKernel + childrenAndText; memLimit < need {
+		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + UDP socket buffers %d MiB + TCP socket buffers %d MiB + children %d MiB",
+			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, tcpKernel>>20, childrenAndText>>20)
 	}
 
 	// Termination grace: the daemon's whole shutdown, as main computes it,

@@ -36,7 +36,7 @@ const (
 	// The budgets, MiB of peak RSS (VmHWM), with the measured peaks and
 	// the arithmetic in docs/design.md ("Memory per query in flight"):
 	// the misses alone, per path, and everything hostile at once. The
-	// manifest's 256 MiB limit holds the last with its kernel-side margin.
+	// manifest's 320 MiB limit holds the last with its kernel-side margin.
 	budgetMisses  = 64
 	budgetHostile = 128
 	// bigClients TCP clients fetch large answers, bigPipeline at a time.
