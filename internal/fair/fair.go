@@ -123,6 +123,31 @@ func (s *Shares) PutN(c netip.Addr, n int) {
 	}
 }
 
+// MakeRoom says whose idle unit may be taken back for c when Take(c)
+// returned v (a connection closed, say, to open c's): when c holds its share
+// its own (anyone false), since a client past its share never takes
+// another's; else the heaviest client's, or when that one has none idle,
+// anyone's (anyone true). After the caller frees the unit it chose it calls
+// Replace.
+func (s *Shares) MakeRoom(c netip.Addr, v Verdict) (prefer netip.Addr, anyone bool) {
+	if v == OverShare || int(s.held[c]) >= s.share {
+		return c, false
+	}
+	top, _ := s.Heaviest()
+	return top, true
+}
+
+// Replace gives c the unit that victim held (a unit MakeRoom chose): a
+// client's own passes to it as it is; another's is given back and taken,
+// which always succeeds since c is under its share.
+func (s *Shares) Replace(victim, c netip.Addr) {
+	if victim == c {
+		return
+	}
+	s.Put(victim)
+	s.Take(c)
+}
+
 // Heaviest is the client holding the most units (the zero address when
 // nobody holds any); a walk over the clients, for the rare full table.
 func (s *Shares) Heaviest() (netip.Addr, int) {

@@ -101,3 +101,38 @@ func TestPutOfUnheldPanics(t *testing.T) {
 	}()
 	New(4).Put(addr(1))
 }
+
+// TestMakeRoom: a client at its share makes room from its own units; one
+// under it from the heaviest client's, or anyone's; Replace keeps the
+// counts right either way.
+func TestMakeRoom(t *testing.T) {
+	s := New(8) // reserve 2, share 1
+	hog, newcomer := addr(1), addr(3)
+	for s.Take(hog) == Taken {
+	}
+	s.Take(addr(2)) // two light clients take the reserve
+	s.Take(addr(4))
+	if s.Used() != 8 {
+		t.Fatalf("used %d", s.Used())
+	}
+	v := s.Take(hog)
+	if prefer, anyone := s.MakeRoom(hog, v); prefer != hog || anyone {
+		t.Fatalf("the hog makes room from %v (anyone %v), want its own", prefer, anyone)
+	}
+	s.Replace(hog, hog)
+	if s.Held(hog) != 6 || s.Used() != 8 {
+		t.Fatalf("after its own replace: hog %d used %d", s.Held(hog), s.Used())
+	}
+	v = s.Take(newcomer)
+	if v != Full {
+		t.Fatalf("newcomer: %v", v)
+	}
+	prefer, anyone := s.MakeRoom(newcomer, v)
+	if prefer != hog || !anyone {
+		t.Fatalf("the newcomer makes room from %v (anyone %v), want the heaviest", prefer, anyone)
+	}
+	s.Replace(hog, newcomer)
+	if s.Held(hog) != 5 || s.Held(newcomer) != 1 || s.Used() != 8 {
+		t.Fatalf("after replace: hog %d newcomer %d used %d", s.Held(hog), s.Held(newcomer), s.Used())
+	}
+}

@@ -86,16 +86,12 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 
 func (l *connLimiter) admit(c net.Conn, client netip.Addr) *limitedConn {
 	l.mu.Lock()
-	v := l.shares.Check(client)
 	var victim *limitedConn
-	if v != fair.Taken {
-		if v == fair.OverShare || l.shares.Held(client) >= l.shares.Share() {
-			victim = l.longestIdle(func(o *limitedConn) bool { return o.client == client })
-		} else {
-			top, _ := l.shares.Heaviest()
-			if victim = l.longestIdle(func(o *limitedConn) bool { return o.client == top }); victim == nil {
-				victim = l.longestIdle(func(*limitedConn) bool { return true })
-			}
+	if v := l.shares.Take(client); v != fair.Taken {
+		prefer, anyone := l.shares.MakeRoom(client, v)
+		victim = l.longestIdle(func(o *limitedConn) bool { return o.client == prefer })
+		if victim == nil && anyone {
+			victim = l.longestIdle(func(*limitedConn) bool { return true })
 		}
 		if victim == nil {
 			l.mu.Unlock()
@@ -106,14 +102,8 @@ func (l *connLimiter) admit(c net.Conn, client netip.Addr) *limitedConn {
 			}
 			return nil
 		}
-		if victim.client == client {
-			delete(l.conns, victim) // its unit passes to the new one
-		} else {
-			l.forget(victim)
-			l.shares.Take(client) // under its share, with a unit free
-		}
-	} else {
-		l.shares.Take(client)
+		delete(l.conns, victim) // its unit goes to the new one
+		l.shares.Replace(victim.client, client)
 	}
 	lc := &limitedConn{Conn: c, l: l, client: client, idle: true, idleSince: time.Now()}
 	l.conns[lc] = lc

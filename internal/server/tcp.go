@@ -73,17 +73,11 @@ func (s *Server) serveTCP(l *tcpListener) {
 func (s *Server) addConn(tc *tcpConn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v := s.tcpShares.Check(tc.client)
-	if v != fair.Taken {
-		heavy := v == fair.OverShare || s.tcpShares.Held(tc.client) >= s.tcpShares.Share()
-		var victim *tcpConn
-		if heavy {
-			victim = s.longestIdle(func(o *tcpConn) bool { return o.client == tc.client })
-		} else {
-			top, _ := s.tcpShares.Heaviest()
-			if victim = s.longestIdle(func(o *tcpConn) bool { return o.client == top }); victim == nil {
-				victim = s.longestIdle(func(*tcpConn) bool { return true })
-			}
+	if v := s.tcpShares.Take(tc.client); v != fair.Taken {
+		prefer, anyone := s.tcpShares.MakeRoom(tc.client, v)
+		victim := s.longestIdle(func(o *tcpConn) bool { return o.client == prefer })
+		if victim == nil && anyone {
+			victim = s.longestIdle(func(*tcpConn) bool { return true })
 		}
 		if victim == nil {
 			if v == fair.OverShare {
@@ -93,12 +87,8 @@ func (s *Server) addConn(tc *tcpConn) bool {
 			}
 			return false
 		}
-		s.evict(victim, victim.client != tc.client)
-		if victim.client != tc.client {
-			s.tcpShares.Take(tc.client) // under its share, with a unit free
-		}
-	} else {
-		s.tcpShares.Take(tc.client)
+		s.evict(victim)
+		s.tcpShares.Replace(victim.client, tc.client)
 	}
 	s.stats.TCPConns.Add(1)
 	s.conns[tc.c] = tc
@@ -124,15 +114,11 @@ func (s *Server) longestIdle(ok func(*tcpConn) bool) *tcpConn {
 }
 
 // evict closes an idle connection to make room; its place is given up at
-// once (s.mu is held), its goroutine ends on the closed socket. Its
-// client's unit is given back (put), or passes to the client's new
-// connection.
-func (s *Server) evict(tc *tcpConn, put bool) {
+// once (s.mu is held; its unit goes to the new connection: Replace), its
+// goroutine ends on the closed socket.
+func (s *Server) evict(tc *tcpConn) {
 	tc.evicted = true
 	delete(s.conns, tc.c)
-	if put {
-		s.tcpShares.Put(tc.client)
-	}
 	s.stats.TCPConns.Add(-1)
 	s.stats.TCPEvicted.Add(1)
 	_ = tc.c.Close()
