@@ -27,6 +27,52 @@ func udpFrom(t *testing.T, s *Server, src string) *net.UDPConn {
 	return c
 }
 
+// tcpFrom is a TCP client of s from the source address src, closed at the
+// test's end.
+func tcpFrom(t *testing.T, s *Server, src string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := d.Dial("tcp", s.TCPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// waitTCPConns waits until s has n client TCP connections open.
+func waitTCPConns(t *testing.T, s *Server, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); s.Snapshot().TCPConns != n; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d conns, want %d", s.Snapshot().TCPConns, n)
+		}
+	}
+}
+
+// stuckServer serves with an upstream that never answers: it records each
+// name asked in asked and waits until the test ends.
+func stuckServer(t *testing.T, mutate func(*Config), rmut func(*resolve.Config)) (*Server, chan string) {
+	t.Helper()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	asked := make(chan string, 256)
+	s, _ := startServer(t, mutate, func(c *resolve.Config) {
+		c.Fetch = func(ctx context.Context, name string, q []byte) ([]byte, error) {
+			asked <- name
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil, context.Canceled
+		}
+		if rmut != nil {
+			rmut(c)
+		}
+	})
+	return s, asked
+}
+
 func sendQ(t *testing.T, c *net.UDPConn, id uint16, name string) {
 	t.Helper()
 	m := new(dns.Msg)
@@ -58,20 +104,7 @@ func readRcode(t *testing.T, c *net.UDPConn) (uint16, int) {
 // past that it gets SERVFAIL at once (counted as a share reject), and
 // another client's new question is still sent upstream.
 func TestOneClientCannotHoldTheFlightBound(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
-	asked := make(chan string, 256)
-	s, _ := startServer(t, nil, func(c *resolve.Config) {
-		c.MaxFlights = 64 // reserve 16, share 2
-		c.Fetch = func(ctx context.Context, name string, q []byte) ([]byte, error) {
-			asked <- name
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return nil, context.Canceled
-		}
-	})
+	s, asked := stuckServer(t, nil, func(c *resolve.Config) { c.MaxFlights = 64 }) // reserve 16, share 2
 	hog := udpFrom(t, s, "127.0.0.2")
 	for i := range 60 {
 		sendQ(t, hog, uint16(i), fmt.Sprintf("stuck%d.example.", i))
@@ -106,19 +139,7 @@ func TestOneClientCannotHoldTheFlightBound(t *testing.T) {
 // flight bound does not stop it) holds at most the waiting bound less its
 // reserve; another client's miss is still admitted.
 func TestOneClientCannotHoldTheWaitingBound(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
-	asked := make(chan string, 16)
-	s, _ := startServer(t, func(c *Config) { c.MaxWaiting = 64 }, func(c *resolve.Config) {
-		c.Fetch = func(ctx context.Context, name string, q []byte) ([]byte, error) {
-			asked <- name
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return nil, context.Canceled
-		}
-	})
+	s, asked := stuckServer(t, func(c *Config) { c.MaxWaiting = 64 }, nil)
 	hog := udpFrom(t, s, "127.0.0.2")
 	for i := range 60 {
 		sendQ(t, hog, uint16(i), fmt.Sprintf("stuck%d.example.", i%3))

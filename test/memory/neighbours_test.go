@@ -41,7 +41,7 @@ const (
 	manifestLimitMiB = 256
 	// goodTimeout is how long the good client waits before its one retry
 	// (glibc waits 5 s; a shorter wait only makes the test stricter).
-	goodTimeout = time.Second
+	goodTimeout = 2 * time.Second
 )
 
 // answeringUpstreams are a node resolver (UDP and TCP on nodeIP:53) and a
