@@ -457,6 +457,7 @@ func (d *Daemon) adoptSockets(ctx context.Context, twins []string) {
 			d.log.Warn("some handed-over sockets were unusable", "twin", t, "err", err)
 		}
 		d.log.Info("serving a twin's listening sockets", "twin", t, "udp", udp, "tcp", tcp)
+		d.adoptCache(t)
 		return
 	}
 	d.log.Warn("opening our own sockets next to the twin's; queries queued in its sockets when it exits are lost")

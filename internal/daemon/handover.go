@@ -20,6 +20,9 @@ import (
 //	"ready" | "health"  → "ok" or "fail: <reason>"  (exec probes)
 //	"handover <id>"     → {"files":N} then N descriptors (SCM_RIGHTS), at
 //	                      most fdsPerMessage per message; or "fail: ..."
+//	"cache <id>"        → the cache (cache.Export), in messages of at most
+//	                      cacheChunk bytes, within cacheHandoverTimeout and
+//	                      cacheHandoverBytes (cachehandover.go)
 //
 // Handover gives a starting twin duplicates of every listening socket, UDP
 // and TCP: the sockets, and whatever the kernel has queued in them, then
@@ -114,6 +117,12 @@ func (d *Daemon) handleControl(c *net.UnixConn) {
 		}
 		d.handedTo.Store(&twin)
 		d.log.Info("handed listening sockets to a twin", "twin", twin, "sockets", len(files))
+	case "cache":
+		twin := "?"
+		if len(req) > 1 {
+			twin = req[1]
+		}
+		d.sendCache(c, twin)
 	default:
 		reply(fmt.Errorf("unknown request %q", req[0]))
 	}

@@ -31,6 +31,8 @@ type Metrics struct {
 	httpErrors  *prometheus.CounterVec // http.go
 	httpRejects *prometheus.CounterVec // httpconns.go
 	httpEvicted *prometheus.CounterVec
+	// handover: cache entries taken from a twin at start, kept or dropped.
+	handover *prometheus.CounterVec
 
 	upstreamDuration *prometheus.HistogramVec
 	upstreamFailures *prometheus.CounterVec
@@ -73,6 +75,13 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	r.MustRegister(m.setupErrors, m.backend)
 	m.httpErrors = newHTTPErrors(r)
 	m.httpRejects, m.httpEvicted = newHTTPBounds(r)
+	m.handover = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "cache_handover_entries_total",
+		Help: "Cache entries a twin handed over at start (a rollout's old instance), by result: kept, or dropped (their block's policy changed, expired, or not kept by the cache).",
+	}, []string{"result"})
+	m.handover.WithLabelValues("kept")
+	m.handover.WithLabelValues("dropped")
+	r.MustRegister(m.handover)
 
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",
@@ -121,6 +130,12 @@ func (m *Metrics) SetupError(kind string) {
 // series are served.
 func (m *Metrics) CoreDNS(cfg CoreDNSConfig) {
 	m.Registry.MustRegister(&cdCollector{cfg: cfg, dir: m.Directives})
+}
+
+// CacheHandover counts the entries a twin handed over.
+func (m *Metrics) CacheHandover(kept, dropped int) {
+	m.handover.WithLabelValues("kept").Add(float64(kept))
+	m.handover.WithLabelValues("dropped").Add(float64(dropped))
 }
 
 // Backend records the chosen iptables backend (netsetup.Observer).

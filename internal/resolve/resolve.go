@@ -391,6 +391,9 @@ func (r *Resolver) prefetch(q *wire.Query) {
 
 func (r *Resolver) policy(name []byte) *Policy { return r.cfg.Policy(name) }
 
+// Policy is the policy of a question name (wire format).
+func (r *Resolver) Policy(name []byte) *Policy { return r.policy(name) }
+
 // run fetches the question of c and finishes it.
 // runMiss is run for a client's miss. A flight for the same question that
 // finished between the client's cache lookup and its join has put its

@@ -71,6 +71,9 @@ func (s *Server) viewFor(i int) uint8 {
 
 // resolver answers view v (the first view when the table changed since v
 // was read and has fewer views).
+// Resolver is the resolver that answers the queries of view v.
+func (s *Server) Resolver(v uint8) *resolve.Resolver { return s.resolver(v) }
+
 func (s *Server) resolver(v uint8) *resolve.Resolver {
 	t := s.views.Load()
 	if int(v) < len(t.res) {
