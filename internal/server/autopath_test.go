@@ -61,14 +61,13 @@ func BenchmarkAnswerLocalHit(b *testing.B) {
 				b.Fatal(err)
 			}
 			s.cfg.Autopath = bc.ap
-			var q wire.Query
 			var st Stats // no CoreDNS counters: the autopath check alone
+			req := &request{raw: raw, st: &st, now: time.Now().UnixNano()}
 			out := make([]byte, 0, 1500)
-			now := time.Now().UnixNano()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				out, _ = s.answerLocal(raw, &q, out[:0], false, now, &st, nil, 0, nil, netip.Addr{})
+				out, _ = s.answerLocal(req, out[:0])
 			}
 		})
 	}

@@ -222,50 +222,78 @@ const (
 	miss                    // must be resolved upstream
 )
 
-// answerLocal parses raw into q and appends the response to out when it
-// can be given without an upstream: a cache hit or an error. maxSize is the
-// transport's limit (0 for UDP: the client's advertised size). from is the
-// client's address when askers are recorded (SetRecordAskers), else zero.
-//
-// cd (nil: not counted) gets the CoreDNS-named counts of the query as
-// arriving on server index srv (stats.go); *k is set to its cells, which
-// the miss path counts the answer in. A UDP loop's durations are added per
-// batch (cdCounters.flush), TCP's here.
-func (s *Server) answerLocal(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats, cd *cdCounters, srv int, k *cdKey, from netip.Addr) ([]byte, verdict) {
+// request is one query answered from what is at hand (answerLocal): what
+// its transport sets once per receive loop or connection (tcp, st, cd)
+// and per query (raw, now, from). answerLocal parses raw into q and sets
+// k, which the miss path counts the answer in.
+type request struct {
+	raw []byte
+	q   wire.Query
+	now int64
+	// from is the client's address when askers are recorded
+	// (SetRecordAskers), else zero.
+	from netip.Addr
+	tcp  bool
+	st   *Stats
+	cd   cdObserver
+	k    cdKey
+}
+
+// cdObserver counts queries under CoreDNS's metric names as arriving on
+// server index srv (stats.go); a nil c counts nothing. A UDP loop's
+// durations are added per batch (cdCounters.flush), TCP's here.
+type cdObserver struct {
+	c   *cdCounters
+	srv int
+}
+
+// answerLocal appends to out the response to r when it can be given
+// without an upstream: a cache hit or an error. The transport's limit is
+// the client's advertised size over UDP, 65,535 over TCP.
+func (s *Server) answerLocal(r *request, out []byte) ([]byte, verdict) {
 	start := len(out)
-	out, v, how := s.answer(raw, q, out, tcp, now, st, from)
-	if cd == nil || how == ansHealth || how == ansBadVers || v == dropped {
+	out, v, how := s.answer(r, out)
+	if r.cd.c != nil {
+		s.observe(r, out[start:], v, how)
+	}
+	return out, v
+}
+
+// observe counts r under CoreDNS's names (resp is its answer when v is
+// answered) and sets r.k.
+func (s *Server) observe(r *request, resp []byte, v verdict, how int) {
+	if how == ansHealth || how == ansBadVers || v == dropped {
 		// Health checks are the daemon's own probes; CoreDNS answers
 		// BADVERS before counting anything; drops are no queries.
-		return out, v
+		return
 	}
 	var name []byte
 	if how != ansMalformed {
-		name = q.Name
+		name = r.q.Name
 	}
-	*k = s.cdKey(srv, name, tcp)
-	if k.zone < 0 {
-		return out, v
+	cd := r.cd.c
+	r.k = s.cdKey(r.cd.srv, name, r.tcp)
+	if r.k.zone < 0 {
+		return
 	}
-	cd.request(*k, q, len(raw))
+	cd.request(r.k, &r.q, len(r.raw))
 	if how == ansHit {
 		switch {
 		case v == miss:
-			cd.cache(*k, cdCacheMiss)
-		case out[start+3]&0xF == 0 && (out[start+6] != 0 || out[start+7] != 0):
-			cd.cache(*k, cdHitSuccess)
+			cd.cache(r.k, cdCacheMiss)
+		case resp[3]&0xF == 0 && (resp[6] != 0 || resp[7] != 0):
+			cd.cache(r.k, cdHitSuccess)
 		default:
-			cd.cache(*k, cdHitDenial)
+			cd.cache(r.k, cdHitDenial)
 		}
 	}
 	if v == answered {
 		dur := int64(-1)
-		if tcp {
-			dur = s.cfg.Clock.Now().UnixNano() - now
+		if r.tcp {
+			dur = s.cfg.Clock.Now().UnixNano() - r.now
 		}
-		cd.response(*k, int(out[start+3]&0xF), how == ansHit, len(out)-start, dur)
+		cd.response(r.k, int(resp[3]&0xF), how == ansHit, len(resp), dur)
 	}
-	return out, v
 }
 
 // How answer answered.
@@ -278,9 +306,10 @@ const (
 	ansAutopath // handed to autopath, answered on the miss path
 )
 
-func (s *Server) answer(raw []byte, q *wire.Query, out []byte, tcp bool, now int64, st *Stats, from netip.Addr) ([]byte, verdict, int) {
+func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
+	raw, q, st, tcp, now := r.raw, &r.q, r.st, r.tcp, r.now
 	err := wire.ParseQuery(raw, q)
-	q.From = from
+	q.From = r.from
 	st.countRequest(tcp)
 	if err != nil {
 		rcode, how := wire.RcodeFormErr, ansMalformed

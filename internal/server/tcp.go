@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
-	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // serveTCP accepts connections until Shutdown (which wakes Accept with a
@@ -193,20 +192,19 @@ func (s *Server) serveConn(tc *tcpConn) {
 		_ = c.Close()
 	}()
 	r := bufio.NewReaderSize(c, 4096)
-	var q wire.Query
+	req := &request{tcp: true, st: &s.stats}
 	// pend collects the answers given without an upstream (hits, errors)
 	// while more queries are already buffered: a client that pipelines
 	// gets them in one write(2) instead of one per query.
 	pend := make([]byte, 0, 4096)
 	var buf []byte
 	state := connFirst
-	srv, k := -1, cdKey{}
 	addrIdx := -1
 	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		addrIdx = s.cdServerIndex(la.AddrPort().Addr())
-		if s.cd != nil {
-			srv = addrIdx
-		}
+	}
+	if s.cd != nil {
+		req.cd = cdObserver{c: s.cd, srv: addrIdx}
 	}
 	for {
 		if !buffered(r) {
@@ -224,12 +222,12 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		t := s.cfg.Clock.Now()
 		start := len(pend)
-		q.View = s.viewFor(addrIdx) // kept by ParseQuery
-		var from netip.Addr
+		req.q.View = s.viewFor(addrIdx) // kept by ParseQuery
+		req.raw, req.now, req.from = buf, t.UnixNano(), netip.Addr{}
 		if s.askers.Load() {
-			from = remoteAddrPort(c).Addr()
+			req.from = tc.client
 		}
-		resp, v := s.answerLocal(buf, &q, append(pend, 0, 0), true, t.UnixNano(), &s.stats, s.cd, srv, &k, from)
+		resp, v := s.answerLocal(req, append(pend, 0, 0))
 		switch v {
 		case dropped:
 			continue
@@ -240,7 +238,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
 			pend = resp
 			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &q, pend[start+2:], fromCache, t)
+				s.logQuery(remoteAddrPort(c), true, &req.q, pend[start+2:], fromCache, t)
 			}
 			if len(pend) >= 16<<10 && !tc.flush(&pend) {
 				return
@@ -253,9 +251,9 @@ func (s *Server) serveConn(tc *tcpConn) {
 		}
 		m := newMiss(buf, true, t)
 		m.q.From = tc.client
-		m.q.View = q.View
+		m.q.View = req.q.View
 		m.tc = tc
-		m.cdk = k
+		m.cdk = req.k
 		tc.pending.Add(1)
 		s.startMiss(m)
 	}

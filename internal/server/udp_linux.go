@@ -211,7 +211,7 @@ type batch struct {
 	out    []byte // all answers of a batch, back to back
 	iovOut [batchSize]unix.Iovec
 	hdrOut [batchSize]unix.Mmsghdr
-	q      wire.Query
+	req    request // the query being answered
 }
 
 func newBatch() *batch {
@@ -239,15 +239,15 @@ func newBatch() *batch {
 // every batch that handed one a miss.
 func (s *Server) serveUDP(l *udpListener) {
 	b := newBatch()
-	var cd *cdCounters
-	srv := -1
+	req := &b.req
+	req.st = &l.stats
 	if s.cd != nil {
-		srv = s.cdServerIndex(l.local.Addr())
-		cd = newCDCounters(len(s.cfg.Addrs), s.cdz.n, true)
+		srv := s.cdServerIndex(l.local.Addr())
+		cd := newCDCounters(len(s.cfg.Addrs), s.cdz.n, true)
 		cd.srv = max(srv, 0)
 		l.cd.Store(cd)
+		req.cd = cdObserver{c: cd, srv: srv}
 	}
-	var k cdKey
 	addrIdx := s.cdServerIndex(l.local.Addr())
 	handed := false // a miss of the last batch readied a worker
 	for !l.stop.Load() {
@@ -287,7 +287,8 @@ func (s *Server) serveUDP(l *udpListener) {
 		qlog := s.cfg.QueryLog != nil
 		askers := s.askers.Load()
 		var from netip.Addr
-		b.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
+		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
+		req.now = now
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {
@@ -308,16 +309,17 @@ func (s *Server) serveUDP(l *udpListener) {
 			if askers {
 				from = sockaddrAddrPort(name).Addr()
 			}
-			out, v := s.answerLocal(raw, &b.q, b.out, false, now, &l.stats, cd, srv, &k, from)
+			req.raw, req.from = raw, from
+			out, v := s.answerLocal(req, b.out)
 			switch v {
 			case dropped:
 				continue
 			case miss:
 				m := newMiss(raw, false, t)
 				m.q.From = from
-				m.q.View = b.q.View
+				m.q.View = req.q.View
 				m.l = l
-				m.cdk = k
+				m.cdk = req.k
 				m.nlen = uint32(copy(m.name[:], name))
 				l.ref() // released once the answer is sent (reply)
 				if s.startMiss(m) {
@@ -326,7 +328,7 @@ func (s *Server) serveUDP(l *udpListener) {
 				continue
 			}
 			if qlog {
-				s.logQuery(sockaddrAddrPort(name), false, &b.q, out[start:], fromCache, t)
+				s.logQuery(sockaddrAddrPort(name), false, &req.q, out[start:], fromCache, t)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]
@@ -338,7 +340,7 @@ func (s *Server) serveUDP(l *udpListener) {
 			o.Len = uint32(start) // remember the offset until then
 			nout++
 		}
-		if cd != nil {
+		if cd := req.cd.c; cd != nil {
 			var elapsed int64
 			if cd.hasPend {
 				elapsed = s.cfg.Clock.Now().UnixNano() - now
