@@ -164,6 +164,9 @@ func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 	}
 	s.moveToFront(e)
 	s.stats.hits[e.kind]++
+	if e.lkg != nil {
+		e.CountServed() // a hit that a denial would have replaced but for prefer_positive
+	}
 	e.hits++
 	e.lastUsed = now
 	need, pct := c.prefetchHits, int64(10)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -100,6 +101,15 @@ type Entry struct {
 	pfPct  uint8
 	pfHits uint32
 	tag    uint16 // Policy.Tag
+	// answering: a NOERROR whose answer section answers the question
+	// (computed only under Policy.PreferPositive). staleTTL: the TTL of
+	// every record when served stale. lkg and kept: the zone's
+	// prefer_positive counters, and whether a refresh that did not answer
+	// the question was refused in favour of this entry (see Keep).
+	answering bool
+	staleTTL  uint32
+	lkg       *LastKnownGood
+	kept      atomic.Bool
 }
 
 // Kind reports what the entry answers.
@@ -164,6 +174,17 @@ type Policy struct {
 	PrefetchSet     bool
 	PrefetchHits    int
 	PrefetchPercent int
+	// PreferPositive marks the answers that answer their question (a
+	// Corefile's `serve_stale_policy prefer_positive`, -last-known-good):
+	// resolve then keeps such an answer over a refresh that does not
+	// (Entry.Answering). LastKnownGood counts what it does for the zone.
+	PreferPositive bool
+	LastKnownGood  *LastKnownGood
+	// StaleTTL, when StaleTTLSet, is the TTL of every record of an answer
+	// served stale (a Corefile's serve_stale RESPONSE_TTL); else StaleTTL
+	// (the package constant, 30 s).
+	StaleTTL    uint32
+	StaleTTLSet bool
 	// Tag names the Corefile block whose cache the entry stands for
 	// (0: none): entries, evictions and prefetches are counted per tag
 	// (Cache.TagStats), as CoreDNS counts them per block's cache.
@@ -294,6 +315,10 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 		e.kind = Uncacheable
 	}
 	e.keepTTL = pol.KeepTTL
+	e.staleTTL = StaleTTL
+	if pol.StaleTTLSet {
+		e.staleTTL = pol.StaleTTL
+	}
 	if pol.PrefetchSet {
 		e.pfSet, e.pfHits, e.pfPct = true, uint32(max(0, pol.PrefetchHits)), uint8(min(100, max(0, pol.PrefetchPercent)))
 	}
@@ -318,6 +343,12 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 			f.name = uint16(rr.Start)
 		}
 		e.rrs = append(e.rrs, f)
+	}
+	if pol.PreferPositive {
+		e.lkg = pol.LastKnownGood
+		if e.kind == Success && e.rcode == wire.RcodeSuccess && a.Flags&wire.FlagTC == 0 {
+			e.answering = answersQuestion(msg, a.RRs[:kept], a.Type, a.Class, msg[wire.HeaderLen:wire.HeaderLen+len(a.Name)])
+		}
 	}
 	return e, nil
 }
@@ -426,7 +457,7 @@ func (e *Entry) Write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 const StaleTTL = 30
 
 // WriteStale is Write for an expired entry served stale: every TTL is
-// StaleTTL.
+// StaleTTL, or the policy's (Policy.StaleTTLSet).
 func (e *Entry) WriteStale(dst []byte, q *wire.Query, maxSize int, ednsSize uint16) []byte {
 	return e.write(dst, q, 0, maxSize, ednsSize, true)
 }
@@ -466,7 +497,7 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 		t := uint32(0)
 		switch {
 		case stale:
-			t = StaleTTL
+			t = e.staleTTL
 		case f.ttl > ageSec:
 			t = f.ttl - ageSec
 		}

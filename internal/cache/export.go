@@ -19,7 +19,7 @@ import (
 
 // ExportVersion names the layout of an exported entry. Change it with
 // Entry's fields (TestExportCoversEntry counts them).
-const ExportVersion uint32 = 1
+const ExportVersion uint32 = 2
 
 // ErrExportVersion: the stream is of another layout.
 var ErrExportVersion = errors.New("cache: exported by another version")
@@ -100,6 +100,17 @@ func appendEntry(b []byte, e *Entry, fp uint64) []byte {
 	b = append(b, boolByte(e.keepTTL), boolByte(e.pfSet), e.pfPct)
 	b = binary.BigEndian.AppendUint32(b, e.pfHits)
 	b = binary.BigEndian.AppendUint16(b, e.tag)
+	// prefer_positive: whether it answers, whether a refresh was refused
+	// for it, the stale TTL, and its zone's counters by zone name (the
+	// twin's policy for the name is the same: the fingerprints agree).
+	b = append(b, boolByte(e.answering), boolByte(e.kept.Load()))
+	b = binary.BigEndian.AppendUint32(b, e.staleTTL)
+	if e.lkg == nil {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1, byte(min(len(e.lkg.Zone), 255)))
+		b = append(b, e.lkg.Zone[:min(len(e.lkg.Zone), 255)]...)
+	}
 	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
 	return b
 }
@@ -190,6 +201,15 @@ func parseEntry(b []byte) (*Entry, uint64, error) {
 	e.stored, e.expires, e.staleUntil = int64(r.u64()), int64(r.u64()), int64(r.u64())
 	e.keepTTL, e.pfSet, e.pfPct = r.u8() == 1, r.u8() == 1, r.u8()
 	e.pfHits, e.tag = r.u32(), r.u16()
+	e.answering = r.u8() == 1
+	e.kept.Store(r.u8() == 1)
+	e.staleTTL = r.u32()
+	if r.u8() == 1 {
+		zone := r.bytes(int(r.u8()))
+		if !r.err {
+			e.lkg = LastKnownGoodCounter(string(zone))
+		}
+	}
 	if r.err || len(r.b) != 0 || len(e.msg) < 12+int(e.nameLen) || e.kind >= numKinds {
 		return nil, 0, bad
 	}

@@ -67,6 +67,7 @@ type call struct {
 	done    chan struct{}
 	entry   *cache.Entry
 	err     error
+	kept    bool       // entry is the one prefer_positive kept, not the upstream's answer
 	waiters int        // clients waiting on it (under flights.mu)
 	owner   netip.Addr // the first asker, whose flight share it takes
 

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -101,9 +102,18 @@ type Policy struct {
 	StaleClientTimeout time.Duration
 	// StaleRecheck is how long after a failed refresh a stale answer is
 	// served without asking the upstream again (0:
-	// DefaultStaleRecheck).
+	// DefaultStaleRecheck; negative: none, every stale answer may start a
+	// refresh, as CoreDNS's FAILURE_RECHECK 0).
 	StaleRecheck time.Duration
 }
+
+// PreferPositive reports whether the policy keeps the last good answer
+// (TTL.PreferPositive, within a stale window): a refresh that does not
+// answer the question (NXDOMAIN, NODATA, an empty NOERROR, a referral,
+// additional data only, SERVFAIL, an error) does not replace an answer
+// that does, fresh or stale, until the stale window ends; a refresh that
+// answers replaces it.
+func (p *Policy) PreferPositive() bool { return p.TTL.PreferPositive && p.StaleWindow > 0 }
 
 // PolicyFunc returns the policy for a question name (wire format, any
 // case). It is called once or twice per miss, never on a hit, and must not
@@ -133,6 +143,9 @@ type Config struct {
 	// MaxWaiters caps the clients waiting on one question (0:
 	// DefaultMaxWaitersPerQuestion).
 	MaxWaiters int
+	// Logger gets one line per name and state change of the
+	// prefer_positive policy (nil: slog.Default()).
+	Logger *slog.Logger
 }
 
 // ErrOverloaded is returned by Resolve when the question could not be
@@ -188,6 +201,9 @@ func New(cfg Config) (*Resolver, error) {
 	if cfg.MaxWaiters <= 0 {
 		cfg.MaxWaiters = DefaultMaxWaitersPerQuestion
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	r := &Resolver{cfg: cfg, clk: clock.Or(cfg.Clock)}
 	r.flights = newFlights(cfg.MaxFlights, cfg.MaxWaiters, &r.stats.ShareRejected)
 	return r, nil
@@ -230,8 +246,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	}
 	e, status, refresh := r.cfg.Cache.Lookup(q, now)
 	if status == cache.Stale && !refresh {
-		r.stats.Stale.Add(1)
-		return e, true, nil
+		return r.stale(e), true, nil
 	}
 	if status != cache.Stale {
 		e = nil
@@ -239,8 +254,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	c, joined, ok := r.flights.join(q, true, status == cache.Stale)
 	if !ok {
 		if e != nil {
-			r.stats.Stale.Add(1)
-			return e, true, nil
+			return r.stale(e), true, nil
 		}
 		r.stats.Misses.Add(1)
 		r.stats.Rejected.Add(1)
@@ -266,6 +280,11 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 		if c.err != nil {
 			return nil, false, c.err
 		}
+		if c.kept {
+			// The policy kept an entry put meanwhile (a race): stale if
+			// it has expired.
+			return c.entry, c.entry.Expired(r.clk.Now().UnixNano()), nil
+		}
 		return c.entry, false, nil
 	}
 	if !joined {
@@ -281,15 +300,12 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	case <-c.done:
 	case <-t.C():
 		// The refresh goes on in the background and updates the cache.
-		r.stats.Stale.Add(1)
-		return e, true, nil
+		return r.stale(e), true, nil
 	case <-ctx.Done():
-		r.stats.Stale.Add(1)
-		return e, true, nil
+		return r.stale(e), true, nil
 	}
-	if c.err != nil || !refreshed(c.entry) {
-		r.stats.Stale.Add(1)
-		return e, true, nil
+	if c.err != nil || c.kept || !refreshed(c.entry) {
+		return r.stale(e), true, nil
 	}
 	r.stats.Misses.Add(1)
 	return c.entry, false, nil
@@ -354,7 +370,8 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error)
 // Fetched finishes a call started by Start: it caches the answer and hands it to the waiters.
 func (c *call) Fetched(resp []byte, err error) {
 	r := c.r
-	e, err := r.store(&c.q, c.pol, resp, err)
+	e, kept, err := r.store(&c.q, c.pol, resp, err)
+	c.kept = kept
 	r.flights.finish(c, e, err)
 }
 
@@ -363,12 +380,18 @@ func (c *call) Fetched(resp []byte, err error) {
 // nil, counted as a rejected miss (the client gets SERVFAIL).
 func (r *Resolver) Shed(q *wire.Query, now int64) *cache.Entry {
 	if e, status, _ := r.cfg.Cache.Lookup(q, now); status == cache.Stale {
-		r.stats.Stale.Add(1)
-		return e
+		return r.stale(e)
 	}
 	r.stats.Misses.Add(1)
 	r.stats.Rejected.Add(1)
 	return nil
+}
+
+// stale counts e, about to be served stale, and returns it.
+func (r *Resolver) stale(e *cache.Entry) *cache.Entry {
+	r.stats.Stale.Add(1)
+	e.CountServed()
+	return e
 }
 
 // refreshed reports whether an upstream answer replaces a stale entry:
@@ -421,14 +444,15 @@ func (r *Resolver) finishedMeanwhile(c *call) bool {
 }
 
 func (r *Resolver) run(c *call) {
-	e, err := r.fetch(&c.q)
+	e, kept, err := r.fetch(&c.q)
+	c.kept = kept
 	r.flights.finish(c, e, err)
 }
 
 // fetch asks the upstream for q, builds the entry and caches it when it may
 // be cached. A failed refresh of a stale entry (an error, or an answer
 // that is not NOERROR or NXDOMAIN) starts its recheck interval.
-func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, error) {
+func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, bool, error) {
 	pol := r.policy(q.Name)
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), policyKey{}, pol), r.cfg.FetchTimeout)
 	defer cancel()
@@ -441,8 +465,10 @@ func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, error) {
 }
 
 // store builds the entry from a fetch's result and caches it when it may be cached, as fetch
-// describes.
-func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*cache.Entry, error) {
+// describes. Under a prefer_positive policy an answer that does not answer the question does not
+// replace one that does (fresh or within its stale window): that one is returned, kept true,
+// and the refresh counts as failed.
+func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*cache.Entry, bool, error) {
 	var e *cache.Entry
 	if err == nil {
 		e, err = cache.BuildStale(resp, q, pol.TTL, pol.ServFailTTL, pol.StaleWindow, r.clk.Now().UnixNano())
@@ -450,18 +476,49 @@ func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*c
 	if err != nil {
 		r.stats.UpstreamErrors.Add(1)
 		r.refreshFailed(q, pol)
-		return nil, fmt.Errorf("resolve %s: %w", wire.NameString(q.Name), err)
+		return nil, false, fmt.Errorf("resolve %s: %w", wire.NameString(q.Name), err)
+	}
+	if pol.PreferPositive() {
+		if old := r.keep(q, e); old != nil {
+			r.refreshFailed(q, pol)
+			return old, true, nil
+		}
 	}
 	r.cfg.Cache.Put(e)
 	if !refreshed(e) {
 		r.refreshFailed(q, pol)
 	}
-	return e, nil
+	return e, false, nil
+}
+
+// keep returns the entry the prefer_positive policy keeps instead of e: the cached one for q,
+// fresh or stale, when it answers its question and e does not. It logs once per name and
+// state change: when an answer is first kept, and when an answer replaces a kept one.
+func (r *Resolver) keep(q *wire.Query, e *cache.Entry) *cache.Entry {
+	old, st, _ := r.cfg.Cache.Lookup(q, r.clk.Now().UnixNano())
+	if st == cache.Miss || !old.Answering() {
+		return nil
+	}
+	if e.Kind() == cache.Success && e.Answering() {
+		if old.Kept() {
+			r.cfg.Logger.Info("serve_stale_policy prefer_positive: the upstream answers again, the last good answer is replaced",
+				"name", wire.NameString(q.Name), "type", q.Type)
+		}
+		return nil
+	}
+	if old.Keep() {
+		r.cfg.Logger.Warn("serve_stale_policy prefer_positive: the upstream's answer does not answer the question; serving the last good answer until it answers again or the stale window ends",
+			"name", wire.NameString(q.Name), "type", q.Type, "rcode", e.Rcode(), "stale_until", time.Unix(0, old.StaleUntil()).UTC().Format(time.RFC3339))
+	}
+	return old
 }
 
 func (r *Resolver) refreshFailed(q *wire.Query, pol *Policy) {
 	recheck := pol.StaleRecheck
-	if recheck <= 0 {
+	if recheck < 0 {
+		return // none: the next stale answer may refresh at once
+	}
+	if recheck == 0 {
 		recheck = DefaultStaleRecheck
 	}
 	now := r.clk.Now().UnixNano()
