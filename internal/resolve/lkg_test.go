@@ -272,3 +272,29 @@ func aOf(t *testing.T, e *cache.Entry, q *wire.Query) string {
 	}
 	return dns.RcodeToString[m.Rcode]
 }
+
+// TestImmediateServesStaleWithoutWaiting: a negative StaleClientTimeout
+// (CoreDNS's `immediate`) gives the stale answer even when the refresh
+// would answer at once; the refresh goes on and replaces the entry.
+func TestImmediateServesStaleWithoutWaiting(t *testing.T) {
+	f := &flipper{}
+	e := newEnv(t, func(c *Config) {
+		pol := testPolicy
+		pol.StaleClientTimeout = -1
+		c.Policy, _ = Zones(pol)
+		c.Fetch = f.fetch
+	})
+	q := question(t, "imm.example.")
+	f.set(positive("192.0.2.1"))
+	e.r.Resolve(context.Background(), q)
+	e.clk.Advance(31 * time.Second)
+	f.set(positive("192.0.2.2"))
+	en, stale, err := e.r.Resolve(context.Background(), q)
+	if err != nil || !stale || aOf(t, en, q) != "192.0.2.1" {
+		t.Fatalf("got %s stale=%v err=%v, want the stale answer at once", aOf(t, en, q), stale, err)
+	}
+	waitFor(t, "the refresh", func() bool { return e.r.InFlight() == 0 })
+	if h := e.r.Hit(q, e.clk.Now().UnixNano()); h == nil || aOf(t, h, q) != "192.0.2.2" {
+		t.Fatal("the refresh did not replace the entry")
+	}
+}

@@ -98,7 +98,8 @@ type Policy struct {
 	StaleWindow time.Duration
 	// StaleClientTimeout is how long a client whose answer is stale waits
 	// for the refresh before it gets the stale answer (0:
-	// DefaultStaleClientTimeout).
+	// DefaultStaleClientTimeout; negative: not at all, the stale answer
+	// at once and the refresh behind, as CoreDNS's `immediate`).
 	StaleClientTimeout time.Duration
 	// StaleRecheck is how long after a failed refresh a stale answer is
 	// served without asking the upstream again (0:
@@ -291,7 +292,10 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 		go r.runMiss(c)
 	}
 	timeout := r.policy(q.Name).StaleClientTimeout
-	if timeout <= 0 {
+	if timeout < 0 {
+		return r.stale(e), true, nil // immediate: the refresh goes on behind
+	}
+	if timeout == 0 {
 		timeout = DefaultStaleClientTimeout
 	}
 	t := r.clk.NewTimer(timeout)
