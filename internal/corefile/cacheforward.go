@@ -1,6 +1,7 @@
 package corefile
 
 import (
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -32,6 +33,7 @@ func setupCache(s *Server, d *Directive) error {
 			return bad(d, "%q: caching only some of the block's zones is not supported", a.Text)
 		}
 	}
+	staleSet, policySet := false, false
 	for _, o := range d.Block {
 		a := o.ArgStrings()
 		if o.HasBlock {
@@ -83,26 +85,19 @@ func setupCache(s *Server, d *Directive) error {
 				c.PrefetchPercent = n
 			}
 		case "serve_stale":
-			if len(a) > 2 {
-				return badOpt(d, o, "serve_stale takes [DURATION [verify|immediate]] (stale TTL and recheck arguments are not supported)")
+			if err := serveStale(c, a); err != nil {
+				return badOpt(d, o, "serve_stale %v (serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]])", err)
 			}
-			c.ServeStale = defaultServeStale
-			if len(a) > 0 {
-				t, err := time.ParseDuration(a[0])
-				if err != nil || t < 0 {
-					return badOpt(d, o, "serve_stale: %q is not a duration", a[0])
-				}
-				c.ServeStale = t
+			staleSet = true
+		case "serve_stale_policy":
+			if policySet {
+				return badOpt(d, o, "serve_stale_policy can only be given once")
 			}
-			if len(a) > 1 {
-				switch strings.ToLower(a[1]) {
-				case "verify":
-					c.ServeStaleVerify = true
-				case "immediate":
-				default:
-					return badOpt(d, o, "serve_stale: %q is not verify or immediate", a[1])
-				}
+			policySet = true
+			if len(a) != 1 || !strings.EqualFold(a[0], "prefer_positive") {
+				return badOpt(d, o, "serve_stale_policy takes prefer_positive")
 			}
+			c.PreferPositive = true
 		case "servfail":
 			if len(a) != 1 {
 				return badOpt(d, o, "servfail takes one duration")
@@ -133,7 +128,73 @@ func setupCache(s *Server, d *Directive) error {
 			return badOpt(d, o, "option %s is not supported", o.Name)
 		}
 	}
+	if policySet && !staleSet {
+		return bad(d, "serve_stale_policy requires serve_stale")
+	}
 	s.Cache = c
+	return nil
+}
+
+// serveStale reads serve_stale's arguments as CoreDNS 1.15 does: a line
+// sets every serve-stale setting, those it does not give to their
+// defaults.
+func serveStale(c *Cache, a []string) error {
+	if len(a) > 5 {
+		return errf("takes at most 5 arguments")
+	}
+	c.ServeStale, c.ServeStaleVerify, c.ServeStaleVerifyTimeout = defaultServeStale, false, 0
+	c.ServeStaleTTL, c.ServeStaleTTLSet, c.ServeStaleRecheck, c.ServeStaleRecheckSet = 0, false, 0, false
+	if len(a) > 0 {
+		t, err := time.ParseDuration(a[0])
+		if err != nil || t < 0 {
+			return errf("%q is not a duration", a[0])
+		}
+		c.ServeStale = t
+	}
+	if len(a) < 2 {
+		return nil
+	}
+	switch strings.ToLower(a[1]) {
+	case "verify":
+		c.ServeStaleVerify = true
+	case "immediate":
+	default:
+		return errf("%q is not verify or immediate", a[1])
+	}
+	rest := a[2:]
+	if c.ServeStaleVerify && len(rest) > 0 {
+		t, err := time.ParseDuration(rest[0])
+		if err != nil || t < 0 {
+			return errf("verify timeout %q is not a duration", rest[0])
+		}
+		c.ServeStaleVerifyTimeout = t
+		rest = rest[1:]
+	}
+	if len(rest) > 2 {
+		return errf("takes at most RESPONSE_TTL and FAILURE_RECHECK after the mode")
+	}
+	if len(rest) > 0 {
+		t, err := time.ParseDuration(rest[0])
+		switch {
+		case err != nil || t < 0:
+			return errf("response TTL %q is not a duration", rest[0])
+		case t%time.Second != 0:
+			return errf("response TTL %q must be a whole number of seconds", rest[0])
+		case t/time.Second > math.MaxUint32:
+			return errf("response TTL %q exceeds the DNS TTL range", rest[0])
+		}
+		c.ServeStaleTTL, c.ServeStaleTTLSet = t, true
+	}
+	if len(rest) > 1 {
+		t, err := time.ParseDuration(rest[1])
+		switch {
+		case err != nil || t < 0:
+			return errf("failure recheck %q is not a duration", rest[1])
+		case t > maxStaleRecheck:
+			return errf("failure recheck %q cannot exceed 5 minutes", rest[1])
+		}
+		c.ServeStaleRecheck, c.ServeStaleRecheckSet = t, true
+	}
 	return nil
 }
 

@@ -229,7 +229,8 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"frobnicate", ":2: unknown directive frobnicate"},
 		{"forward . tls://1.1.1.1", ":2: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported"},
 		{"forward . 1.1.1.1 {\n tls_servername x\n}", ":3: forward: option tls_servername is not supported; supported: forward FROM TO..."},
-		{"cache {\n serve_stale 1h verify 5s 30 1m\n}", ":3: cache: serve_stale takes"},
+		{"cache {\n serve_stale 1h verify 5s 30 1m\n}", ":3: cache: serve_stale response TTL \"30\" is not a duration"},
+		{"cache {\n serve_stale_policy prefer_positive\n}", ":2: cache: serve_stale_policy requires serve_stale"},
 		{"cache {\n disable success example.org\n}", ":3: cache: disable takes success or denial"},
 		{"health {\n  frob\n}", ":3: health: option frob is not supported"},
 		{"bind eth0", ":2: bind: \"eth0\" is not an IP address"},
@@ -254,6 +255,63 @@ func TestCacheForms(t *testing.T) {
 		c.DenialTTL != 5*time.Second || c.DenialMinTTL != time.Second || c.Prefetch != 10 || c.PrefetchPercent != 25 ||
 		c.ServeStale != time.Hour || c.ServFail != 2*time.Second || !c.KeepTTL {
 		t.Fatalf("%+v", c)
+	}
+}
+
+// TestServeStaleForms: CoreDNS 1.15's serve_stale and serve_stale_policy,
+// what they set and what they refuse (as CoreDNS's setup refuses it).
+func TestServeStaleForms(t *testing.T) {
+	type want struct {
+		window, verifyTimeout, ttl, recheck time.Duration
+		verify, ttlSet, recheckSet, prefer  bool
+	}
+	for _, tc := range []struct {
+		opts string
+		want want
+	}{
+		{"serve_stale", want{window: time.Hour}},
+		{"serve_stale 10m", want{window: 10 * time.Minute}},
+		{"serve_stale 1h IMMEDIATE 30s", want{window: time.Hour, ttl: 30 * time.Second, ttlSet: true}},
+		{"serve_stale 1h immediate 0s 45s", want{window: time.Hour, ttlSet: true, recheck: 45 * time.Second, recheckSet: true}},
+		{"serve_stale 1h verify", want{window: time.Hour, verify: true}},
+		{"serve_stale 1h verify 100ms", want{window: time.Hour, verify: true, verifyTimeout: 100 * time.Millisecond}},
+		{"serve_stale 1h verify 0s 30s", want{window: time.Hour, verify: true, ttl: 30 * time.Second, ttlSet: true}},
+		{"serve_stale 1h verify 100ms 30s 5m", want{window: time.Hour, verify: true, verifyTimeout: 100 * time.Millisecond, ttl: 30 * time.Second, ttlSet: true, recheck: 5 * time.Minute, recheckSet: true}},
+		{"serve_stale 1h immediate 30s 30s\n serve_stale 2h", want{window: 2 * time.Hour}},
+		{"serve_stale 1h\n serve_stale_policy prefer_positive", want{window: time.Hour, prefer: true}},
+		{"serve_stale_policy PREFER_POSITIVE\n serve_stale", want{window: time.Hour, prefer: true}},
+	} {
+		srv, err := load(t, ".:53 {\ncache {\n "+tc.opts+"\n}\n}\n")
+		if err != nil {
+			t.Errorf("%q: %v", tc.opts, err)
+			continue
+		}
+		c := srv[0].Cache
+		got := want{c.ServeStale, c.ServeStaleVerifyTimeout, c.ServeStaleTTL, c.ServeStaleRecheck, c.ServeStaleVerify, c.ServeStaleTTLSet, c.ServeStaleRecheckSet, c.PreferPositive}
+		if got != tc.want {
+			t.Errorf("%q: %+v, want %+v", tc.opts, got, tc.want)
+		}
+	}
+	for _, opts := range []string{
+		"serve_stale -1s",
+		"serve_stale 1h sometimes",
+		"serve_stale 1h immediate 30s 30s 30s",
+		"serve_stale 1h verify 1s 30s 30s 30s",
+		"serve_stale 1h verify -1s",
+		"serve_stale 1h immediate 1500ms",
+		"serve_stale 1h immediate 30",
+		"serve_stale 1h immediate -30s",
+		"serve_stale 1h immediate 30s 6m",
+		"serve_stale 1h immediate 30s -1s",
+		"serve_stale 1h immediate 4294967296s",
+		"serve_stale\n serve_stale_policy prefer_negative",
+		"serve_stale\n serve_stale_policy",
+		"serve_stale\n serve_stale_policy prefer_positive\n serve_stale_policy prefer_positive",
+		"serve_stale_policy prefer_positive",
+	} {
+		if _, err := load(t, ".:53 {\ncache {\n "+opts+"\n}\n}\n"); err == nil {
+			t.Errorf("%q: accepted", opts)
+		}
 	}
 }
 

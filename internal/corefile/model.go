@@ -87,10 +87,19 @@ type Cache struct {
 	PrefetchPercent             int
 	ServeStale                  time.Duration // 0: off
 	ServeStaleVerify            bool
-	ServFail                    time.Duration
-	DisableSuccess              bool
-	DisableDenial               bool
-	KeepTTL                     bool
+	// serve_stale's VERIFY_TIMEOUT (0: wait for the upstream), RESPONSE_TTL
+	// and FAILURE_RECHECK (each with whether it was given), and
+	// serve_stale_policy prefer_positive.
+	ServeStaleVerifyTimeout time.Duration
+	ServeStaleTTL           time.Duration
+	ServeStaleTTLSet        bool
+	ServeStaleRecheck       time.Duration
+	ServeStaleRecheckSet    bool
+	PreferPositive          bool
+	ServFail                time.Duration
+	DisableSuccess          bool
+	DisableDenial           bool
+	KeepTTL                 bool
 }
 
 // CoreDNS's cache defaults (plugin/cache): capacity per kind, TTL caps of
@@ -105,6 +114,7 @@ const (
 	defaultPrefetchDur   = time.Minute
 	defaultPrefetchPct   = 10
 	defaultServeStale    = time.Hour
+	maxStaleRecheck      = 5 * time.Minute
 	maxServFailTTL       = 5 * time.Minute
 	maxForwardUpstreams  = 15 // CoreDNS's forward refuses more
 	DefaultHealthAddr    = ":8080"

@@ -15,12 +15,20 @@ type Policy struct {
 	ServFail              time.Duration
 	ServeStale            time.Duration
 	ServeStaleVerify      bool
-	Prefetch              int
-	PrefetchPercent       int
-	DisableSuccess        bool
-	DisableDenial         bool
-	KeepTTL               bool
-	Forward               *Forward // the block's forward (nil without one)
+	// As Cache's: serve_stale's VERIFY_TIMEOUT, RESPONSE_TTL and
+	// FAILURE_RECHECK, serve_stale_policy prefer_positive.
+	ServeStaleVerifyTimeout time.Duration
+	ServeStaleTTL           time.Duration
+	ServeStaleTTLSet        bool
+	ServeStaleRecheck       time.Duration
+	ServeStaleRecheckSet    bool
+	PreferPositive          bool
+	Prefetch                int
+	PrefetchPercent         int
+	DisableSuccess          bool
+	DisableDenial           bool
+	KeepTTL                 bool
+	Forward                 *Forward // the block's forward (nil without one)
 }
 
 // Policies finds the block CoreDNS would pick for a name: the longest
@@ -44,6 +52,8 @@ func NewPolicies(servers []*Server) Policies {
 				p.Cached = true
 				p.SuccessMax, p.DenialMax, p.SuccessMin, p.DenialMin = c.SuccessTTL, c.DenialTTL, c.SuccessMinTTL, c.DenialMinTTL
 				p.ServFail, p.ServeStale, p.ServeStaleVerify = c.ServFail, c.ServeStale, c.ServeStaleVerify
+				p.ServeStaleVerifyTimeout, p.ServeStaleTTL, p.ServeStaleTTLSet = c.ServeStaleVerifyTimeout, c.ServeStaleTTL, c.ServeStaleTTLSet
+				p.ServeStaleRecheck, p.ServeStaleRecheckSet, p.PreferPositive = c.ServeStaleRecheck, c.ServeStaleRecheckSet, c.PreferPositive
 				p.Prefetch, p.PrefetchPercent = c.Prefetch, c.PrefetchPercent
 				p.DisableSuccess, p.DisableDenial, p.KeepTTL = c.DisableSuccess, c.DisableDenial, c.KeepTTL
 			}
