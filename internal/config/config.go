@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -118,6 +119,10 @@ type CacheConfig struct {
 	StaleClientTimeout time.Duration
 	StaleRecheck       time.Duration
 	PrefetchHits       int
+	// LastKnownGood lists the zones (FQDNs; "." for every name) whose
+	// answers are kept over a refresh that does not answer the question
+	// (-last-known-good; serve_stale_policy prefer_positive).
+	LastKnownGood []string
 }
 
 // AutopathConfig turns autopath on and says how to find this node's pods.
@@ -148,7 +153,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.SetOutput(stderr)
 	c := &Config{}
 	var localIP, kubeDNS, upstreamSvc, clusterDomain string
-	var maxBytes string
+	var maxBytes, lastKnownGood string
 	fs.StringVar(&localIP, "localip", "169.254.20.10", "comma-separated IPv4/IPv6 addresses to serve DNS on (and to put on the interface)")
 	fs.IntVar(&c.Port, "port", 53, "DNS port to listen on")
 	fs.StringVar(&upstreamSvc, "upstreamsvc", "kube-dns", "Service whose NAME_SERVICE_HOST environment variable holds the kube-dns address")
@@ -180,6 +185,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.Cache.ServFailTTL, "servfail-ttl", 2*time.Second, "how long an upstream SERVFAIL is cached (0 disables, at most 5s)")
 	fs.DurationVar(&c.Cache.StaleWindow, "serve-stale", time.Hour, "how long past expiry an answer may be served (TTL 30s) when the upstream fails or is slow; 0 disables")
 	fs.DurationVar(&c.Cache.StaleClientTimeout, "stale-client-timeout", resolve.DefaultStaleClientTimeout, "how long a client waits for a refresh before it gets the stale answer")
+	fs.StringVar(&lastKnownGood, "last-known-good", "", "comma-separated zones (\".\": every name) whose last answer that answers the question is kept, within -serve-stale, when a refresh comes back NXDOMAIN, NODATA, empty or a referral (CoreDNS's serve_stale_policy prefer_positive); \"\": off")
 	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", resolve.DefaultStaleRecheck, "after a failed refresh, serve stale without asking the upstream for this long")
 	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
 	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
@@ -289,6 +295,12 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	if err := c.Cache.validate(); err != nil {
 		return nil, err
+	}
+	if c.Cache.LastKnownGood, err = parseZones(lastKnownGood); err != nil {
+		return nil, usage("-last-known-good: %v", err)
+	}
+	if len(c.Cache.LastKnownGood) > 0 && c.Cache.StaleWindow == 0 {
+		return nil, usage("-last-known-good needs -serve-stale (the window bounds how long a last good answer is kept)")
 	}
 	if c.Cache.MaxBytes, err = parseBytes(maxBytes); err != nil {
 		return nil, usage("-cache-max-bytes: %v", err)
@@ -454,6 +466,29 @@ func ParseServer(s string) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("%q is not IP[:port]", s)
 	}
 	return netip.AddrPortFrom(a.Unmap(), 53), nil
+}
+
+// parseZones reads a comma-separated list of zones ("." for the root) as
+// sorted, distinct, lower-case FQDNs.
+func parseZones(s string) ([]string, error) {
+	var out []string
+	for _, z := range strings.Split(s, ",") {
+		z = strings.TrimSpace(z)
+		if z == "" {
+			continue
+		}
+		if z != "." {
+			var err error
+			if z, err = normalizeDomain(z); err != nil {
+				return nil, err
+			}
+		}
+		if !slices.Contains(out, z) {
+			out = append(out, z)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 func normalizeDomain(d string) (string, error) {

@@ -20,13 +20,20 @@ type ZonePolicy struct {
 	// window, and how long a client with a stale answer waits for the
 	// refresh.
 	ServFailTTL, StaleWindow, StaleClientTimeout time.Duration
+	// StaleRecheck is serve_stale's FAILURE_RECHECK, negative for none
+	// (`0` or not given: CoreDNS's default, every stale answer may start
+	// a refresh); 0 when -stale-recheck is given explicitly (the flag's).
+	StaleRecheck time.Duration
 }
 
 // immediateStale is the wait of a client whose answer is stale under
-// `serve_stale DURATION immediate` (CoreDNS's default): CoreDNS answers
-// stale at once and refreshes behind; a millisecond lets a refresh that is
-// already in flight win, and is otherwise not felt.
-const immediateStale = time.Millisecond
+// `serve_stale DURATION immediate` (CoreDNS's default): none, the stale
+// answer at once and the refresh behind, as CoreDNS (resolve.Policy's
+// negative StaleClientTimeout). It used to be a millisecond, to let a
+// refresh already in flight win; on loopback a refresh is often that fast,
+// and the client then got the refresh where CoreDNS sends the stale answer
+// (TestServeStalePolicyParityWithCoreDNS).
+const immediateStale time.Duration = -1
 
 // maxServFailTTL: we never cache SERVFAIL past 5 s (an upstream blip must
 // not outlive itself), whatever a block's `servfail` says (CoreDNS allows
@@ -99,7 +106,31 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 	if ca.ServeStaleVerify {
 		wait = c.ForwardTimeout // verify: the refresh first, stale only if it fails
 	}
+	if ca.ServeStaleVerify && ca.ServeStaleVerifyTimeout > 0 {
+		wait = ca.ServeStaleVerifyTimeout // verify VERIFY_TIMEOUT: the refresh, or stale after it
+	}
 	zp.StaleClientTimeout = pick("stale-client-timeout", c.Cache.StaleClientTimeout, wait)
+	if !set["stale-recheck"] {
+		// FAILURE_RECHECK; CoreDNS's default is 0, none: after a failed
+		// refresh the next stale answer may refresh again (one at a time).
+		zp.StaleRecheck = ca.ServeStaleRecheck
+		if zp.StaleRecheck == 0 {
+			zp.StaleRecheck = -1
+		}
+	}
+	if ca.ServeStaleTTLSet {
+		zp.TTL.StaleTTL, zp.TTL.StaleTTLSet = uint32(ca.ServeStaleTTL/time.Second), true
+	}
+	// serve_stale_policy prefer_positive; an explicit -last-known-good wins
+	// for the zones it lists (and off for the others).
+	prefer, label := ca.PreferPositive, z
+	if set["last-known-good"] {
+		label = c.lastKnownGoodCovers(z)
+		prefer = label != ""
+	}
+	if prefer && zp.StaleWindow > 0 {
+		zp.TTL.PreferPositive, zp.TTL.LastKnownGood = true, cache.LastKnownGoodCounter(label)
+	}
 	return zp, note
 }
 
@@ -119,7 +150,24 @@ func (zp ZonePolicy) String() string {
 	}
 	fmt.Fprintf(&b, ", SERVFAIL %v", zp.ServFailTTL)
 	if zp.StaleWindow > 0 {
-		fmt.Fprintf(&b, ", serve_stale %v (client waits %v for the refresh)", zp.StaleWindow, zp.StaleClientTimeout)
+		if zp.StaleClientTimeout < 0 {
+			fmt.Fprintf(&b, ", serve_stale %v (immediate: the stale answer at once, the refresh behind", zp.StaleWindow)
+		} else {
+			fmt.Fprintf(&b, ", serve_stale %v (client waits %v for the refresh", zp.StaleWindow, zp.StaleClientTimeout)
+		}
+		if t.StaleTTLSet {
+			fmt.Fprintf(&b, ", stale TTL %ds", t.StaleTTL)
+		}
+		switch {
+		case zp.StaleRecheck < 0:
+			b.WriteString(", no failure recheck")
+		case zp.StaleRecheck > 0:
+			fmt.Fprintf(&b, ", failure recheck %v", zp.StaleRecheck)
+		}
+		b.WriteString(")")
+		if t.PreferPositive {
+			b.WriteString(", prefer_positive: the last answer that answers is kept over NXDOMAIN, NODATA, empty or referral refreshes")
+		}
 	}
 	switch {
 	case !t.PrefetchSet:

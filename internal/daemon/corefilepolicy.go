@@ -14,12 +14,16 @@ import (
 func corefileZones(cfg *config.Config, zps []config.ZonePolicy) []resolve.Zone {
 	out := make([]resolve.Zone, 0, len(zps))
 	for _, zp := range zps {
+		recheck := zp.StaleRecheck // serve_stale's FAILURE_RECHECK
+		if recheck == 0 {
+			recheck = cfg.Cache.StaleRecheck
+		}
 		out = append(out, resolve.Zone{Name: zp.Zone, Policy: resolve.Policy{
 			TTL:                zp.TTL,
 			ServFailTTL:        zp.ServFailTTL,
 			StaleWindow:        zp.StaleWindow,
 			StaleClientTimeout: zp.StaleClientTimeout,
-			StaleRecheck:       cfg.Cache.StaleRecheck,
+			StaleRecheck:       recheck,
 		}})
 	}
 	return out

@@ -147,13 +147,16 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 			StaleRecheck:       cfg.Cache.StaleRecheck,
 		}
 	}
-	zones := []resolve.Zone{{Name: cfg.ClusterDomain, Policy: pol(cache.Policy{
-		SuccessMax: cfg.Cache.ClusterSuccessTTL, DenialMax: cfg.Cache.ClusterDenialTTL, MinTTL: cfg.Cache.MinTTL,
-	})}}
+	// The flags' policies: the cluster domain's caps, -last-known-good's zones.
+	defTTL, flagZones := cfg.FlagPolicies()
+	var zones []resolve.Zone
+	for _, z := range flagZones {
+		zones = append(zones, resolve.Zone{Name: z.Name, Policy: pol(z.TTL)})
+	}
 	if cc := cfg.DropIn.Corefile; cc != nil && len(cc.ZonePolicies) > 0 {
 		zones = corefileZones(cfg, cc.ZonePolicies) // each block's cache settings for its zones
 	}
-	d.policyDefault = pol(cache.Policy{SuccessMax: cfg.Cache.SuccessTTL, DenialMax: cfg.Cache.DenialTTL, MinTTL: cfg.Cache.MinTTL})
+	d.policyDefault = pol(defTTL)
 	policy, err := resolve.Zones(d.policyDefault, zones...)
 	if err != nil {
 		d.closeGroups()
@@ -184,6 +187,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		FetchTimeout: cfg.ForwardTimeout,
 		UDPSize:      uint16(cfg.MaxUDPSize),
 		MaxFlights:   cfg.MaxInflight,
+		Logger:       log.With("component", "cache"),
 	})
 	if err != nil {
 		d.closeGroups()

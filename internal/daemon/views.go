@@ -110,6 +110,7 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 			FetchTimeout: cfg.ForwardTimeout,
 			UDPSize:      uint16(cfg.MaxUDPSize),
 			MaxFlights:   cfg.MaxInflight,
+			Logger:       d.log.With("component", "cache"),
 		})
 		if err != nil {
 			return nil, err

@@ -209,6 +209,8 @@ var (
 	descTCPBig    = prometheus.NewDesc(ns+"_tcp_oversized_total", "Client TCP connections closed because a query announced more than 2048 bytes (server.MaxTCPQuery), before its bytes were read.", nil, nil)
 	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Queries answered from the cache, by entry type; type=stale counts answers served stale (RFC 8767), which are not misses. hits + misses is every query that reached the cache.", []string{"type"}, nil)
 	descPrefetch  = prometheus.NewDesc(ns+"_cache_prefetches_total", "Popular entries refreshed in the background before they expired.", nil, nil)
+	descLKGServed = prometheus.NewDesc(ns+"_cache_last_known_good_served_total", "Answers served from a last good answer that prefer_positive kept over a refresh that did not answer the question (NXDOMAIN, NODATA, empty, referral), by zone of the policy.", []string{"zone"}, nil)
+	descLKGKept   = prometheus.NewDesc(ns+"_cache_last_known_good_kept_total", "Refreshes that did not answer the question and did not replace the last good answer (prefer_positive), by zone of the policy.", []string{"zone"}, nil)
 	descMisses    = prometheus.NewDesc(ns+"_cache_misses_total", "Queries the cache could not answer: they waited for the upstream (or were not admitted). A stale answer is not a miss; health checks are neither.", nil, nil)
 	descInserts   = prometheus.NewDesc(ns+"_cache_inserts_total", "Answers stored in the cache.", nil, nil)
 	descEvictions = prometheus.NewDesc(ns+"_cache_evictions_total", "Entries evicted to stay within capacity or the byte budget.", nil, nil)
@@ -219,7 +221,7 @@ var (
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes, descPrefetch, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop} {
+		descEntries, descBytes, descPrefetch, descLKGServed, descLKGKept, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop} {
 		ch <- d
 	}
 }
@@ -265,6 +267,10 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descEntries, st.Entries[k], k.String())
 		}
 		counter(descPrefetch, st.Prefetches)
+		for _, z := range cache.LastKnownGoodStats() {
+			counter(descLKGServed, z.Served, z.Zone)
+			counter(descLKGKept, z.Kept, z.Zone)
+		}
 		counter(descInserts, st.Inserts)
 		counter(descEvictions, st.Evictions)
 		gauge(descBytes, st.Bytes)
