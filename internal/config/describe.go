@@ -55,6 +55,12 @@ func Describe(w io.Writer, c *Config) {
 	p("cache:            success %d, denial %d entries, %d bytes", c.Cache.SuccessCapacity, c.Cache.DenialCapacity, c.Cache.MaxBytes)
 	p("ttl caps:         cluster success %v denial %v; other success %v denial %v; min %v; servfail %v",
 		c.Cache.ClusterSuccessTTL, c.Cache.ClusterDenialTTL, c.Cache.SuccessTTL, c.Cache.DenialTTL, c.Cache.MinTTL, c.Cache.ServFailTTL)
+	p("serve-stale:      %v past expiry (client waits %v for a refresh, recheck %v after a failed one)", c.Cache.StaleWindow, c.Cache.StaleClientTimeout, c.Cache.StaleRecheck)
+	if len(c.Cache.LastKnownGood) > 0 {
+		p("last-known-good:  %v: the last answer that answers is kept, within the serve-stale window, over NXDOMAIN, NODATA, empty and referral refreshes (a deleted record is served until the window ends)", c.Cache.LastKnownGood)
+	} else {
+		p("last-known-good:  off")
+	}
 	if c.Autopath.Enabled {
 		p("autopath:         on: pods of node %q (API server, in-cluster credentials), node search domains from %s", c.Autopath.NodeName, c.Autopath.NodeResolvConf)
 	} else {
