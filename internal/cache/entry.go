@@ -72,44 +72,45 @@ type rrField struct {
 // layout of its records (TTL offsets and record ends). Entries are immutable once built, so a reader
 // may use one after the shard lock is released.
 type Entry struct {
-	msg     []byte
-	rrs     []rrField // in message order: answer, authority, additional
-	nameLen uint16
-	qtype   uint16
-	qclass  uint16
-	flags   uint8
-	kind    Kind
-	rcode   uint8
-	hash    uint64
-	stored  int64 // unix nanoseconds
-	expires int64 // unix nanoseconds
-	// staleUntil ends the serve-stale window (RFC 8767); equal to expires
-	// when the entry may not be served stale.
-	staleUntil int64
+	msg  []byte
+	rrs  []rrField // in message order: answer, authority, additional
+	hash uint64
+	// Unix nanoseconds: stored, expires; staleUntil ends the serve-stale
+	// window (RFC 8767), equal to expires when the entry may not be
+	// served stale.
+	stored, expires, staleUntil int64
 	// Owned by the shard lock: recency-list links, hits during the entry's life
 	// (for prefetch), whether a prefetch was started, and the time before
 	// which a stale entry is served without trying the upstream again
 	// (set when a refresh failed).
 	prev, next   *Entry
-	hits         uint32
 	lastUsed     int64 // unix ns of the last hit (eviction tie-break)
-	prefetching  bool
 	refreshAfter int64
-	keepTTL      bool // Policy.KeepTTL: no countdown
-	// Policy.PrefetchSet: the entry's own prefetch rule.
-	pfSet  bool
-	pfPct  uint8
-	pfHits uint32
-	tag    uint16 // Policy.Tag
+	// lkg and kept: the zone's prefer_positive counters, and whether a
+	// refresh that did not answer the question was refused in favour of
+	// this entry (see Keep).
+	lkg      *LastKnownGood
+	hits     uint32
+	pfHits   uint32 // Policy.PrefetchSet: the entry's own prefetch rule
+	staleTTL uint32 // the TTL of every record when served stale
+	nameLen  uint16
+	qtype    uint16
+	qclass   uint16
+	tag      uint16 // Policy.Tag
+	flags    uint8
+	kind     Kind
+	rcode    uint8
+	pfPct    uint8
+	pfSet    bool
+	// prefetching: a prefetch was started (shard lock).
+	prefetching bool
+	keepTTL     bool // Policy.KeepTTL: no countdown
 	// answering: a NOERROR whose answer section answers the question
-	// (computed only under Policy.PreferPositive). staleTTL: the TTL of
-	// every record when served stale. lkg and kept: the zone's
-	// prefer_positive counters, and whether a refresh that did not answer
-	// the question was refused in favour of this entry (see Keep).
+	// (computed only under Policy.PreferPositive).
 	answering bool
-	staleTTL  uint32
-	lkg       *LastKnownGood
 	kept      atomic.Bool
+	// Fields ordered by size: 152 bytes, in the 160-byte size class the
+	// entry had before the prefer_positive fields.
 }
 
 // Kind reports what the entry answers.
