@@ -193,8 +193,12 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			haveCache = true
 			succCap += ca.SuccessCap
 			denCap += ca.DenialCap
-			mapped(s, "cache: success %d cap %v min %v, denial %d cap %v min %v, servfail %v, prefetch %d, serve_stale %v: the policy of names in %v; capacities add to the shared cache",
-				ca.SuccessCap, ca.SuccessTTL, ca.SuccessMinTTL, ca.DenialCap, ca.DenialTTL, ca.DenialMinTTL, ca.ServFail, ca.Prefetch, ca.ServeStale, s.Zones)
+			policy := ""
+			if ca.PreferPositive {
+				policy = " (serve_stale_policy prefer_positive)"
+			}
+			mapped(s, "cache: success %d cap %v min %v, denial %d cap %v min %v, servfail %v, prefetch %d, serve_stale %v%s: the policy of names in %v; capacities add to the shared cache",
+				ca.SuccessCap, ca.SuccessTTL, ca.SuccessMinTTL, ca.DenialCap, ca.DenialTTL, ca.DenialMinTTL, ca.ServFail, ca.Prefetch, ca.ServeStale, policy, s.Zones)
 		} else {
 			mapped(s, "no cache: names of %v are not cached", s.Zones)
 		}
