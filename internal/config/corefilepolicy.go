@@ -130,6 +130,8 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 	}
 	if prefer && zp.StaleWindow > 0 {
 		zp.TTL.PreferPositive, zp.TTL.LastKnownGood = true, cache.LastKnownGoodCounter(label)
+	} else if prefer && note == "" {
+		note = fmt.Sprintf("%s: -last-known-good %s: zone %s has no serve_stale, so nothing is kept there (the stale window bounds the policy)", s.Pos, label, z)
 	}
 	return zp, note
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -126,5 +127,17 @@ b.example:53 {
 	}
 	if zonePolicy(t, c, "a.example.").TTL.PreferPositive || !zonePolicy(t, c, "b.example.").TTL.PreferPositive {
 		t.Fatal("-last-known-good does not win over the Corefile")
+	}
+	// A listed zone whose block has no serve_stale: a note, nothing kept.
+	c, err = corefileConfig(t, `b.example:53 {
+    cache
+    forward . 10.150.0.9
+}
+`, "-last-known-good", "b.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if zonePolicy(t, c, "b.example.").TTL.PreferPositive || !strings.Contains(strings.Join(c.DropIn.Notes, "\n"), "has no serve_stale") {
+		t.Fatalf("no serve_stale: %+v, notes %q", zonePolicy(t, c, "b.example."), c.DropIn.Notes)
 	}
 }
