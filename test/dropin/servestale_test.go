@@ -136,6 +136,15 @@ recheck.example:%[1]d {
     }
     forward . %[2]s
 }
+zerottl.example:%[1]d {
+    cache {
+        success 9984 2 1
+        denial 9984 2 1
+        serve_stale 1h immediate 0s
+        serve_stale_policy prefer_positive
+    }
+    forward . %[2]s
+}
 window.example:%[1]d {
     cache {
         success 9984 2 1
@@ -153,7 +162,7 @@ window.example:%[1]d {
 // a name into NXDOMAIN, NODATA, an empty NOERROR, a referral, additional
 // data only or SERVFAIL, then back to an answer. At each step both servers
 // give the same rcode and records, and TTLs within a second (stale answers
-// carry the response TTL, 30); the blocks with a failure recheck ask their
+// carry the response TTL, 30, or 0 where it is given as 0); the blocks with a failure recheck ask their
 // upstream as often as CoreDNS does.
 func TestServeStalePolicyParityWithCoreDNS(t *testing.T) {
 	if testing.Short() {
@@ -185,7 +194,7 @@ func TestServeStalePolicyParityWithCoreDNS(t *testing.T) {
 	waitDNS(t, aCore)
 
 	modes := []string{"nx", "nodata", "empty", "referral", "extra", "sf"}
-	zones := []string{"lkg", "plain", "verify", "recheck", "window"}
+	zones := []string{"lkg", "plain", "verify", "recheck", "window", "zerottl"}
 	var names []string
 	for _, z := range zones {
 		for _, m := range modes {
