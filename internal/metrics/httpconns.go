@@ -154,13 +154,6 @@ func (l *connLimiter) connState(c net.Conn, st http.ConnState) {
 	}
 }
 
-// open is the number of connections kept.
-func (l *connLimiter) open() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.conns)
-}
-
 // Close gives up the connection's place and closes it.
 func (c *limitedConn) Close() error {
 	c.closeOnce.Do(func() {
