@@ -204,6 +204,7 @@ func equalFold(a, b []byte) bool {
 
 type memoKey struct {
 	src  netip.Addr
+	view uint8  // the listen address's view (Corefile views)
 	name string // lower case, absolute
 }
 
@@ -253,11 +254,19 @@ var Reasons = []string{ReasonNotSynced, ReasonUnknownPod, ReasonIneligible, Reas
 // other query of the pair may get the autopath answer), but drop the query
 // as one it gave up on.
 func (a *Autopath) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
+	return a.AnswerIn(ctx, 0, src, qname, qtype)
+}
+
+// AnswerIn is Answer for a query that arrived on view (the index of the
+// Corefile view of its listen address): decisions are kept per view, and
+// Resolve is expected to resolve through the same view (the daemon passes
+// it in ctx).
+func (a *Autopath) AnswerIn(ctx context.Context, view uint8, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
 	if !a.Candidate(qname, qtype) {
 		return nil, nil
 	}
 	src = src.Unmap()
-	key := memoKey{src: src, name: strings.ToLower(dns.Fqdn(qname))}
+	key := memoKey{src: src, view: view, name: strings.ToLower(dns.Fqdn(qname))}
 	d, owner := a.memoGet(key)
 	var res Result
 	if owner {

@@ -14,6 +14,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -60,9 +61,11 @@ func (h *autopathHook) Candidate(q *wire.Query) bool {
 	return w != nil && w.State() == podwatch.Synced && h.ap.CandidateWire(q.Name, q.Type)
 }
 
-// Answer is the decision, in the miss goroutine.
+// Answer is the decision, in the miss goroutine, for the view the query
+// arrived on (decisions are kept per view).
 func (h *autopathHook) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
-	return h.ap.Answer(ctx, src, qname, qtype)
+	_, view, _ := server.CandidateView(ctx)
+	return h.ap.AnswerIn(ctx, view, src, qname, qtype)
 }
 
 // resolveCandidate resolves a candidate through the Resolver: the cache,
@@ -83,7 +86,13 @@ func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) au
 			return autopath.Result{}, err
 		}
 		q.From = resolve.Asker(ctx) // the pod's, when the server records askers
-		e, stale, err := res.Resolve(ctx, &q)
+		r := res
+		if vr, view, ok := server.CandidateView(ctx); ok && vr != nil {
+			// The view the client's query arrived on: its zones, forwards
+			// and refusals, and its cache key.
+			r, q.View = vr, view
+		}
+		e, stale, err := r.Resolve(ctx, &q)
 		if err != nil {
 			return autopath.Result{}, err
 		}
@@ -97,20 +106,20 @@ func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) au
 		if err := am.Unpack(out); err != nil {
 			return autopath.Result{}, err
 		}
-		r := autopath.Result{Rcode: am.Rcode, Answer: am.Answer, Ns: am.Ns}
+		ar := autopath.Result{Rcode: am.Rcode, Answer: am.Answer, Ns: am.Ns}
 		if len(am.Answer) > 0 {
-			r.TTL = ^uint32(0)
+			ar.TTL = ^uint32(0)
 			for _, rr := range am.Answer {
-				r.TTL = min(r.TTL, rr.Header().Ttl)
+				ar.TTL = min(ar.TTL, rr.Header().Ttl)
 			}
-			return r, nil
+			return ar, nil
 		}
 		for _, rr := range am.Ns {
 			if soa, ok := rr.(*dns.SOA); ok {
-				r.TTL = min(soa.Hdr.Ttl, soa.Minttl)
+				ar.TTL = min(soa.Hdr.Ttl, soa.Minttl)
 			}
 		}
-		return r, nil
+		return ar, nil
 	}
 }
 
