@@ -223,6 +223,30 @@ type decision struct {
 	saved  int    // client queries saved per answered query
 	ttl    uint32 // smallest TTL of the skipped denials
 	qtype  uint16 // the type whose walk decided
+	// asked: the types the pod has asked for this name (typeBit), with
+	// a.mu held: the walk asks the other type too once the pod has.
+	asked uint8
+}
+
+func typeBit(t uint16) uint8 {
+	if t == dns.TypeA {
+		return 1
+	}
+	return 2
+}
+
+func other(t uint16) uint16 {
+	if t == dns.TypeA {
+		return dns.TypeAAAA
+	}
+	return dns.TypeA
+}
+
+// wasAsked reports whether the pod has asked qtype for d's name.
+func (a *Autopath) wasAsked(d *decision, qtype uint16) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return d.asked&typeBit(qtype) != 0
 }
 
 // Decline reasons (the metric's label values).
@@ -267,7 +291,7 @@ func (a *Autopath) AnswerIn(ctx context.Context, view uint8, src netip.Addr, qna
 	}
 	src = src.Unmap()
 	key := memoKey{src: src, view: view, name: strings.ToLower(dns.Fqdn(qname))}
-	d, owner := a.memoGet(key)
+	d, owner := a.memoGet(key, qtype)
 	var res Result
 	if owner {
 		res = a.decide(ctx, key, d, qtype)
@@ -309,15 +333,16 @@ func entryBytes(key memoKey, target string) int {
 // another 255 bytes: the largest the target can make it); otherwise every
 // new lookup (or the pod's) declines for a memo TTL, so both queries of a
 // pair decline alike.
-func (a *Autopath) memoGet(key memoKey) (*decision, bool) {
+func (a *Autopath) memoGet(key memoKey, qtype uint16) (*decision, bool) {
 	now := a.clk.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if d, ok := a.memo[key]; ok && now.Before(d.expires) {
+		d.asked |= typeBit(qtype)
 		return d, false
 	}
 	a.sweep(now)
-	d := &decision{key: key, done: make(chan struct{}), expires: now.Add(a.cfg.MemoTTL)}
+	d := &decision{key: key, done: make(chan struct{}), expires: now.Add(a.cfg.MemoTTL), asked: typeBit(qtype)}
 	size := entryBytes(key, key.name) + 255
 	pu := a.pods[key.src]
 	if pu == nil {
@@ -424,7 +449,7 @@ func (a *Autopath) decide(ctx context.Context, key memoKey, d *decision, qtype u
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
-	k, res, reason := a.walk(ctx, cands, qtype)
+	k, res, reason := a.walk(ctx, d, cands, qtype)
 	if reason != "" {
 		d.reason = reason
 		return Result{}
@@ -445,41 +470,80 @@ type walkResult struct {
 	skippedTTL uint32
 }
 
-// walk asks the candidates for qtype one after the other, in the client's
-// order, and stops where the client's own walk would: it sends upstream
-// no name the client would not have sent, and none after the one the
-// client would have stopped at. Every answer it fetches is cached, so when
-// autopath declines, the client's walk replays it locally.
+// walk asks the candidates one after the other, in the client's order,
+// for qtype, and for the other type too once the pod has asked it (the two
+// queries of a getaddrinfo with AF_UNSPEC: its walk asks both at every
+// candidate, in parallel). It stops where the client's own walk would: it
+// sends upstream no name (and no type) the client would not have sent, and
+// none after the one the client would have stopped at. Every answer it
+// fetches is cached, so when autopath declines, the client's walk replays
+// it locally.
 //
 //   - The first candidate is the client's own query: any answer but
 //     NXDOMAIN is the client's answer (declined, answered as usual from
 //     the cache), without touching the other candidates.
 //   - NXDOMAIN moves on: every stub resolver walks past it. NXDOMAIN is
 //     for the name, whatever the type (RFC 8020), so the other type's
-//     walk would end at the same candidate.
+//     walk would end at the same candidate; where the other type's answer
+//     is known it must be NXDOMAIN too.
 //   - A candidate with records of qtype is the target.
+//   - NODATA for qtype where the pod asked the other type and the
+//     candidate has records of it: every stub resolver's AF_UNSPEC walk
+//     ends there, with the other type's addresses; the target.
 //   - NODATA at the last candidate: every stub resolver ends there without
 //     an address of qtype; the target (CNAME and no records).
-//   - NODATA or a failure before the last: glibc and Go walk on, musl
-//     stops after NODATA, everyone retries or gives up on SERVFAIL:
-//     declined, the client walks by itself.
-func (a *Autopath) walk(ctx context.Context, cands []string, qtype uint16) (int, walkResult, string) {
+//   - NODATA otherwise, or a failure: glibc and Go walk on, musl stops
+//     after NODATA, everyone retries or gives up on SERVFAIL: declined,
+//     the client walks by itself.
+func (a *Autopath) walk(ctx context.Context, d *decision, cands []string, qtype uint16) (int, walkResult, string) {
 	skipped := ^uint32(0)
+	o := other(qtype)
 	for i, c := range cands {
-		r, err := a.cfg.Resolve(ctx, c, qtype)
-		a.metrics.resolved.Inc()
-		if err != nil {
+		var r, ro Result
+		var err, erro error
+		both := a.wasAsked(d, o)
+		if both {
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ro, erro = a.cfg.Resolve(ctx, c, o)
+			}()
+			r, err = a.cfg.Resolve(ctx, c, qtype)
+			wg.Wait()
+			a.metrics.resolved.Add(2)
+		} else {
+			r, err = a.cfg.Resolve(ctx, c, qtype)
+			a.metrics.resolved.Inc()
+		}
+		if err != nil || erro != nil {
 			return 0, walkResult{}, ReasonFailure
 		}
 		switch {
-		case r.Rcode == dns.RcodeNameError:
+		case r.Rcode == dns.RcodeNameError && (!both || ro.Rcode == dns.RcodeNameError):
 			skipped = min(skipped, r.TTL)
+			if both {
+				skipped = min(skipped, ro.TTL)
+			}
 			continue
 		case i == 0:
 			return 0, walkResult{}, ReasonFirstExists
-		case r.Rcode != dns.RcodeSuccess:
+		case r.Rcode != dns.RcodeSuccess || (both && ro.Rcode != dns.RcodeSuccess):
 			return 0, walkResult{}, ReasonAmbiguous
 		case hasType(r.Answer, qtype) || i == len(cands)-1:
+			return i, walkResult{Result: r, skippedTTL: skipped}, ""
+		case !both && a.wasAsked(d, o):
+			// NODATA, and the pod's other query came meanwhile: ask it here.
+			ro, erro = a.cfg.Resolve(ctx, c, o)
+			a.metrics.resolved.Inc()
+			if erro != nil {
+				return 0, walkResult{}, ReasonFailure
+			}
+			if ro.Rcode == dns.RcodeSuccess && hasType(ro.Answer, o) {
+				return i, walkResult{Result: r, skippedTTL: skipped}, ""
+			}
+			return 0, walkResult{}, ReasonAmbiguous
+		case both && hasType(ro.Answer, o):
 			return i, walkResult{Result: r, skippedTTL: skipped}, ""
 		default:
 			return 0, walkResult{}, ReasonAmbiguous
