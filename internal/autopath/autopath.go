@@ -27,11 +27,34 @@ type Result struct {
 	// TTL is the smallest TTL involved: of the answer records, or the
 	// negative TTL of a denial.
 	TTL uint32
+	// Large: the answer is larger than Resolve unpacks while deciding
+	// (Answer and Ns are empty; HasRecords says whether Answer would hold
+	// records of the asked type). Autopath declines rather than answer
+	// with it: the client's own walk gets it from the cache as wire bytes.
+	// Resolve unpacks it anyway when NeedsRecords(ctx).
+	Large      bool
+	HasRecords bool
+}
+
+type needRecordsKey struct{}
+
+// NeedsRecords reports whether Resolve is called for an answer that must
+// be built (the other query of a pair decided on): a Large answer must be
+// unpacked then.
+func NeedsRecords(ctx context.Context) bool { return ctx.Value(needRecordsKey{}) != nil }
+
+// has reports whether r holds records of qtype.
+func (r Result) has(qtype uint16) bool {
+	if r.Large {
+		return r.HasRecords
+	}
+	return hasType(r.Answer, qtype)
 }
 
 // Resolve resolves one name (absolute, with trailing dot) and type through
 // the daemon's cache and coalescing. An error is a failure to get an
-// answer (timeout, overload), not a DNS denial.
+// answer (timeout, overload), not a DNS denial. The Result's records are
+// the caller's own (autopath sets their TTLs).
 type Resolve func(ctx context.Context, name string, qtype uint16) (Result, error)
 
 // Pods is the pod view (podwatch.Watch).
@@ -56,7 +79,7 @@ const (
 	DefaultMemoBytes = 4 << 20
 	// DefaultPodMemoBytes bounds one pod's share of the memo; past it that
 	// pod's new lookups decline for a memo TTL, the other pods' do not.
-	DefaultPodMemoBytes = 256 << 10
+	DefaultPodMemoBytes = 1 << 20
 )
 
 // entryOverhead is what a memo entry costs besides its two names: the map
@@ -261,11 +284,12 @@ const (
 	ReasonFailure     = "resolution_failed"
 	ReasonOverflow    = "memo_full"
 	ReasonPodOverflow = "pod_memo_full"
+	ReasonLarge       = "answer_too_large"
 )
 
 // Reasons lists every decline reason, for metrics.
 var Reasons = []string{ReasonNotSynced, ReasonUnknownPod, ReasonIneligible, ReasonNotSearch,
-	ReasonFirstExists, ReasonNoCandidate, ReasonAmbiguous, ReasonFailure, ReasonOverflow, ReasonPodOverflow}
+	ReasonFirstExists, ReasonNoCandidate, ReasonAmbiguous, ReasonFailure, ReasonOverflow, ReasonPodOverflow, ReasonLarge}
 
 // Answer returns the autopath answer to the query (qname as the client
 // wrote it, qtype) from src, or nil when autopath declines and the query
@@ -309,7 +333,7 @@ func (a *Autopath) AnswerIn(ctx context.Context, view uint8, src netip.Addr, qna
 	if !owner || qtype != d.qtype {
 		// The other query of the pair (or a repeat): the target's answer of
 		// this type, from the cache (the client's own walk would ask it).
-		ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+		ctx, cancel := context.WithTimeout(context.WithValue(ctx, needRecordsKey{}, true), a.cfg.Timeout)
 		defer cancel()
 		var err error
 		res, err = a.cfg.Resolve(ctx, d.target, qtype)
@@ -530,7 +554,9 @@ func (a *Autopath) walk(ctx context.Context, d *decision, cands []string, qtype 
 			return 0, walkResult{}, ReasonFirstExists
 		case r.Rcode != dns.RcodeSuccess || (both && ro.Rcode != dns.RcodeSuccess):
 			return 0, walkResult{}, ReasonAmbiguous
-		case hasType(r.Answer, qtype) || i == len(cands)-1:
+		case r.Large || (both && ro.Large):
+			return 0, walkResult{}, ReasonLarge
+		case r.has(qtype) || i == len(cands)-1:
 			return i, walkResult{Result: r, skippedTTL: skipped}, ""
 		case !both && a.wasAsked(d, o):
 			// NODATA, and the pod's other query came meanwhile: ask it here.
@@ -539,11 +565,11 @@ func (a *Autopath) walk(ctx context.Context, d *decision, cands []string, qtype 
 			if erro != nil {
 				return 0, walkResult{}, ReasonFailure
 			}
-			if ro.Rcode == dns.RcodeSuccess && hasType(ro.Answer, o) {
+			if ro.Rcode == dns.RcodeSuccess && ro.has(o) {
 				return i, walkResult{Result: r, skippedTTL: skipped}, ""
 			}
 			return 0, walkResult{}, ReasonAmbiguous
-		case both && hasType(ro.Answer, o):
+		case both && ro.has(o):
 			return i, walkResult{Result: r, skippedTTL: skipped}, ""
 		default:
 			return 0, walkResult{}, ReasonAmbiguous
@@ -621,16 +647,16 @@ func (d *decision) answer(qname string, qtype uint16, r Result, now time.Time) *
 		Hdr:    dns.RR_Header{Name: dns.Fqdn(qname), Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: ttl},
 		Target: d.target,
 	})
+	// The records are this query's own (Resolve unpacks them for each
+	// call): their TTLs are set in place, not on copies.
 	for _, rr := range r.Answer {
-		c := dns.Copy(rr)
-		c.Header().Ttl = ttl
-		m.Answer = append(m.Answer, c)
+		rr.Header().Ttl = ttl
+		m.Answer = append(m.Answer, rr)
 	}
 	if !hasType(r.Answer, qtype) {
 		for _, rr := range r.Ns {
-			c := dns.Copy(rr)
-			c.Header().Ttl = min(c.Header().Ttl, ttl)
-			m.Ns = append(m.Ns, c)
+			rr.Header().Ttl = min(rr.Header().Ttl, ttl)
+			m.Ns = append(m.Ns, rr)
 		}
 	}
 	return m

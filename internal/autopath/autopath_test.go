@@ -82,7 +82,7 @@ func (z *zone) resolve(ctx context.Context, name string, qtype uint16) (Result, 
 	r := Result{Rcode: dns.RcodeSuccess, TTL: ^uint32(0)}
 	for _, rr := range rrs {
 		if rr.Header().Rrtype == qtype {
-			r.Answer = append(r.Answer, rr)
+			r.Answer = append(r.Answer, dns.Copy(rr))
 			r.TTL = min(r.TTL, rr.Header().Ttl)
 		}
 	}
@@ -314,6 +314,28 @@ func TestAutopathConcurrentPairResolvesOnce(t *testing.T) {
 	// walk: 10.
 	if got[0] == nil || got[1] == nil || z.calls.Load() != 10 {
 		t.Errorf("answers %v %v after %d resolves, want both after 10", got[0] != nil, got[1] != nil, z.calls.Load())
+	}
+}
+
+// A target whose answer is too large to unpack while deciding is declined
+// (memoised, for both queries of the pair); the first candidate's own
+// large answer is the client's (first candidate exists).
+func TestAutopathLargeTargetDeclines(t *testing.T) {
+	z := newZone("big.example. 30 IN A 192.0.2.1")
+	f := newFixture(t, z)
+	f.ap.cfg.Resolve = func(ctx context.Context, name string, qtype uint16) (Result, error) {
+		r, err := z.resolve(ctx, name, qtype)
+		if name == "big.example." && !NeedsRecords(ctx) {
+			r = Result{Rcode: r.Rcode, TTL: r.TTL, Large: true, HasRecords: len(r.Answer) > 0}
+		}
+		return r, err
+	}
+	q := "big.example.shop.svc.cluster.local."
+	if f.ask(q, dns.TypeA) != nil || f.ask(q, dns.TypeAAAA) != nil {
+		t.Error("answered with a large target")
+	}
+	if v := metricValues(t, f.ap)[`nodelocaldns_autopath_declined_total{reason="answer_too_large"}`]; v != 2 {
+		t.Errorf("answer_too_large %v, want 2", v)
 	}
 }
 

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"sync/atomic"
@@ -68,6 +69,18 @@ func (h *autopathHook) Answer(ctx context.Context, src netip.Addr, qname string,
 	return h.ap.AnswerIn(ctx, view, src, qname, qtype)
 }
 
+// maxCandidateUnpack: a candidate answer larger than this (in wire bytes,
+// as the cache writes it) is not unpacked while autopath decides; it
+// declines such a target (autopath.Result.Large). 4 KiB is the largest UDP
+// answer a client takes by default (-max-client-udp-size), and an unpacked
+// answer takes several times its wire size: at most 1024 misses in flight
+// (-max-inflight) hold at most a few tens of MiB of unpacked answers.
+const maxCandidateUnpack = 4096
+
+// largeUnpacks bounds the large answers unpacked at once for the rare
+// pair whose second type's answer is large after the first decided.
+var largeUnpacks = make(chan struct{}, 4)
+
 // resolveCandidate resolves a candidate through the Resolver: the cache,
 // coalescing, admission and serve-stale of any miss, and what it fetches
 // is stored, so the client's follow-up queries (the CNAME's target) are
@@ -101,6 +114,22 @@ func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) au
 			out = e.WriteStale(nil, &q, 0xFFFF, udpSize)
 		} else {
 			out = e.Write(nil, &q, clk.Now().UnixNano(), 0xFFFF, udpSize)
+		}
+		if len(out) > maxCandidateUnpack {
+			if !autopath.NeedsRecords(ctx) {
+				// Deciding: autopath declines a large target, so only the
+				// header is read (a hostile pod's large answers are never
+				// unpacked while it walks).
+				return autopath.Result{Rcode: int(out[3] & 0xF), Large: true,
+					HasRecords: binary.BigEndian.Uint16(out[6:8]) > 0}, nil
+			}
+			// The other query of a pair decided on: built, a few at a time.
+			select {
+			case largeUnpacks <- struct{}{}:
+				defer func() { <-largeUnpacks }()
+			case <-ctx.Done():
+				return autopath.Result{}, ctx.Err()
+			}
 		}
 		var am dns.Msg
 		if err := am.Unpack(out); err != nil {
