@@ -154,7 +154,7 @@ func TestAutopathCostTable(t *testing.T) {
 	common := []string{"-localip", p.hostIP.String(), "-kube-dns", kubeIP, "-resolv-conf", nodeResolv, "-kubednscm", ""}
 	creds := credentials(t, api, dir)
 
-	const reps = 3
+	const reps = 5
 	families := []string{"unspec", "inet"}
 	cnames := []string{"glibc", "musl", "go"}
 	// cells[mode][client family class first|repeat] over reps runs.
@@ -208,7 +208,7 @@ func TestAutopathCostTable(t *testing.T) {
 	}
 	var table []string
 	table = append(table,
-		"| class | client | family | lookup | client queries | kube-dns | node resolver | latency ms (median of 3) |",
+		"| class | client | family | lookup | client queries | kube-dns | node resolver | latency ms (median of 5) |",
 		"|---|---|---|---|---|---|---|---|")
 	for _, c := range costClasses {
 		for _, client := range cnames {
