@@ -122,7 +122,8 @@ func normalise(names []string) []string {
 // queries with autopath are never more than without, for each upstream, on
 // the first and on the repeated lookup; the node's resolver is never asked
 // a name it is not asked without autopath; every lookup ends the same way.
-// It logs the table docs/autopath.md shows (NLD_COST_TABLE=FILE writes it).
+// It logs the table docs/autopath.md shows (NLD_COST_TABLE=FILE writes it;
+// NLD_COST_BINARY=PATH measures another build).
 func TestAutopathCostTable(t *testing.T) {
 	clients := buildClients(t)
 	need(t, "needs unshare (util-linux)", lookPath("unshare"))
@@ -137,9 +138,12 @@ func TestAutopathCostTable(t *testing.T) {
 	api.SetPodIP("shop", "web", p.ip.String())
 
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "nodelocaldns")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/nodelocaldns").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	bin := os.Getenv("NLD_COST_BINARY") // another build (an earlier commit's), for before-and-after figures
+	if bin == "" {
+		bin = filepath.Join(dir, "nodelocaldns")
+		if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/nodelocaldns").CombinedOutput(); err != nil {
+			t.Fatalf("build: %v\n%s", err, out)
+		}
 	}
 	kubeRules, nodeRules := costZones()
 	kubeIP, nodeIP := testhost.Loopback(), testhost.Loopback()
