@@ -27,11 +27,34 @@ type Result struct {
 	// TTL is the smallest TTL involved: of the answer records, or the
 	// negative TTL of a denial.
 	TTL uint32
+	// Large: the answer is larger than Resolve unpacks while deciding
+	// (Answer and Ns are empty; HasRecords says whether Answer would hold
+	// records of the asked type). Autopath declines rather than answer
+	// with it: the client's own walk gets it from the cache as wire bytes.
+	// Resolve unpacks it anyway when NeedsRecords(ctx).
+	Large      bool
+	HasRecords bool
+}
+
+type needRecordsKey struct{}
+
+// NeedsRecords reports whether Resolve is called for an answer that must
+// be built (the other query of a pair decided on): a Large answer must be
+// unpacked then.
+func NeedsRecords(ctx context.Context) bool { return ctx.Value(needRecordsKey{}) != nil }
+
+// has reports whether r holds records of qtype.
+func (r Result) has(qtype uint16) bool {
+	if r.Large {
+		return r.HasRecords
+	}
+	return hasType(r.Answer, qtype)
 }
 
 // Resolve resolves one name (absolute, with trailing dot) and type through
 // the daemon's cache and coalescing. An error is a failure to get an
-// answer (timeout, overload), not a DNS denial.
+// answer (timeout, overload), not a DNS denial. The Result's records are
+// the caller's own (autopath sets their TTLs).
 type Resolve func(ctx context.Context, name string, qtype uint16) (Result, error)
 
 // Pods is the pod view (podwatch.Watch).
@@ -50,11 +73,19 @@ const (
 	// DefaultTimeout bounds resolving the candidates: below glibc's 5 s
 	// timeout, like -forward-timeout.
 	DefaultTimeout = 4 * time.Second
-	// DefaultMemoEntries bounds the memo: about 200 bytes each without
-	// results, a few KiB with, so at most tens of MiB under a flood of
-	// distinct names; past it autopath declines for a memo TTL.
-	DefaultMemoEntries = 16384
+	// DefaultMemoBytes bounds the memo in bytes (entryBytes each: a
+	// decision is a target name and a few numbers, never records); past
+	// it every new lookup declines for a memo TTL.
+	DefaultMemoBytes = 4 << 20
+	// DefaultPodMemoBytes bounds one pod's share of the memo; past it that
+	// pod's new lookups decline for a memo TTL, the other pods' do not.
+	DefaultPodMemoBytes = 1 << 20
 )
+
+// entryOverhead is what a memo entry costs besides its two names: the map
+// slot and key, the decision (its channel included), its place in the
+// expiry queue. TestMemoBytesAccounting checks it against the heap.
+const entryOverhead = 512
 
 // Config wires an Autopath.
 type Config struct {
@@ -65,7 +96,10 @@ type Config struct {
 	Clock         clock.Clock
 	MemoTTL       time.Duration
 	Timeout       time.Duration
-	MemoEntries   int
+	// MemoBytes and PodMemoBytes: DefaultMemoBytes and
+	// DefaultPodMemoBytes when 0.
+	MemoBytes    int
+	PodMemoBytes int
 }
 
 // Autopath decides and builds autopath answers. Safe for concurrent use.
@@ -77,13 +111,24 @@ type Autopath struct {
 	svcWire []byte
 	mu      sync.Mutex
 	memo    map[memoKey]*decision
+	// queue holds the memo's decisions in the order they expire (one TTL
+	// for all: the order they were made); queue[head:] are live. Each new
+	// decision removes the expired ones at the front: amortised O(1).
+	queue []*decision
+	head  int
+	bytes int
+	pods  map[netip.Addr]*podUse
 	// overflowUntil: the memo was full; every new lookup declines until
 	// then, so both queries of a pair decline alike.
 	overflowUntil time.Time
-	// nextSweep: when expired decisions are next removed.
-	nextSweep time.Time
 
 	metrics *metrics
+}
+
+// podUse is one pod's share of the memo.
+type podUse struct {
+	bytes         int
+	overflowUntil time.Time
 }
 
 // New returns an Autopath.
@@ -101,15 +146,18 @@ func New(cfg Config) (*Autopath, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	if cfg.MemoEntries <= 0 {
-		cfg.MemoEntries = DefaultMemoEntries
+	if cfg.MemoBytes <= 0 {
+		cfg.MemoBytes = DefaultMemoBytes
+	}
+	if cfg.PodMemoBytes <= 0 {
+		cfg.PodMemoBytes = DefaultPodMemoBytes
 	}
 	buf := make([]byte, 256)
 	n, err := dns.PackDomainName("svc."+cd, buf, 0, nil, false)
 	if err != nil {
 		return nil, fmt.Errorf("autopath: cluster domain %q: %w", cfg.ClusterDomain, err)
 	}
-	a := &Autopath{cfg: cfg, clk: clock.Or(cfg.Clock), svc: ".svc." + cd, svcWire: buf[:n:n], memo: map[memoKey]*decision{}}
+	a := &Autopath{cfg: cfg, clk: clock.Or(cfg.Clock), svc: ".svc." + cd, svcWire: buf[:n:n], memo: map[memoKey]*decision{}, pods: map[netip.Addr]*podUse{}}
 	a.metrics = newMetrics(a)
 	return a, nil
 }
@@ -179,21 +227,49 @@ func equalFold(a, b []byte) bool {
 
 type memoKey struct {
 	src  netip.Addr
+	view uint8  // the listen address's view (Corefile views)
 	name string // lower case, absolute
 }
 
 // decision is the outcome for (pod address, name), shared by the A and
-// AAAA queries of one lookup.
+// AAAA queries of one lookup. It holds no records: an answer is built from
+// the cache's entry for the target, which the cache's byte budget bounds.
 type decision struct {
+	key     memoKey
 	done    chan struct{}
 	expires time.Time
+	size    int // bytes counted in the memo; 0 when not memoised
 	// Set before done closes:
 	reason string // why autopath declined; "" when it answers
 	at     time.Time
-	target string            // the candidate answered with
-	saved  int               // client queries per type saved
-	ttl    uint32            // smallest TTL of the skipped denials
-	res    map[uint16]Result // target's results by type
+	target string // the candidate answered with
+	saved  int    // client queries saved per answered query
+	ttl    uint32 // smallest TTL of the skipped denials
+	qtype  uint16 // the type whose walk decided
+	// asked: the types the pod has asked for this name (typeBit), with
+	// a.mu held: the walk asks the other type too once the pod has.
+	asked uint8
+}
+
+func typeBit(t uint16) uint8 {
+	if t == dns.TypeA {
+		return 1
+	}
+	return 2
+}
+
+func other(t uint16) uint16 {
+	if t == dns.TypeA {
+		return dns.TypeAAAA
+	}
+	return dns.TypeA
+}
+
+// wasAsked reports whether the pod has asked qtype for d's name.
+func (a *Autopath) wasAsked(d *decision, qtype uint16) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return d.asked&typeBit(qtype) != 0
 }
 
 // Decline reasons (the metric's label values).
@@ -207,11 +283,13 @@ const (
 	ReasonAmbiguous   = "stub_resolvers_would_differ"
 	ReasonFailure     = "resolution_failed"
 	ReasonOverflow    = "memo_full"
+	ReasonPodOverflow = "pod_memo_full"
+	ReasonLarge       = "answer_too_large"
 )
 
 // Reasons lists every decline reason, for metrics.
 var Reasons = []string{ReasonNotSynced, ReasonUnknownPod, ReasonIneligible, ReasonNotSearch,
-	ReasonFirstExists, ReasonNoCandidate, ReasonAmbiguous, ReasonFailure, ReasonOverflow}
+	ReasonFirstExists, ReasonNoCandidate, ReasonAmbiguous, ReasonFailure, ReasonOverflow, ReasonPodOverflow, ReasonLarge}
 
 // Answer returns the autopath answer to the query (qname as the client
 // wrote it, qtype) from src, or nil when autopath declines and the query
@@ -219,19 +297,29 @@ var Reasons = []string{ReasonNotSynced, ReasonUnknownPod, ReasonIneligible, Reas
 // sections set; the caller sets the ID, flags and EDNS as for any answer.
 // It blocks while the candidates are resolved (at most the timeout).
 //
-// An error means ctx ended before the decision was known: the caller must
-// not answer as usual then (the other query of the pair may get the
-// autopath answer), but drop the query as one it gave up on.
+// An error means ctx ended before the decision was known, or the target's
+// answer could not be had: the caller must not answer as usual then (the
+// other query of the pair may get the autopath answer), but drop the query
+// as one it gave up on.
 func (a *Autopath) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
+	return a.AnswerIn(ctx, 0, src, qname, qtype)
+}
+
+// AnswerIn is Answer for a query that arrived on view (the index of the
+// Corefile view of its listen address): decisions are kept per view, and
+// Resolve is expected to resolve through the same view (the daemon passes
+// it in ctx).
+func (a *Autopath) AnswerIn(ctx context.Context, view uint8, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
 	if !a.Candidate(qname, qtype) {
 		return nil, nil
 	}
 	src = src.Unmap()
-	key := memoKey{src: src, name: strings.ToLower(dns.Fqdn(qname))}
-	d, owner := a.memoGet(key)
+	key := memoKey{src: src, view: view, name: strings.ToLower(dns.Fqdn(qname))}
+	d, owner := a.memoGet(key, qtype)
+	var res Result
 	if owner {
-		a.decide(ctx, key, d)
-		close(d.done)
+		res = a.decide(ctx, key, d, qtype)
+		a.memoDone(d)
 	}
 	select {
 	case <-d.done:
@@ -242,82 +330,252 @@ func (a *Autopath) Answer(ctx context.Context, src netip.Addr, qname string, qty
 		a.metrics.declined.WithLabelValues(d.reason).Inc()
 		return nil, nil
 	}
+	if !owner || qtype != d.qtype {
+		// The other query of the pair (or a repeat): the target's answer of
+		// this type, from the cache (the client's own walk would ask it).
+		ctx, cancel := context.WithTimeout(context.WithValue(ctx, needRecordsKey{}, true), a.cfg.Timeout)
+		defer cancel()
+		var err error
+		res, err = a.cfg.Resolve(ctx, d.target, qtype)
+		if err != nil {
+			return nil, err
+		}
+	}
 	a.metrics.answered.Inc()
 	a.metrics.saved.Add(float64(d.saved))
-	return d.answer(qname, qtype, a.clk.Now()), nil
+	return d.answer(qname, qtype, res, a.clk.Now()), nil
+}
+
+// entryBytes is what a decision for key costs in the memo, target included.
+func entryBytes(key memoKey, target string) int {
+	return entryOverhead + len(key.name) + len(target)
 }
 
 // memoGet returns the decision for key, creating it (owner true) when
-// there is none alive.
-func (a *Autopath) memoGet(key memoKey) (*decision, bool) {
+// there is none alive. A new decision is memoised when the memo and the
+// pod's share have room for it (with a target as long as the name and
+// another 255 bytes: the largest the target can make it); otherwise every
+// new lookup (or the pod's) declines for a memo TTL, so both queries of a
+// pair decline alike.
+func (a *Autopath) memoGet(key memoKey, qtype uint16) (*decision, bool) {
 	now := a.clk.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if d, ok := a.memo[key]; ok && now.Before(d.expires) {
+		d.asked |= typeBit(qtype)
 		return d, false
 	}
-	d := &decision{done: make(chan struct{}), expires: now.Add(a.cfg.MemoTTL)}
-	if len(a.memo) >= a.cfg.MemoEntries || !now.Before(a.nextSweep) {
-		for k, old := range a.memo {
-			if !now.Before(old.expires) {
-				delete(a.memo, k)
-			}
-		}
-		a.nextSweep = now.Add(a.cfg.MemoTTL)
-		if len(a.memo) >= a.cfg.MemoEntries {
-			a.overflowUntil = now.Add(a.cfg.MemoTTL)
-		}
+	a.sweep(now)
+	d := &decision{key: key, done: make(chan struct{}), expires: now.Add(a.cfg.MemoTTL), asked: typeBit(qtype)}
+	size := entryBytes(key, key.name) + 255
+	pu := a.pods[key.src]
+	if pu == nil {
+		pu = &podUse{}
 	}
-	if now.Before(a.overflowUntil) {
-		// Not memoised; every lookup declines until overflowUntil.
+	switch {
+	case now.Before(a.overflowUntil):
 		d.reason = ReasonOverflow
+	case now.Before(pu.overflowUntil):
+		d.reason = ReasonPodOverflow
+	case a.bytes+size > a.cfg.MemoBytes:
+		a.overflowUntil = now.Add(a.cfg.MemoTTL)
+		d.reason = ReasonOverflow
+	case pu.bytes+size > a.cfg.PodMemoBytes:
+		pu.overflowUntil = now.Add(a.cfg.MemoTTL)
+		a.pods[key.src] = pu
+		d.reason = ReasonPodOverflow
+	}
+	if d.reason != "" {
 		close(d.done)
 		return d, false
 	}
+	if old, ok := a.memo[key]; ok {
+		a.forget(old) // expired, not yet swept
+	}
+	d.size = size
 	a.memo[key] = d
+	a.queue = append(a.queue, d)
+	a.bytes += size
+	pu.bytes += size
+	a.pods[key.src] = pu
 	return d, true
 }
 
-// decide fills d. Every way out but the last declines.
-func (a *Autopath) decide(ctx context.Context, key memoKey, d *decision) {
+// memoDone settles d's size (its target is known now) and releases its
+// waiters.
+func (a *Autopath) memoDone(d *decision) {
+	a.mu.Lock()
+	if d.size > 0 && a.memo[d.key] == d {
+		real := entryBytes(d.key, d.target)
+		a.bytes += real - d.size
+		if pu := a.pods[d.key.src]; pu != nil {
+			pu.bytes += real - d.size
+		}
+		d.size = real
+	}
+	a.mu.Unlock()
+	close(d.done)
+}
+
+// sweep removes the expired decisions at the front of the queue. With
+// a.mu held.
+func (a *Autopath) sweep(now time.Time) {
+	for a.head < len(a.queue) && !now.Before(a.queue[a.head].expires) {
+		d := a.queue[a.head]
+		a.queue[a.head] = nil
+		a.head++
+		if a.memo[d.key] == d {
+			delete(a.memo, d.key)
+			a.forget(d)
+		}
+	}
+	if a.head > 64 && a.head*2 > len(a.queue) {
+		n := copy(a.queue, a.queue[a.head:])
+		clear(a.queue[n:])
+		a.queue = a.queue[:n]
+		a.head = 0
+	}
+}
+
+// forget releases d's bytes (d is leaving the memo or was replaced). With
+// a.mu held.
+func (a *Autopath) forget(d *decision) {
+	a.bytes -= d.size
+	if pu := a.pods[d.key.src]; pu != nil {
+		pu.bytes -= d.size
+		if pu.bytes == 0 && !d.expires.Before(pu.overflowUntil) {
+			delete(a.pods, d.key.src)
+		}
+	}
+	d.size = 0
+}
+
+// decide fills d, walking the candidates for qtype, and returns the
+// target's result for qtype when autopath answers. Every way out but the
+// last declines.
+func (a *Autopath) decide(ctx context.Context, key memoKey, d *decision, qtype uint16) Result {
 	pod, state := a.cfg.Pods.Lookup(key.src)
 	switch {
 	case state != podwatch.Synced:
 		d.reason = ReasonNotSynced
-		return
+		return Result{}
 	case pod == nil:
 		d.reason = ReasonUnknownPod
-		return
+		return Result{}
 	case pod.Ineligible != "":
 		d.reason = ReasonIneligible
-		return
+		return Result{}
 	}
 	cands, ok := candidates(pod, key.name)
 	if !ok {
 		d.reason = ReasonNotSearch
-		return
+		return Result{}
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
-	res, err := a.resolveAll(ctx, cands)
-	if err != nil {
-		d.reason = ReasonFailure
-		return
-	}
-	k, reason := choose(res)
+	k, res, reason := a.walk(ctx, d, cands, qtype)
 	if reason != "" {
 		d.reason = reason
-		return
+		return Result{}
 	}
 	d.at = a.clk.Now()
 	d.target = cands[k]
 	d.saved = k
-	d.ttl = ^uint32(0)
-	for _, r := range res[:k] {
-		d.ttl = min(d.ttl, r[0].TTL, r[1].TTL)
-	}
-	d.res = map[uint16]Result{dns.TypeA: res[k][0], dns.TypeAAAA: res[k][1]}
+	d.qtype = qtype
+	d.ttl = res.skippedTTL
 	a.metrics.lookups.Inc()
+	return res.Result
+}
+
+// walkResult is the target's result and the smallest TTL of the denials
+// walked past.
+type walkResult struct {
+	Result
+	skippedTTL uint32
+}
+
+// walk asks the candidates one after the other, in the client's order,
+// for qtype, and for the other type too once the pod has asked it (the two
+// queries of a getaddrinfo with AF_UNSPEC: its walk asks both at every
+// candidate, in parallel). It stops where the client's own walk would: it
+// sends upstream no name (and no type) the client would not have sent, and
+// none after the one the client would have stopped at. Every answer it
+// fetches is cached, so when autopath declines, the client's walk replays
+// it locally.
+//
+//   - The first candidate is the client's own query: any answer but
+//     NXDOMAIN is the client's answer (declined, answered as usual from
+//     the cache), without touching the other candidates.
+//   - NXDOMAIN moves on: every stub resolver walks past it. NXDOMAIN is
+//     for the name, whatever the type (RFC 8020), so the other type's
+//     walk would end at the same candidate; where the other type's answer
+//     is known it must be NXDOMAIN too.
+//   - A candidate with records of qtype is the target.
+//   - NODATA for qtype where the pod asked the other type and the
+//     candidate has records of it: every stub resolver's AF_UNSPEC walk
+//     ends there, with the other type's addresses; the target.
+//   - NODATA at the last candidate: every stub resolver ends there without
+//     an address of qtype; the target (CNAME and no records).
+//   - NODATA otherwise, or a failure: glibc and Go walk on, musl stops
+//     after NODATA, everyone retries or gives up on SERVFAIL: declined,
+//     the client walks by itself.
+func (a *Autopath) walk(ctx context.Context, d *decision, cands []string, qtype uint16) (int, walkResult, string) {
+	skipped := ^uint32(0)
+	o := other(qtype)
+	for i, c := range cands {
+		var r, ro Result
+		var err, erro error
+		both := a.wasAsked(d, o)
+		if both {
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ro, erro = a.cfg.Resolve(ctx, c, o)
+			}()
+			r, err = a.cfg.Resolve(ctx, c, qtype)
+			wg.Wait()
+			a.metrics.resolved.Add(2)
+		} else {
+			r, err = a.cfg.Resolve(ctx, c, qtype)
+			a.metrics.resolved.Inc()
+		}
+		if err != nil || erro != nil {
+			return 0, walkResult{}, ReasonFailure
+		}
+		switch {
+		case r.Rcode == dns.RcodeNameError && (!both || ro.Rcode == dns.RcodeNameError):
+			skipped = min(skipped, r.TTL)
+			if both {
+				skipped = min(skipped, ro.TTL)
+			}
+			continue
+		case i == 0:
+			return 0, walkResult{}, ReasonFirstExists
+		case r.Rcode != dns.RcodeSuccess || (both && ro.Rcode != dns.RcodeSuccess):
+			return 0, walkResult{}, ReasonAmbiguous
+		case r.Large || (both && ro.Large):
+			return 0, walkResult{}, ReasonLarge
+		case r.has(qtype) || i == len(cands)-1:
+			return i, walkResult{Result: r, skippedTTL: skipped}, ""
+		case !both && a.wasAsked(d, o):
+			// NODATA, and the pod's other query came meanwhile: ask it here.
+			ro, erro = a.cfg.Resolve(ctx, c, o)
+			a.metrics.resolved.Inc()
+			if erro != nil {
+				return 0, walkResult{}, ReasonFailure
+			}
+			if ro.Rcode == dns.RcodeSuccess && ro.has(o) {
+				return i, walkResult{Result: r, skippedTTL: skipped}, ""
+			}
+			return 0, walkResult{}, ReasonAmbiguous
+		case both && ro.has(o):
+			return i, walkResult{Result: r, skippedTTL: skipped}, ""
+		default:
+			return 0, walkResult{}, ReasonAmbiguous
+		}
+	}
+	return 0, walkResult{}, ReasonNoCandidate
 }
 
 // candidates are the names the pod's resolver would ask after name (its
@@ -356,64 +614,6 @@ func candidates(p *podwatch.Pod, name string) ([]string, bool) {
 	return out, true
 }
 
-// resolveAll resolves every candidate for A and AAAA in parallel.
-func (a *Autopath) resolveAll(ctx context.Context, cands []string) ([][2]Result, error) {
-	res := make([][2]Result, len(cands))
-	errs := make([]error, 2*len(cands))
-	var wg sync.WaitGroup
-	for i, c := range cands {
-		for j, t := range [2]uint16{dns.TypeA, dns.TypeAAAA} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res[i][j], errs[2*i+j] = a.cfg.Resolve(ctx, c, t)
-			}()
-		}
-	}
-	wg.Wait()
-	a.metrics.resolved.Add(float64(2 * len(cands)))
-	return res, errors.Join(errs...)
-}
-
-// choose picks the candidate every stub resolver would end with, or says
-// why autopath must decline. The stubs differ on some answers: glibc moves
-// on after NXDOMAIN, NODATA and SERVFAIL; musl only after NXDOMAIN; Go
-// after any answer without addresses. Autopath answers only where they all
-// agree:
-//   - every candidate before the chosen one is NXDOMAIN for A and AAAA;
-//   - the chosen one is NOERROR for both and has records of at least one;
-//   - a type it has no records of has none at any later candidate either
-//     (a client asking only that type would walk on and find them).
-func choose(res [][2]Result) (int, string) {
-	for i, r := range res {
-		a, aaaa := r[0].Rcode, r[1].Rcode
-		switch {
-		case a == dns.RcodeNameError && aaaa == dns.RcodeNameError:
-			continue
-		case a != dns.RcodeSuccess || aaaa != dns.RcodeSuccess:
-			// SERVFAIL and friends, or NXDOMAIN for one type only.
-			return 0, ReasonAmbiguous
-		case i == 0:
-			return 0, ReasonFirstExists
-		}
-		hasA, hasAAAA := hasType(r[0].Answer, dns.TypeA), hasType(r[1].Answer, dns.TypeAAAA)
-		if !hasA && !hasAAAA {
-			// Exists without addresses: musl stops, glibc and Go walk on.
-			return 0, ReasonAmbiguous
-		}
-		for _, later := range res[i+1:] {
-			if !hasA && (later[0].Rcode != dns.RcodeNameError && (later[0].Rcode != dns.RcodeSuccess || hasType(later[0].Answer, dns.TypeA))) {
-				return 0, ReasonAmbiguous
-			}
-			if !hasAAAA && (later[1].Rcode != dns.RcodeNameError && (later[1].Rcode != dns.RcodeSuccess || hasType(later[1].Answer, dns.TypeAAAA))) {
-				return 0, ReasonAmbiguous
-			}
-		}
-		return i, ""
-	}
-	return 0, ReasonNoCandidate
-}
-
 func hasType(rrs []dns.RR, t uint16) bool {
 	for _, rr := range rrs {
 		if rr.Header().Rrtype == t {
@@ -423,37 +623,40 @@ func hasType(rrs []dns.RR, t uint16) bool {
 	return false
 }
 
-// answer builds the reply for qtype: a CNAME from the name asked (in the
-// client's case) to the target, then the target's records of that type,
-// or its authority section when it has none. Every TTL is the smallest
-// involved, less the decision's age.
-func (d *decision) answer(qname string, qtype uint16, now time.Time) *dns.Msg {
-	r := d.res[qtype]
-	ttl := min(d.ttl, r.TTL)
+// answer builds the reply for qtype from the target's result r: a CNAME
+// from the name asked (in the client's case) to the target, then the
+// target's records of that type, or its authority section when it has
+// none. Every TTL is the smallest involved, the skipped denials' less the
+// decision's age.
+func (d *decision) answer(qname string, qtype uint16, r Result, now time.Time) *dns.Msg {
+	ttl := d.ttl
 	age := uint32(now.Sub(d.at) / time.Second)
 	if age >= ttl {
 		ttl = 0
 	} else {
 		ttl -= age
 	}
+	if len(r.Answer) > 0 || r.Rcode != dns.RcodeSuccess || len(r.Ns) > 0 {
+		ttl = min(ttl, r.TTL)
+	}
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(qname), qtype)
 	m.Response = true
-	m.Rcode = dns.RcodeSuccess
+	m.Rcode = r.Rcode
 	m.Answer = append(m.Answer, &dns.CNAME{
 		Hdr:    dns.RR_Header{Name: dns.Fqdn(qname), Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: ttl},
 		Target: d.target,
 	})
+	// The records are this query's own (Resolve unpacks them for each
+	// call): their TTLs are set in place, not on copies.
 	for _, rr := range r.Answer {
-		c := dns.Copy(rr)
-		c.Header().Ttl = ttl
-		m.Answer = append(m.Answer, c)
+		rr.Header().Ttl = ttl
+		m.Answer = append(m.Answer, rr)
 	}
 	if !hasType(r.Answer, qtype) {
 		for _, rr := range r.Ns {
-			c := dns.Copy(rr)
-			c.Header().Ttl = min(c.Header().Ttl, ttl)
-			m.Ns = append(m.Ns, c)
+			rr.Header().Ttl = min(rr.Header().Ttl, ttl)
+			m.Ns = append(m.Ns, rr)
 		}
 	}
 	return m

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -81,7 +82,7 @@ func (z *zone) resolve(ctx context.Context, name string, qtype uint16) (Result, 
 	r := Result{Rcode: dns.RcodeSuccess, TTL: ^uint32(0)}
 	for _, rr := range rrs {
 		if rr.Header().Rrtype == qtype {
-			r.Answer = append(r.Answer, rr)
+			r.Answer = append(r.Answer, dns.Copy(rr))
 			r.TTL = min(r.TTL, rr.Header().Ttl)
 		}
 	}
@@ -154,13 +155,14 @@ func TestAutopathExternalName(t *testing.T) {
 		t.Errorf("A answer %s\n%q, want\n%q", dns.RcodeToString[a.Rcode], got, want)
 	}
 	calls := f.z.calls.Load()
-	if calls != 10 {
-		t.Errorf("%d candidates resolved, want 10 (5 names x A, AAAA)", calls)
+	if calls != 5 {
+		t.Errorf("%d candidates resolved, want 5 (the A walk: 5 names, as the client's own)", calls)
 	}
-	// The AAAA query of the same lookup reuses the decision, 2 s later.
+	// The AAAA query of the same lookup reuses the decision, 2 s later,
+	// and asks only the target's AAAA (the client's walk asks it too).
 	f.clk.Advance(2 * time.Second)
 	aaaa := f.ask("Api.Example.com.shop.svc.cluster.local.", dns.TypeAAAA)
-	if aaaa == nil || f.z.calls.Load() != calls {
+	if aaaa == nil || f.z.calls.Load() != calls+1 {
 		t.Fatalf("AAAA: %v, %d resolves", aaaa, f.z.calls.Load()-calls)
 	}
 	if got := rrStrings(aaaa.Answer); len(got) != 2 || got[1] != "api.example.com. 28 IN AAAA 2001:db8::1" {
@@ -168,7 +170,7 @@ func TestAutopathExternalName(t *testing.T) {
 	}
 	m := metricValues(t, f.ap)
 	if m["nodelocaldns_autopath_client_queries_saved_total"] != 8 || m["nodelocaldns_autopath_answers_total"] != 2 ||
-		m["nodelocaldns_autopath_lookups_total"] != 1 || m["nodelocaldns_autopath_candidates_resolved_total"] != 10 {
+		m["nodelocaldns_autopath_lookups_total"] != 1 || m["nodelocaldns_autopath_candidates_resolved_total"] != 5 {
 		t.Errorf("metrics %v", m)
 	}
 }
@@ -206,8 +208,8 @@ func TestAutopathDeclines(t *testing.T) {
 			newZone("a.b.c.d.e.f. 5 IN A 192.0.2.9"), "a.b.c.d.e.f.shop.svc.cluster.local.", ReasonNotSearch},
 		{"exists without addresses: musl stops, glibc walks on",
 			newZone("x.corp.example. 5 IN MX 10 mail.corp.example.", "x. 5 IN A 192.0.2.3"), "x.shop.svc.cluster.local.", ReasonAmbiguous},
-		{"A only here, AAAA at a later candidate: an AAAA-only client walks on",
-			newZone("h.cluster.local. 5 IN A 10.1.1.1", "h.corp.example. 5 IN AAAA 2001:db8::9"), "h.shop.svc.cluster.local.", ReasonAmbiguous},
+		{"NODATA in the middle: musl stops, glibc walks on",
+			newZone("h.cluster.local. 5 IN AAAA 2001:db8::8", "h.corp.example. 5 IN A 10.1.1.1"), "h.shop.svc.cluster.local.", ReasonAmbiguous},
 		{"SERVFAIL on the way",
 			func() *zone {
 				z := newZone("s.example. 5 IN A 192.0.2.4")
@@ -294,9 +296,10 @@ func TestAutopathConcurrentPairResolvesOnce(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); got[i] = f.ask(q, qt) }()
 	}
-	// Both queries are in: one resolving (10 calls waiting at the gate).
+	// Both queries are in: one walking (its first call waiting at the
+	// gate), the other waiting for the decision.
 	deadline := time.Now().Add(10 * time.Second)
-	for z.calls.Load() < 10 {
+	for z.calls.Load() < 1 || !bothAsked(f.ap) {
 		if time.Now().After(deadline) {
 			t.Fatal("candidates never resolved")
 		}
@@ -304,8 +307,72 @@ func TestAutopathConcurrentPairResolvesOnce(t *testing.T) {
 	}
 	close(z.gate)
 	wg.Wait()
+	// One walk: the first candidate for the type that came first (the
+	// client's own query), both types from the second on (the pod asked
+	// both, as its own walk does): 9; the other query reads the target's
+	// answer once more (a cache hit in the daemon): 10. The client's own
+	// walk: 10.
 	if got[0] == nil || got[1] == nil || z.calls.Load() != 10 {
 		t.Errorf("answers %v %v after %d resolves, want both after 10", got[0] != nil, got[1] != nil, z.calls.Load())
+	}
+}
+
+// A target whose answer is too large to unpack while deciding is declined
+// (memoised, for both queries of the pair); the first candidate's own
+// large answer is the client's (first candidate exists).
+func TestAutopathLargeTargetDeclines(t *testing.T) {
+	z := newZone("big.example. 30 IN A 192.0.2.1")
+	f := newFixture(t, z)
+	f.ap.cfg.Resolve = func(ctx context.Context, name string, qtype uint16) (Result, error) {
+		r, err := z.resolve(ctx, name, qtype)
+		if name == "big.example." && !NeedsRecords(ctx) {
+			r = Result{Rcode: r.Rcode, TTL: r.TTL, Large: true, HasRecords: len(r.Answer) > 0}
+		}
+		return r, err
+	}
+	q := "big.example.shop.svc.cluster.local."
+	if f.ask(q, dns.TypeA) != nil || f.ask(q, dns.TypeAAAA) != nil {
+		t.Error("answered with a large target")
+	}
+	if v := metricValues(t, f.ap)[`nodelocaldns_autopath_declined_total{reason="answer_too_large"}`]; v != 2 {
+		t.Errorf("answer_too_large %v, want 2", v)
+	}
+}
+
+func bothAsked(a *Autopath) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, d := range a.memo {
+		if d.asked == 3 {
+			return true
+		}
+	}
+	return false
+}
+
+// musl and Go send A and AAAA at once: where the name exists with one type
+// only at a candidate before the last, the walk that finds NODATA for its
+// type asks the other (the pod asked it): the target, whichever query came
+// first.
+func TestAutopathPairEndsAtOneTypeOnly(t *testing.T) {
+	for _, first := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		f := newFixture(t, newZone("intranet.corp.example. 30 IN A 10.1.1.1"))
+		q := "intranet.shop.svc.cluster.local."
+		d, owner := f.ap.memoGet(memoKey{src: podIP, name: q}, first)
+		if !owner {
+			t.Fatal("not the owner")
+		}
+		// The pair's other query arrives while the first walks.
+		f.ap.memoGet(memoKey{src: podIP, name: q}, other(first))
+		res := f.ap.decide(context.Background(), d.key, d, first)
+		f.ap.memoDone(d)
+		if d.reason != "" || d.target != "intranet.corp.example." {
+			t.Errorf("%s first: declined %q, target %q", dns.TypeToString[first], d.reason, d.target)
+		}
+		m := d.answer(q, first, res, f.clk.Now())
+		if first == dns.TypeAAAA && (len(m.Answer) != 1 || len(m.Ns) != 1) {
+			t.Errorf("AAAA: %v", m)
+		}
 	}
 }
 
@@ -319,7 +386,7 @@ func TestAutopathResolutionFailureDeclines(t *testing.T) {
 		m, _ := f.ap.Answer(ctx, podIP, "x.example.shop.svc.cluster.local.", dns.TypeA)
 		done <- m
 	}()
-	for z.calls.Load() < 10 {
+	for z.calls.Load() < 1 {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
@@ -335,7 +402,9 @@ func TestAutopathResolutionFailureDeclines(t *testing.T) {
 func TestAutopathMemoBound(t *testing.T) {
 	z := newZone()
 	f := newFixture(t, z)
-	f.ap.cfg.MemoEntries = 2
+	// "a.x.shop.svc.cluster.local." is 27 bytes: 821 reserved while
+	// deciding, 539 kept for a decline (no target).
+	f.ap.cfg.MemoBytes = 1500
 	f.ask("a.x.shop.svc.cluster.local.", dns.TypeA)
 	f.ask("b.x.shop.svc.cluster.local.", dns.TypeA)
 	calls := z.calls.Load()
@@ -346,12 +415,112 @@ func TestAutopathMemoBound(t *testing.T) {
 	if v := metricValues(t, f.ap)[`nodelocaldns_autopath_declined_total{reason="memo_full"}`]; v != 1 {
 		t.Errorf("memo_full %v", v)
 	}
+	if v := metricValues(t, f.ap)["nodelocaldns_autopath_memo_bytes"]; v != 1078 {
+		t.Errorf("memo_bytes %v, want 1078", v)
+	}
 	// After the memo TTL the expired decisions are swept: room again.
 	f.clk.Advance(DefaultMemoTTL)
 	f.ask("d.x.shop.svc.cluster.local.", dns.TypeA)
 	if z.calls.Load() == calls {
 		t.Error("memo never made room again")
 	}
+	if v := metricValues(t, f.ap)["nodelocaldns_autopath_memo_bytes"]; v != 539 {
+		t.Errorf("memo_bytes %v after the sweep, want 539", v)
+	}
+}
+
+// One pod filling its share of the memo declines its own new lookups
+// (both queries of each pair alike), not another pod's.
+func TestAutopathPodMemoBound(t *testing.T) {
+	z := newZone("api.example.com. 300 IN A 192.0.2.1", "api.example.com. 300 IN AAAA 2001:db8::1")
+	f := newFixture(t, z)
+	other := netip.MustParseAddr("10.244.1.6")
+	f.pods.set(other, shopPod, podwatch.Synced)
+	f.ap.cfg.PodMemoBytes = 4000
+	for i := range 20 {
+		f.ask(fmt.Sprintf("u%d.wild.example.shop.svc.cluster.local.", i), dns.TypeA)
+	}
+	if v := metricValues(t, f.ap)[`nodelocaldns_autopath_declined_total{reason="pod_memo_full"}`]; v == 0 {
+		t.Error("the pod's share was never full")
+	}
+	q := "api.example.com.shop.svc.cluster.local."
+	if f.ask(q, dns.TypeA) != nil || f.ask(q, dns.TypeAAAA) != nil {
+		t.Error("the full pod's new lookup answered")
+	}
+	if m, _ := f.ap.Answer(context.Background(), other, q, dns.TypeA); m == nil {
+		t.Error("another pod declined for the first pod's share")
+	}
+	if b := f.ap.bytes; b > 4000+entryBytes(memoKey{name: q}, q)+255 {
+		t.Errorf("memo holds %d bytes", b)
+	}
+}
+
+// The walk sends only names the client's own walk sends, in its order,
+// and stops where the client would.
+func TestAutopathWalkAsksOnlyTheClientsNames(t *testing.T) {
+	walk := []string{"x.shop.svc.cluster.local.", "x.svc.cluster.local.", "x.cluster.local.", "x.corp.example.", "x."}
+	for _, tc := range []struct {
+		name     string
+		zone     []string
+		asked    int // candidates resolved for A, a prefix of walk
+		answered bool
+	}{
+		{"first candidate exists", []string{"x.shop.svc.cluster.local. 5 IN A 10.96.0.1"}, 1, false},
+		{"second exists", []string{"x.svc.cluster.local. 5 IN A 10.96.0.1", "x. 5 IN A 192.0.2.1"}, 2, true},
+		{"only the name as asked", []string{"x. 5 IN A 192.0.2.1"}, 5, true},
+		{"nothing", nil, 5, false},
+		{"NODATA in the middle", []string{"x.cluster.local. 5 IN TXT a", "x. 5 IN A 192.0.2.1"}, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := newZone(tc.zone...)
+			var mu sync.Mutex
+			var asked []string
+			f := newFixture(t, z)
+			f.ap.cfg.Resolve = func(ctx context.Context, name string, qtype uint16) (Result, error) {
+				mu.Lock()
+				asked = append(asked, name)
+				mu.Unlock()
+				return z.resolve(ctx, name, qtype)
+			}
+			m := f.ask(walk[0], dns.TypeA)
+			if (m != nil) != tc.answered {
+				t.Errorf("answered %v, want %v", m != nil, tc.answered)
+			}
+			if strings.Join(asked, " ") != strings.Join(walk[:tc.asked], " ") {
+				t.Errorf("asked %q, want %q", asked, walk[:tc.asked])
+			}
+		})
+	}
+}
+
+// The memo's byte count is no less than what its decisions take on the
+// heap: the documented bound holds.
+func TestMemoBytesAccounting(t *testing.T) {
+	z := newZone()
+	f := newFixture(t, z)
+	f.ap.cfg.MemoBytes, f.ap.cfg.PodMemoBytes = 1<<30, 1<<30
+	const n = 20000
+	names := make([]string, n)
+	for i := range names {
+		// Upper case: the memo keeps a lower-case copy, as it does of a
+		// name unpacked from a query.
+		names[i] = fmt.Sprintf("HOST-%06d.wild.example.shop.svc.cluster.local.", i)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, name := range names {
+		f.ask(name, dns.TypeA)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	if counted := int64(f.ap.bytes); heap > counted {
+		t.Errorf("%d decisions take %d bytes of heap, counted %d", n, heap, counted)
+	} else {
+		t.Logf("%d decisions: %d bytes of heap (%d each), counted %d (%d each)", n, heap, heap/n, counted, counted/n)
+	}
+	runtime.KeepAlive(names)
 }
 
 // CandidateWire, the serving loops' test on the wire name, says what

@@ -28,7 +28,7 @@ func newMetrics(a *Autopath) *metrics {
 		}),
 		resolved: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "candidates_resolved_total",
-			Help: "Candidate names resolved (A and AAAA each count) to decide a lookup.",
+			Help: "Candidate names resolved (in the client's order, stopping where its walk would) to decide a lookup.",
 		}),
 		declined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "declined_total",
@@ -46,7 +46,15 @@ func newMetrics(a *Autopath) *metrics {
 		defer a.mu.Unlock()
 		return float64(len(a.memo))
 	})
-	m.all = []prometheus.Collector{m.lookups, m.answered, m.saved, m.resolved, m.declined, memo}
+	memoBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "memo_bytes",
+		Help: "Bytes the decisions kept are counted for (bounded by the memo's budget).",
+	}, func() float64 {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return float64(a.bytes)
+	})
+	m.all = []prometheus.Collector{m.lookups, m.answered, m.saved, m.resolved, m.declined, memo, memoBytes}
 	return m
 }
 

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -60,10 +62,24 @@ func (h *autopathHook) Candidate(q *wire.Query) bool {
 	return w != nil && w.State() == podwatch.Synced && h.ap.CandidateWire(q.Name, q.Type)
 }
 
-// Answer is the decision, in the miss goroutine.
+// Answer is the decision, in the miss goroutine, for the view the query
+// arrived on (decisions are kept per view).
 func (h *autopathHook) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
-	return h.ap.Answer(ctx, src, qname, qtype)
+	_, view, _ := server.CandidateView(ctx)
+	return h.ap.AnswerIn(ctx, view, src, qname, qtype)
 }
+
+// maxCandidateUnpack: a candidate answer larger than this (in wire bytes,
+// as the cache writes it) is not unpacked while autopath decides; it
+// declines such a target (autopath.Result.Large). 4 KiB is the largest UDP
+// answer a client takes by default (-max-client-udp-size), and an unpacked
+// answer takes several times its wire size: at most 1024 misses in flight
+// (-max-inflight) hold at most a few tens of MiB of unpacked answers.
+const maxCandidateUnpack = 4096
+
+// largeUnpacks bounds the large answers unpacked at once for the rare
+// pair whose second type's answer is large after the first decided.
+var largeUnpacks = make(chan struct{}, 4)
 
 // resolveCandidate resolves a candidate through the Resolver: the cache,
 // coalescing, admission and serve-stale of any miss, and what it fetches
@@ -83,7 +99,13 @@ func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) au
 			return autopath.Result{}, err
 		}
 		q.From = resolve.Asker(ctx) // the pod's, when the server records askers
-		e, stale, err := res.Resolve(ctx, &q)
+		r := res
+		if vr, view, ok := server.CandidateView(ctx); ok && vr != nil {
+			// The view the client's query arrived on: its zones, forwards
+			// and refusals, and its cache key.
+			r, q.View = vr, view
+		}
+		e, stale, err := r.Resolve(ctx, &q)
 		if err != nil {
 			return autopath.Result{}, err
 		}
@@ -93,24 +115,40 @@ func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) au
 		} else {
 			out = e.Write(nil, &q, clk.Now().UnixNano(), 0xFFFF, udpSize)
 		}
+		if len(out) > maxCandidateUnpack {
+			if !autopath.NeedsRecords(ctx) {
+				// Deciding: autopath declines a large target, so only the
+				// header is read (a hostile pod's large answers are never
+				// unpacked while it walks).
+				return autopath.Result{Rcode: int(out[3] & 0xF), Large: true,
+					HasRecords: binary.BigEndian.Uint16(out[6:8]) > 0}, nil
+			}
+			// The other query of a pair decided on: built, a few at a time.
+			select {
+			case largeUnpacks <- struct{}{}:
+				defer func() { <-largeUnpacks }()
+			case <-ctx.Done():
+				return autopath.Result{}, ctx.Err()
+			}
+		}
 		var am dns.Msg
 		if err := am.Unpack(out); err != nil {
 			return autopath.Result{}, err
 		}
-		r := autopath.Result{Rcode: am.Rcode, Answer: am.Answer, Ns: am.Ns}
+		ar := autopath.Result{Rcode: am.Rcode, Answer: am.Answer, Ns: am.Ns}
 		if len(am.Answer) > 0 {
-			r.TTL = ^uint32(0)
+			ar.TTL = ^uint32(0)
 			for _, rr := range am.Answer {
-				r.TTL = min(r.TTL, rr.Header().Ttl)
+				ar.TTL = min(ar.TTL, rr.Header().Ttl)
 			}
-			return r, nil
+			return ar, nil
 		}
 		for _, rr := range am.Ns {
 			if soa, ok := rr.(*dns.SOA); ok {
-				r.TTL = min(soa.Hdr.Ttl, soa.Minttl)
+				ar.TTL = min(soa.Hdr.Ttl, soa.Minttl)
 			}
 		}
-		return r, nil
+		return ar, nil
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -232,11 +233,21 @@ func (w *Watch) remove(obj any) {
 }
 
 // trim keeps only the fields the view reads, so the informer's store holds
-// a few hundred bytes per pod instead of the whole object.
+// a few hundred bytes per pod instead of the whole object. Of dnsConfig it
+// keeps the searches (the API server validates them: at most 32, 2048
+// characters in all) and only the options autopath reads (ndots,
+// no-tld-query); the API bounds neither the number of options nor their
+// values, so those are dropped or cut (trimDNSConfig). With the API's own
+// bounds on names (253), namespaces (63) and pod IPs (2), a pod is held in
+// at most a few KiB, whatever it carries.
 func trim(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
+	}
+	ips := p.Status.PodIPs
+	if len(ips) > maxPodIPs {
+		ips = ips[:maxPodIPs]
 	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -244,10 +255,72 @@ func trim(obj any) (any, error) {
 		},
 		Spec: corev1.PodSpec{
 			NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork,
-			DNSPolicy: p.Spec.DNSPolicy, DNSConfig: p.Spec.DNSConfig,
+			DNSPolicy: p.Spec.DNSPolicy, DNSConfig: trimDNSConfig(p.Spec.DNSConfig),
 		},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: slices.Clone(ips)},
 	}, nil
+}
+
+// Bounds of what trim keeps.
+const (
+	// maxPodIPs: the API allows one per family.
+	maxPodIPs = 2
+	// maxSearches: the API allows 32 dnsConfig searches; more are cut
+	// (an object the API server would not have stored).
+	maxSearches = maxSearchPaths
+	// maxOptionValue: an option value longer than this is kept as
+	// "invalid": for ndots no number every resolver reads the same way
+	// (the pod is ineligible either way), for no-tld-query not the bare
+	// option either way.
+	maxOptionValue = 8
+)
+
+// trimDNSConfig keeps what PodResolvConf and podFor read of c: the
+// searches, and the last ndots and the no-tld-query options (in the order
+// mergeOptions gives them). The result's size is bounded whatever c holds.
+func trimDNSConfig(c *corev1.PodDNSConfig) *corev1.PodDNSConfig {
+	if c == nil {
+		return nil
+	}
+	out := &corev1.PodDNSConfig{}
+	searches := c.Searches
+	if len(searches) > maxSearches {
+		searches = searches[:maxSearches]
+	}
+	for _, s := range searches {
+		if len(s) > maxSearchDomainLen {
+			// The API rejects it; the kubelet would drop it after taking
+			// its 32: keep its slot, not all its bytes.
+			s = s[:maxSearchDomainLen+1]
+		}
+		out.Searches = append(out.Searches, strings.Clone(s))
+	}
+	var ndots, noTLD *corev1.PodDNSConfigOption
+	for i := range c.Options {
+		o := &c.Options[i]
+		switch o.Name {
+		case "ndots":
+			ndots = o
+		case "no-tld-query", "no_tld_query":
+			noTLD = o
+		}
+	}
+	for _, o := range []*corev1.PodDNSConfigOption{ndots, noTLD} {
+		if o == nil {
+			continue
+		}
+		kept := corev1.PodDNSConfigOption{Name: o.Name}
+		if o.Value != nil {
+			val := *o.Value
+			if len(val) > maxOptionValue {
+				val = "invalid"
+			}
+			val = strings.Clone(val)
+			kept.Value = &val
+		}
+		out.Options = append(out.Options, kept)
+	}
+	return out
 }
 
 // stateListWatch marks the watch lost when a list or watch call fails and

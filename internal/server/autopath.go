@@ -12,10 +12,12 @@ import (
 
 // Autopath is -autopath's part in serving (internal/autopath, wired by the
 // daemon): a pod's search-path query answered in one round trip. The
-// server asks Candidate on the hot path, before the cache lookup (the
-// first candidate's own NXDOMAIN is cached, and a hit would skip
-// autopath); a candidate leaves the serving loop as a miss, and the miss
-// goroutine asks Answer.
+// server asks Candidate on the hot path after the cache lookup: a cached
+// answer other than NXDOMAIN is served as any hit (the first candidate
+// exists: autopath would decline); a miss or a cached NXDOMAIN leaves the
+// serving loop as a miss, and the miss goroutine asks Answer. The
+// candidates resolve through the view the query arrived on
+// (CandidateView).
 type Autopath interface {
 	// Candidate reports whether q may be a search-path query autopath
 	// answers (A or AAAA for X.<ns>.svc.<cluster domain>, while the pod
@@ -46,7 +48,7 @@ func (s *Server) answerAutopath(m *missReq) bool {
 		return false
 	}
 	src := m.client().Addr()
-	ctx := context.Background()
+	ctx := context.WithValue(context.Background(), viewKey{}, candidateView{s.resolver(m.q.View), m.q.View})
 	if m.q.From.IsValid() {
 		ctx = resolve.WithAsker(ctx, m.q.From) // for the candidates' fetches
 	}
@@ -85,4 +87,21 @@ func (s *Server) answerAutopath(m *missReq) bool {
 	m.source = fromAutopath
 	s.stats.countRcode(ans.Rcode)
 	return true
+}
+
+type viewKey struct{}
+
+type candidateView struct {
+	res  *resolve.Resolver
+	view uint8
+}
+
+// CandidateView is the view a candidate query arrived on, from the context
+// Answer is called with: its resolver and its index (wire.Query.View, part
+// of the cache key). Autopath resolves the candidates through it, so a
+// view's own zones, forwards and refusals apply and its answers are cached
+// under its key. ok is false outside Answer.
+func CandidateView(ctx context.Context) (res *resolve.Resolver, view uint8, ok bool) {
+	v, ok := ctx.Value(viewKey{}).(candidateView)
+	return v.res, v.view, ok
 }

@@ -340,12 +340,13 @@ func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
 		st.countRcode(wire.RcodeSuccess)
 		return out, answered, ansHealth
 	}
-	if s.isCandidate(q) {
-		// Decided off the hot path (autopath.go), before the cache: a
-		// request, but no cache event of its own (its candidates are).
+	e := s.resolver(q.View).Hit(q, now)
+	if s.isCandidate(q) && (e == nil || e.Rcode() == wire.RcodeNXDomain) {
+		// Decided off the hot path (autopath.go). A cached answer other
+		// than NXDOMAIN is the client's (the first candidate exists) and
+		// is served here, without touching the other candidates.
 		return out, miss, ansAutopath
 	}
-	e := s.resolver(q.View).Hit(q, now)
 	if e == nil {
 		return out, miss, ansHit
 	}

@@ -69,7 +69,7 @@ func (z zone) lookup(name string, qtype uint16) autopath.Result {
 	r := autopath.Result{Rcode: dns.RcodeSuccess, TTL: ^uint32(0)}
 	for _, rr := range rrs {
 		if rr.Header().Rrtype == qtype {
-			r.Answer = append(r.Answer, rr)
+			r.Answer = append(r.Answer, dns.Copy(rr)) // the caller's own (autopath.Resolve)
 			r.TTL = min(r.TTL, rr.Header().Ttl)
 		}
 	}
