@@ -541,12 +541,12 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 		}
 	}
 	var errs []error
-	dctx, cancel := context.WithTimeout(ctx, drainDeadline)
-	if err := d.Server.Shutdown(dctx); err != nil {
-		// Not a failure: a client kept its connection busy; it retries.
-		d.log.Warn("drain cut short; remaining TCP connections closed", "err", err)
-	}
-	cancel()
+	// The rules and the address go first (unless a twin keeps them), then
+	// the sockets: closed first, they left half a second in which the
+	// address was there and nobody listened, and a pod's query got a port
+	// unreachable, which glibc fails at once (2 lookups per pod in make
+	// e2e's rollback to the stock node-local-dns); without the rules a
+	// query goes to kube-dns through kube-proxy, or is lost and retried.
 	if d.stopNet != nil {
 		d.stopNet()
 	}
@@ -561,6 +561,12 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	if err := d.releaseNode(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("teardown: %w", err))
 	}
+	dctx, cancel := context.WithTimeout(ctx, drainDeadline)
+	if err := d.Server.Shutdown(dctx); err != nil {
+		// Not a failure: a client kept its connection busy; it retries.
+		d.log.Warn("drain cut short; remaining TCP connections closed", "err", err)
+	}
+	cancel()
 	if d.stopHTTP != nil {
 		d.stopHTTP()
 	}
