@@ -213,8 +213,15 @@ func change(t *testing.T, name, manifest, image, comm string) migration {
 		m.sent[r.pod], m.failed[r.pod] = ok+fail, fail
 	}
 	for _, r := range loops {
-		t.Logf("migration: %s: %s: %d lookups sent, %d failed (the change took %v)",
-			name, resolverLabel(r.pod), m.sent[r.pod], m.failed[r.pod], m.took.Round(100*time.Millisecond))
+		out := r.out.String()
+		t.Logf("migration: %s: %s: %d lookups sent, %d failed (getent %d, dig %d; the change took %v)",
+			name, resolverLabel(r.pod), m.sent[r.pod], m.failed[r.pod],
+			strings.Count(out, "FAIL getent"), strings.Count(out, "FAIL dig"), m.took.Round(100*time.Millisecond))
+	}
+	for _, r := range loops {
+		if m.failed[r.pod] != 0 || m.sent[r.pod] == 0 {
+			t.Errorf("%s: %s: %d of %d lookups failed", name, resolverLabel(r.pod), m.failed[r.pod], m.sent[r.pod])
+		}
 	}
 	return m
 }
@@ -312,39 +319,42 @@ spec:
 	})
 	t.Logf("the stock's node state:\n%v", base)
 
-	var ms []migration
-	ms = append(ms, change(t, "stock -> ours", ours, ourImage, "nodelocaldns"))
-	st := nodeState(t)
+	change(t, "stock -> ours", ours, ourImage, "nodelocaldns")
+	// Right after the change (the daemon answers on both addresses): both
+	// addresses, as the stock had them, with their NOTRACK rules.
+	var st nodeDNSState
+	poll(t, 30*time.Second, func() error {
+		st = nodeState(t)
+		if bad := st.check(); len(bad) > 0 {
+			return fmt.Errorf("after the change to ours: %v\n%v", bad, st)
+		}
+		if !slices.Equal(st.addrs, base.addrs) {
+			return fmt.Errorf("addresses after the change to ours: %v, the stock had %v", st.addrs, base.addrs)
+		}
+		return nil
+	})
 	t.Logf("ours, after the change:\n%v", st)
-	if bad := st.check(); len(bad) > 0 {
-		t.Errorf("after the change to ours: %v", bad)
-	}
-	if !slices.Equal(st.addrs, base.addrs) {
-		t.Errorf("addresses after the change to ours: %v, the stock had %v", st.addrs, base.addrs)
-	}
 
-	ms = append(ms, change(t, "ours -> stock", stock, stockImage, "node-cache"))
-	st = nodeState(t)
-	if !slices.Equal(st.addrs, base.addrs) {
-		t.Errorf("addresses after the rollback: %v, the stock had %v", st.addrs, base.addrs)
-	}
-	for backend, rules := range st.rules {
-		if !slices.Equal(rules, base.rules[backend]) {
-			t.Errorf("%s after the rollback:\n  %s\nthe stock had at the start:\n  %s", backend,
-				strings.Join(rules, "\n  "), strings.Join(base.rules[backend], "\n  "))
+	change(t, "ours -> stock", stock, stockImage, "node-cache")
+	// After the rollback the node is as the stock had it at the start: the
+	// same addresses, the same rules in each backend, none of ours.
+	poll(t, 30*time.Second, func() error {
+		st = nodeState(t)
+		if !slices.Equal(st.addrs, base.addrs) {
+			return fmt.Errorf("addresses after the rollback: %v, the stock had %v", st.addrs, base.addrs)
 		}
-		for _, r := range rules {
-			if strings.Contains(r, "nodelocaldns") {
-				t.Errorf("%s: a rule of ours left after the rollback: %s", backend, r)
+		for backend, rules := range st.rules {
+			for _, r := range rules {
+				if strings.Contains(r, "nodelocaldns") {
+					return fmt.Errorf("%s: a rule of ours left after the rollback: %s", backend, r)
+				}
+			}
+			if !slices.Equal(rules, base.rules[backend]) {
+				return fmt.Errorf("%s after the rollback:\n  %s\nthe stock had at the start:\n  %s", backend,
+					strings.Join(rules, "\n  "), strings.Join(base.rules[backend], "\n  "))
 			}
 		}
-	}
-
-	for _, m := range ms {
-		for pod, failed := range m.failed {
-			if failed != 0 || m.sent[pod] == 0 {
-				t.Errorf("%s: %s: %d of %d lookups failed", m.name, resolverLabel(pod), failed, m.sent[pod])
-			}
-		}
-	}
+		return nil
+	})
+	t.Logf("the stock, after the rollback: as at the start")
 }
