@@ -341,14 +341,15 @@ echo "ok=$ok fail=$fail"`
 
 func startResolver(t *testing.T) *resolver {
 	t.Helper()
-	return startResolverIn(t, clientPod)
+	return startResolverIn(t, clientPod, loopScript)
 }
 
-// startResolverIn runs the lookup loop in pod (default namespace).
-func startResolverIn(t *testing.T, pod string) *resolver {
+// startResolverIn runs script (loopScript or one printing the same
+// lines) in pod (default namespace).
+func startResolverIn(t *testing.T, pod, script string) *resolver {
 	t.Helper()
 	r := &resolver{pod: pod, done: make(chan error, 1)}
-	r.cmd = exec.Command(kubectlBin, "exec", pod, "--", "sh", "-c", loopScript)
+	r.cmd = exec.Command(kubectlBin, "exec", pod, "--", "sh", "-c", script)
 	r.cmd.Stdout = &r.out
 	r.cmd.Stderr = &r.out
 	if err := r.cmd.Start(); err != nil {
@@ -379,7 +380,7 @@ func (r *resolver) stop(t *testing.T) (ok, fail int) {
 		t.Fatalf("lookup loop output: %s", out)
 	}
 	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, "FAIL") {
+		if strings.HasPrefix(line, "FAIL") || strings.HasPrefix(line, "SLOW") {
 			t.Logf("%s: %s", r.pod, line)
 		}
 	}

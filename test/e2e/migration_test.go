@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // The migration (docs/migration.md): run.sh deploys the stock node-local-dns
@@ -30,7 +32,7 @@ var (
 const kubeDNSClient = "client-kubedns"
 
 // nodeDNSState is what a node-local DNS cache leaves on the node: the
-// addresses of the nodelocaldns link and, per iptables backend, the rules
+// addresses of the nodelocaldns link (not its fe80::) and, per iptables backend, the rules
 // that name its addresses or carry our comment (kube-proxy's KUBE-* chains
 // left out), sorted.
 type nodeDNSState struct {
@@ -60,7 +62,9 @@ func nodeState(t *testing.T) nodeDNSState {
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
 		for i := 0; i+1 < len(f); i++ {
-			if f[i] == "inet" || f[i] == "inet6" {
+			// The link's own fe80:: address is the kernel's, new with
+			// every link (the stock deletes it on exit): left out.
+			if (f[i] == "inet" || f[i] == "inet6") && !strings.HasPrefix(f[i+1], "fe80:") {
 				s.addrs = append(s.addrs, f[i+1])
 			}
 		}
@@ -152,6 +156,25 @@ func stockPods(t *testing.T) map[string]string {
 	return pods
 }
 
+// timedLoopScript is loopScript with each lookup timed: a lookup that took
+// 1 s or more (glibc waits 5 s before its retry) is printed as SLOW, and the
+// end line adds their number and the longest.
+const timedLoopScript = `rm -f /tmp/stop; ok=0; fail=0; slow=0; max=0; echo started
+look() {
+  s=$(date +%s%N)
+  if [ "$1" = dig ]; then r=$(dig +short +timeout=1 +tries=1 $2); else r=$(getent ahostsv4 $2); fi
+  d=$(( ($(date +%s%N) - s) / 1000000 ))
+  [ $d -gt $max ] && max=$d
+  [ $d -ge 1000 ] && { slow=$((slow+1)); echo "SLOW $1 $2 ${d}ms $(date +%T.%N)"; }
+  if [ -n "$r" ]; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL $1 $2 $(date +%T.%N)"; fi
+}
+while [ ! -e /tmp/stop ]; do
+  look getent hello.default.svc.cluster.local
+  look getent ` + externalName + `
+  look dig hello.default.svc.cluster.local
+done
+echo "ok=$ok fail=$fail slow=$slow max=$max"`
+
 // migration is one change of the DaemonSet, under lookups from both pods.
 type migration struct {
 	name         string
@@ -168,7 +191,7 @@ func change(t *testing.T, name, manifest, image, comm string) migration {
 	before := stockPods(t)
 	var loops []*resolver
 	for _, pod := range []string{clientPod, kubeDNSClient} {
-		loops = append(loops, startResolverIn(t, pod))
+		loops = append(loops, startResolverIn(t, pod, timedLoopScript))
 	}
 	poll(t, 30*time.Second, func() error {
 		for _, r := range loops {
@@ -178,6 +201,16 @@ func change(t *testing.T, name, manifest, image, comm string) migration {
 		}
 		return nil
 	})
+	// The old pod's log to its end (its shutdown), shown when a lookup
+	// failed.
+	var oldLog testhost.SyncBuffer
+	for p := range before {
+		cmd := exec.Command(kubectlBin, "-n", "kube-system", "logs", "-f", "--timestamps", "--tail=5", p)
+		cmd.Stdout, cmd.Stderr = &oldLog, &oldLog
+		if err := cmd.Start(); err == nil {
+			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		}
+	}
 	// Lookups before the change: both clients are answered.
 	time.Sleep(time.Second)
 	start := time.Now()
@@ -214,14 +247,23 @@ func change(t *testing.T, name, manifest, image, comm string) migration {
 	}
 	for _, r := range loops {
 		out := r.out.String()
-		t.Logf("migration: %s: %s: %d lookups sent, %d failed (getent %d, dig %d; the change took %v)",
+		var slow, longest int
+		if i := strings.LastIndex(out, " slow="); i >= 0 {
+			fmt.Sscanf(out[i:], " slow=%d max=%d", &slow, &longest)
+		}
+		t.Logf("migration: %s: %s: %d lookups sent, %d failed (getent %d, dig %d), %d took 1 s or more, the longest %d ms; the change took %v",
 			name, resolverLabel(r.pod), m.sent[r.pod], m.failed[r.pod],
-			strings.Count(out, "FAIL getent"), strings.Count(out, "FAIL dig"), m.took.Round(100*time.Millisecond))
+			strings.Count(out, "FAIL getent"), strings.Count(out, "FAIL dig"), slow, longest, m.took.Round(100*time.Millisecond))
 	}
+	failed := false
 	for _, r := range loops {
 		if m.failed[r.pod] != 0 || m.sent[r.pod] == 0 {
 			t.Errorf("%s: %s: %d of %d lookups failed", name, resolverLabel(r.pod), m.failed[r.pod], m.sent[r.pod])
+			failed = true
 		}
+	}
+	if failed {
+		t.Logf("%s: the old pod's log (%s):\n%s", name, start.UTC().Format("15:04:05.000 the change"), oldLog.String())
 	}
 	return m
 }
@@ -350,11 +392,22 @@ spec:
 				}
 			}
 			if !slices.Equal(rules, base.rules[backend]) {
-				return fmt.Errorf("%s after the rollback:\n  %s\nthe stock had at the start:\n  %s", backend,
-					strings.Join(rules, "\n  "), strings.Join(base.rules[backend], "\n  "))
+				return fmt.Errorf("%s after the rollback, rules the stock did not have at the start: %q; rules it had, now missing: %q",
+					backend, minus(rules, base.rules[backend]), minus(base.rules[backend], rules))
 			}
 		}
 		return nil
 	})
 	t.Logf("the stock, after the rollback: as at the start")
+}
+
+// minus returns the lines of a that are not in b.
+func minus(a, b []string) []string {
+	var d []string
+	for _, l := range a {
+		if !slices.Contains(b, l) {
+			d = append(d, l)
+		}
+	}
+	return d
 }

@@ -134,6 +134,11 @@ ip -n "$node_ns" addr add "$NODE_IP/24" dev eth0
 ip -n "$node_ns" link set eth0 up
 # The node's default route: Service IPs need one before kube-proxy's DNAT.
 ip -n "$node_ns" route add default via "$up_ip"
+# The way back to the pods (no masquerading on the bridge): kube-dns, a pod,
+# forwards names outside the cluster to the node's resolver, as in a real
+# cluster. Without it, while no node cache ran (the stock's rollout deletes
+# before it creates), names outside the cluster failed through kube-dns.
+ip -n "$up_ns" route add 10.244.0.0/16 via "$NODE_IP"
 # No dummy link type on this kernel (netsetup: ErrNoDummy): the node gets a
 # link named like the one the daemon makes, which it adopts as shipped
 # (docs/e2e.md, "Overrides").
