@@ -150,6 +150,7 @@ else
 	ip -n "$node_ns" link add nodelocaldns type ifb
 	export NLD_E2E_NODUMMY
 	NLD_E2E_NODUMMY=$(tr -d '\n' <"$work/dummy.err")
+	mkdir -p "$work/logs"
 	# The stock node-cache deletes the link on exit, adopted or not; the
 	# next instance (the stock's or ours) could not make one here. Put it
 	# back whenever it is gone, as a kernel with dummy links would let the
