@@ -324,6 +324,15 @@ func TestMigrationFromStock(t *testing.T) {
 		if out, err := kubectl("delete", "pod", kubeDNSClient, "--wait=false"); err != nil {
 			t.Logf("delete pod %s: %v: %s", kubeDNSClient, err, out)
 		}
+		// While no cache's rules were in place (each change deletes the old
+		// pod before the new one starts; the stock serves before its rules
+		// are in), the clients' queries were tracked: those conntrack
+		// entries (UDP, 30 s) would show in the next tests' check that the
+		// pods' DNS leaves none. They go with the migration.
+		for _, dst := range []string{localDNS, kubeDNSIP} {
+			out, _ := exec.Command("conntrack", "-D", "-d", dst).CombinedOutput()
+			t.Logf("conntrack -D -d %s: %s", dst, strings.TrimSpace(string(out)))
+		}
 	})
 
 	pod := `apiVersion: v1
@@ -375,7 +384,7 @@ spec:
 		}
 		return nil
 	})
-	t.Logf("ours, after the change:\n%v", st)
+	t.Logf("ours, after the change: addresses %v, rules %d (nft) %d (legacy)", st.addrs, len(st.rules["iptables-nft-save"]), len(st.rules["iptables-legacy-save"]))
 
 	change(t, "ours -> stock", stock, stockImage, "node-cache")
 	// After the rollback the node is as the stock had it at the start: the
