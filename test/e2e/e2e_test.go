@@ -324,6 +324,7 @@ func TestProbesGreen(t *testing.T) {
 // the external name, and a dig with one 1 s try (a lost packet shows as a
 // failure instead of a glibc retry).
 type resolver struct {
+	pod  string
 	cmd  *exec.Cmd
 	out  testhost.SyncBuffer
 	done chan error
@@ -340,8 +341,15 @@ echo "ok=$ok fail=$fail"`
 
 func startResolver(t *testing.T) *resolver {
 	t.Helper()
-	r := &resolver{done: make(chan error, 1)}
-	r.cmd = exec.Command(kubectlBin, "exec", clientPod, "--", "sh", "-c", loopScript)
+	return startResolverIn(t, clientPod, loopScript)
+}
+
+// startResolverIn runs script (loopScript or one printing the same
+// lines) in pod (default namespace).
+func startResolverIn(t *testing.T, pod, script string) *resolver {
+	t.Helper()
+	r := &resolver{pod: pod, done: make(chan error, 1)}
+	r.cmd = exec.Command(kubectlBin, "exec", pod, "--", "sh", "-c", script)
 	r.cmd.Stdout = &r.out
 	r.cmd.Stderr = &r.out
 	if err := r.cmd.Start(); err != nil {
@@ -354,7 +362,7 @@ func startResolver(t *testing.T) *resolver {
 // stop ends the loop and returns the successful and failed lookups.
 func (r *resolver) stop(t *testing.T) (ok, fail int) {
 	t.Helper()
-	if out, err := inClient("touch", "/tmp/stop"); err != nil {
+	if out, err := kubectl("exec", r.pod, "--", "touch", "/tmp/stop"); err != nil {
 		t.Fatalf("stop the loop: %v: %s", err, out)
 	}
 	select {
@@ -372,8 +380,8 @@ func (r *resolver) stop(t *testing.T) (ok, fail int) {
 		t.Fatalf("lookup loop output: %s", out)
 	}
 	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, "FAIL") {
-			t.Log(line)
+		if strings.HasPrefix(line, "FAIL") || strings.HasPrefix(line, "SLOW") {
+			t.Logf("%s: %s", r.pod, line)
 		}
 	}
 	return ok, fail

@@ -9,6 +9,14 @@
 #   localhost/pause:e2e         images/pause, a static Go binary
 #   localhost/coredns:e2e       CoreDNS (test/coredns/build.sh), kube-dns
 #   localhost/client:e2e        images/client/Containerfile: getent, dig
+#   localhost/node-cache:e2e    images/node-cache/Containerfile: the stock
+#                               node-local-dns binary (the oracle,
+#                               $NODELOCALDNS_ORACLES or ../shared/oracles
+#                               beside the repository), unpacked into a
+#                               temporary build context and checked against
+#                               its sha256, never copied into the repository;
+#                               missing, no image (the migration test skips,
+#                               or fails under CI=true)
 #
 # The Dockerfile's base images are made here, under the names it uses:
 # docker.io/library/debian:bookworm-slim from debootstrap --variant=minbase
@@ -83,6 +91,29 @@ log "nodelocaldns image from the Dockerfile in $(($(date +%s) - start)) s"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# The stock node-local-dns, from the oracle binary: the image the migration
+# test (TestMigrationFromStock) starts from and rolls back to.
+oracles=${NODELOCALDNS_ORACLES:-$repo/../shared/oracles}
+rm -f "$out/node-cache.tar"
+stock=
+if [ -s "$oracles/node-cache.xz" ] && [ -s "$oracles/node-cache.sha256" ]; then
+	mkdir "$tmp/node-cache"
+	xz -dc "$oracles/node-cache.xz" >"$tmp/node-cache/node-cache"
+	chmod 0755 "$tmp/node-cache/node-cache"
+	want=$(awk '{print $1; exit}' "$oracles/node-cache.sha256")
+	got=$(sha256sum "$tmp/node-cache/node-cache" | awk '{print $1}')
+	if [ "$got" != "$want" ]; then
+		echo "images: $oracles/node-cache.xz unpacks to sha256 $got, node-cache.sha256 says $want" >&2
+		exit 1
+	fi
+	"${bh[@]}" bud -q --pull-never --isolation chroot --network host --layers \
+		-t localhost/node-cache:e2e -f "$repo/test/e2e/images/node-cache/Containerfile" "$tmp/node-cache" >/dev/null
+	rm -rf "$tmp/node-cache"
+	stock=node-cache
+else
+	log "no stock node-local-dns in $oracles (node-cache.xz, node-cache.sha256; see its README.md): no localhost/node-cache:e2e, the migration test will skip (fail under CI=true)"
+fi
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$tmp/pause" ./test/e2e/images/pause)
 c=$("${bh[@]}" from scratch)
 "${bh[@]}" copy "$c" "$tmp/pause" /pause >/dev/null
@@ -95,7 +126,7 @@ c=$("${bh[@]}" from scratch)
 "${bh[@]}" config --entrypoint '["/coredns"]' "$c"
 "${bh[@]}" commit -q --rm "$c" localhost/coredns:e2e >/dev/null
 
-for img in nodelocaldns pause coredns client; do
+for img in nodelocaldns pause coredns client $stock; do
 	rm -f "$out/$img.tar"
 	"${bh[@]}" push -q "localhost/$img:e2e" "docker-archive:$out/$img.tar:localhost/$img:e2e" >/dev/null
 done

@@ -15,8 +15,14 @@
 # left on the host (cgroups under /nld-e2e-PID, the work directory, the two
 # namespaces) is removed on exit, whatever the outcome (trap). Root only.
 #
+# Before ours, the migration (docs/migration.md): the stock node-local-dns
+# from the Kubernetes reference manifest (manifests/nodelocaldns.yaml, its
+# image built from the oracle binary by images.sh), then only image: changed
+# to ours, then back; TestMigrationFromStock runs alone against it.
+#
 # Environment: NLD_E2E_KEEP=1 keeps the cluster up after the tests (until
-# Enter); NLD_E2E_RUN=REGEXP is passed to go test -run.
+# Enter); NLD_E2E_RUN=REGEXP is passed to go test -run (the migration runs
+# when it matches TestMigrationFromStock).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -128,6 +134,11 @@ ip -n "$node_ns" addr add "$NODE_IP/24" dev eth0
 ip -n "$node_ns" link set eth0 up
 # The node's default route: Service IPs need one before kube-proxy's DNAT.
 ip -n "$node_ns" route add default via "$up_ip"
+# The way back to the pods (no masquerading on the bridge): kube-dns, a pod,
+# forwards names outside the cluster to the node's resolver, as in a real
+# cluster. Without it, while no node cache ran (the stock's rollout deletes
+# before it creates), names outside the cluster failed through kube-dns.
+ip -n "$up_ns" route add 10.244.0.0/16 via "$NODE_IP"
 # No dummy link type on this kernel (netsetup: ErrNoDummy): the node gets a
 # link named like the one the daemon makes, which it adopts as shipped
 # (docs/e2e.md, "Overrides").
@@ -139,6 +150,14 @@ else
 	ip -n "$node_ns" link add nodelocaldns type ifb
 	export NLD_E2E_NODUMMY
 	NLD_E2E_NODUMMY=$(tr -d '\n' <"$work/dummy.err")
+	mkdir -p "$work/logs"
+	# The stock node-cache deletes the link on exit, adopted or not; the
+	# next instance (the stock's or ours) could not make one here. Put it
+	# back whenever it is gone, as a kernel with dummy links would let the
+	# daemon do (killed with the namespace's processes on teardown).
+	ip netns exec "$node_ns" bash -c 'while sleep 0.2; do
+		ip link show nodelocaldns >/dev/null 2>&1 || { ip link add nodelocaldns type ifb && echo "$(date +%T.%N) link nodelocaldns made again"; }
+	done' >"$work/logs/link-keeper.log" 2>&1 &
 fi
 
 # The stand-in upstream: the node's only resolver. external.e2e.example is
@@ -344,9 +363,48 @@ k apply -f "$repo/test/e2e/manifests/kube-dns.yaml" >/dev/null
 k -n kube-system rollout status deploy/coredns --timeout=180s >/dev/null
 log "kube-dns ready at $kubedns_ip"
 
+kubedns=$(k -n kube-system get svc kube-dns -o jsonpath='{.spec.clusterIP}')
+
+# The tests: compiled here, run in the node's namespaces, in two rounds.
+go test -c -o "$work/e2e.test" ./test/e2e
+runtests() { # go test flags...
+	set +e
+	innode env KUBECONFIG="$KUBECONFIG" NLD_E2E_NODUMMY="${NLD_E2E_NODUMMY:-}" NLD_E2E_KUBECTL="$bin/kubectl" NLD_E2E_WORK="$work" \
+		NLD_E2E_KUBEDNS="$kubedns" NLD_E2E_LOCALDNS="$localdns" NLD_E2E_STUB="$stub_ip" \
+		NLD_E2E_MANIFEST="$work/nodelocaldns.yaml" NLD_E2E_IMAGE=localhost/nodelocaldns:e2e \
+		NLD_E2E_STOCK_MANIFEST="$work/stock.yaml" NLD_E2E_STOCK_IMAGE="$stock_image" NLD_E2E_STOCK_MISSING="$stock_missing" \
+		"$work/e2e.test" -test.v -test.count=1 -test.timeout=20m "$@" 2>&1 | tee -a "$work/logs/tests.log"
+	local rc=${PIPESTATUS[0]}
+	set -e
+	return "$rc"
+}
+rc=0
+
+# The migration: the stock node-local-dns as distributions deploy it, the
+# reference manifest with the Kubernetes documentation's iptables-mode sed
+# (kubernetes.io, "Using NodeLocal DNSCache") and the oracle's image in place
+# of registry.k8s.io's. TestMigrationFromStock changes its image: to ours and
+# back under lookups, then deletes it.
+stock_image=localhost/node-cache:e2e stock_missing=
+if [ -z "${NLD_E2E_RUN:-}" ] || grep -qE -- "$NLD_E2E_RUN" <<<TestMigrationFromStock; then
+	if [ -s "$work/images/node-cache.tar" ]; then
+		sed -e "s/__PILLAR__LOCAL__DNS__/$localdns/g; s/__PILLAR__DNS__DOMAIN__/$domain/g; s/__PILLAR__DNS__SERVER__/$kubedns/g" \
+			-e "s|image: registry.k8s.io/dns/k8s-dns-node-cache:.*|image: $stock_image|" \
+			test/e2e/manifests/nodelocaldns.yaml >"$work/stock.yaml"
+		k apply -f "$work/stock.yaml" >/dev/null
+		k -n kube-system rollout status ds/node-local-dns --timeout=180s >/dev/null
+		log "stock node-local-dns ready (the reference manifest, $stock_image)"
+	else
+		stock_missing="no stock image: the oracle binary is not in ${NODELOCALDNS_ORACLES:-$repo/../shared/oracles} (node-cache.xz; see its README.md, or set NODELOCALDNS_ORACLES)"
+		log "$stock_missing"
+	fi
+	m0=$(date +%s)
+	runtests -test.run '^TestMigrationFromStock$' || rc=$?
+	log "migration done in $(($(date +%s) - m0)) s"
+fi
+
 # nodelocaldns, deploy/daemonset.yaml with docs/deploy.md's iptables-mode
 # substitutions, run from the doc itself so the two cannot differ.
-kubedns=$(k -n kube-system get svc kube-dns -o jsonpath='{.spec.clusterIP}')
 image=localhost/nodelocaldns:e2e
 sedline=$(awk '/^### iptables mode/{f=1} f&&/^```sh/{g=1;next} g&&/^```/{exit} g' docs/deploy.md)
 [ -n "$sedline" ] || { echo "e2e: no iptables-mode sed block in docs/deploy.md" >&2; exit 1; }
@@ -356,19 +414,11 @@ k apply -f "$work/nodelocaldns.yaml" >/dev/null
 k -n kube-system rollout status ds/nodelocaldns --timeout=180s >/dev/null
 log "nodelocaldns ready (bring-up $(($(date +%s) - t0)) s)"
 
-# The tests: compiled here, run in the node's namespaces.
-go test -c -o "$work/e2e.test" ./test/e2e
-set +e
-innode env KUBECONFIG="$KUBECONFIG" NLD_E2E_NODUMMY="${NLD_E2E_NODUMMY:-}" NLD_E2E_KUBECTL="$bin/kubectl" NLD_E2E_WORK="$work" \
-	NLD_E2E_KUBEDNS="$kubedns" NLD_E2E_LOCALDNS="$localdns" NLD_E2E_STUB="$stub_ip" \
-	NLD_E2E_MANIFEST="$work/nodelocaldns.yaml" \
-	"$work/e2e.test" -test.v -test.count=1 -test.timeout=20m ${NLD_E2E_RUN:+-test.run "$NLD_E2E_RUN"} 2>&1 |
-	tee "$work/logs/tests.log"
-rc=${PIPESTATUS[0]}
-set -e
+runtests -test.skip '^TestMigrationFromStock$' ${NLD_E2E_RUN:+-test.run "$NLD_E2E_RUN"} || rc=$?
 passed=$(grep -c '^--- PASS' "$work/logs/tests.log" || true)
 failed=$(grep -c '^--- FAIL' "$work/logs/tests.log" || true)
 skipped=$(grep -cE '^ *--- SKIP' "$work/logs/tests.log" || true)
+grep -o 'migration: .*' "$work/logs/tests.log" | sed 's/^/e2e: /' >&2 || true
 log "$passed passed, $failed failed, $skipped skipped (total $(($(date +%s) - t0)) s)"
 if [ -n "${NLD_E2E_KEEP:-}" ]; then
 	log "cluster kept: KUBECONFIG=$KUBECONFIG; nsenter --net=/run/netns/$node_ns --mount=/proc/$node_pid/ns/mnt; Enter to tear down"

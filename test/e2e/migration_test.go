@@ -1,0 +1,422 @@
+package e2e
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
+)
+
+// The migration (docs/migration.md): run.sh deploys the stock node-local-dns
+// from the Kubernetes reference manifest (test/e2e/manifests/nodelocaldns.yaml,
+// the documentation's iptables-mode sed, the image built from the oracle
+// binary) and runs TestMigrationFromStock alone before it deploys ours.
+var (
+	stockManifest = os.Getenv("NLD_E2E_STOCK_MANIFEST")
+	stockImage    = os.Getenv("NLD_E2E_STOCK_IMAGE")
+	ourImage      = os.Getenv("NLD_E2E_IMAGE")
+	stockMissing  = os.Getenv("NLD_E2E_STOCK_MISSING")
+)
+
+// kubeDNSClient asks the kube-dns ClusterIP, as pods do when node-local-dns
+// runs in iptables mode as the reference manifest sets it up (the kubelet's
+// clusterDNS left at kube-dns); clientPod asks the link-local address (the
+// kubelet's clusterDNS here, as kubespray sets it).
+const kubeDNSClient = "client-kubedns"
+
+// nodeDNSState is what a node-local DNS cache leaves on the node: the
+// addresses of the nodelocaldns link (not its fe80::) and, per iptables backend, the rules
+// that name its addresses or carry our comment (kube-proxy's KUBE-* chains
+// left out), sorted.
+type nodeDNSState struct {
+	addrs []string
+	rules map[string][]string
+}
+
+func (s nodeDNSState) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "addresses %v", s.addrs)
+	for _, k := range slices.Sorted(maps.Keys(s.rules)) {
+		fmt.Fprintf(&b, "\n%s:", k)
+		for _, r := range s.rules[k] {
+			fmt.Fprintf(&b, "\n  %s", r)
+		}
+	}
+	return b.String()
+}
+
+func nodeState(t *testing.T) nodeDNSState {
+	t.Helper()
+	s := nodeDNSState{rules: map[string][]string{}}
+	out, err := exec.Command("ip", "-o", "addr", "show", "dev", "nodelocaldns").CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "does not exist") {
+		t.Fatalf("ip addr show dev nodelocaldns: %v: %s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			// The link's own fe80:: address is the kernel's, new with
+			// every link (the stock deletes it on exit): left out.
+			if (f[i] == "inet" || f[i] == "inet6") && !strings.HasPrefix(f[i+1], "fe80:") {
+				s.addrs = append(s.addrs, f[i+1])
+			}
+		}
+	}
+	slices.Sort(s.addrs)
+	for _, save := range []string{"iptables-legacy-save", "iptables-nft-save"} {
+		out, err := exec.Command(save).CombinedOutput()
+		if err != nil {
+			continue // backend not usable here
+		}
+		var rules []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if !strings.HasPrefix(line, "-A ") || strings.HasPrefix(line, "-A KUBE-") {
+				continue
+			}
+			if strings.Contains(line, localDNS) || strings.Contains(line, kubeDNSIP) || strings.Contains(line, "nodelocaldns") {
+				rules = append(rules, line)
+			}
+		}
+		slices.Sort(rules)
+		s.rules[save] = rules
+	}
+	return s
+}
+
+// check reports what is wrong with s for a cache serving both addresses:
+// both on the link, and for each a NOTRACK rule for DNS over UDP and TCP.
+func (s nodeDNSState) check() []string {
+	var bad []string
+	for _, a := range []string{localDNS, kubeDNSIP} {
+		if !slices.Contains(s.addrs, a+"/32") {
+			bad = append(bad, fmt.Sprintf("address %s/32 not on the nodelocaldns link", a))
+		}
+		for _, proto := range []string{"udp", "tcp"} {
+			found := false
+			for _, rules := range s.rules {
+				for _, r := range rules {
+					if strings.Contains(r, "-d "+a+"/32") && strings.Contains(r, "-p "+proto) &&
+						strings.Contains(r, "--dport 53") && strings.Contains(r, "-j NOTRACK") {
+						found = true
+					}
+				}
+			}
+			if !found {
+				bad = append(bad, fmt.Sprintf("no NOTRACK rule for %s to %s:53", proto, a))
+			}
+		}
+	}
+	return bad
+}
+
+// cacheProcs returns the node's DNS cache processes (this network
+// namespace, exec probes left out) by command name.
+func cacheProcs(t *testing.T) map[string][]string {
+	t.Helper()
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := map[string][]string{}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		comm, err := os.ReadFile(d + "/comm")
+		name := strings.TrimSpace(string(comm))
+		if err != nil || (name != "nodelocaldns" && name != "node-cache") {
+			continue
+		}
+		if cmdline, _ := os.ReadFile(d + "/cmdline"); strings.Contains(string(cmdline), "-probe") {
+			continue
+		}
+		if ns, err := os.Readlink(d + "/ns/net"); err != nil || ns != self {
+			continue
+		}
+		procs[name] = append(procs[name], filepath.Base(d))
+	}
+	return procs
+}
+
+func stockPods(t *testing.T) map[string]string {
+	t.Helper()
+	out := mustKubectl(t, "-n", "kube-system", "get", "pod", "-l", "k8s-app=node-local-dns", "-o",
+		`jsonpath={range .items[*]}{.metadata.name} {.spec.containers[0].image} {.status.phase}{"\n"}{end}`)
+	pods := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 3 {
+			pods[f[0]] = f[1] + " " + f[2]
+		}
+	}
+	return pods
+}
+
+// timedLoopScript is loopScript with each lookup timed: a lookup that took
+// 1 s or more (glibc waits 5 s before its retry) is printed as SLOW, and the
+// end line adds their number and the longest.
+const timedLoopScript = `rm -f /tmp/stop; ok=0; fail=0; slow=0; max=0; echo started
+look() {
+  s=$(date +%s%N)
+  if [ "$1" = dig ]; then r=$(dig +short +timeout=1 +tries=1 $2); else r=$(getent ahostsv4 $2); fi
+  d=$(( ($(date +%s%N) - s) / 1000000 ))
+  [ $d -gt $max ] && max=$d
+  [ $d -ge 1000 ] && { slow=$((slow+1)); echo "SLOW $1 $2 ${d}ms $(date +%T.%N)"; }
+  if [ -n "$r" ]; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL $1 $2 $(date +%T.%N)"; fi
+}
+while [ ! -e /tmp/stop ]; do
+  look getent hello.default.svc.cluster.local
+  look getent ` + externalName + `
+  look dig hello.default.svc.cluster.local
+done
+echo "ok=$ok fail=$fail slow=$slow max=$max"`
+
+// migration is one change of the DaemonSet, under lookups from both pods.
+type migration struct {
+	name         string
+	took         time.Duration
+	sent, failed map[string]int
+}
+
+// change applies manifest (the DaemonSet with image), waits until the one
+// pod runs image and the cache answers on both addresses, keeps the lookups
+// running 3 s more and returns their counts.
+func change(t *testing.T, name, manifest, image, comm string) migration {
+	t.Helper()
+	m := migration{name: name, sent: map[string]int{}, failed: map[string]int{}}
+	before := stockPods(t)
+	var loops []*resolver
+	for _, pod := range []string{clientPod, kubeDNSClient} {
+		loops = append(loops, startResolverIn(t, pod, timedLoopScript))
+	}
+	poll(t, 30*time.Second, func() error {
+		for _, r := range loops {
+			if !strings.Contains(r.out.String(), "started") {
+				return fmt.Errorf("lookup loop in %s not started: %s", r.pod, r.out.String())
+			}
+		}
+		return nil
+	})
+	// The old pod's log to its end (its shutdown), shown when a lookup
+	// failed.
+	var oldLog testhost.SyncBuffer
+	for p := range before {
+		cmd := exec.Command(kubectlBin, "-n", "kube-system", "logs", "-f", "--timestamps", "--tail=5", p)
+		cmd.Stdout, cmd.Stderr = &oldLog, &oldLog
+		if err := cmd.Start(); err == nil {
+			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		}
+	}
+	// Lookups before the change: both clients are answered.
+	time.Sleep(time.Second)
+	start := time.Now()
+	if out, err := kubectlIn(manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("%s: kubectl apply: %v: %s", name, err, out)
+	}
+	mustKubectl(t, "-n", "kube-system", "rollout", "status", "daemonset/node-local-dns", "--timeout=180s")
+	want := serviceIP(t, "default", "hello")
+	poll(t, 120*time.Second, func() error {
+		pods := stockPods(t)
+		if len(pods) != 1 {
+			return fmt.Errorf("pods %v, want one", pods)
+		}
+		for p, st := range pods {
+			if _, old := before[p]; old || st != image+" Running" {
+				return fmt.Errorf("pod %s: %s, want %s Running", p, st, image)
+			}
+		}
+		if procs := cacheProcs(t); len(procs) != 1 || len(procs[comm]) != 1 {
+			return fmt.Errorf("cache processes %v, want one %s", procs, comm)
+		}
+		for _, server := range []string{localDNS, kubeDNSIP} {
+			if got, err := dig(server, "hello.default.svc.cluster.local", time.Second); err != nil || got != want {
+				return fmt.Errorf("@%s: %q, %v", server, got, err)
+			}
+		}
+		return nil
+	})
+	m.took = time.Since(start)
+	time.Sleep(3 * time.Second)
+	for _, r := range loops {
+		ok, fail := r.stop(t)
+		m.sent[r.pod], m.failed[r.pod] = ok+fail, fail
+	}
+	for _, r := range loops {
+		out := r.out.String()
+		var slow, longest int
+		if i := strings.LastIndex(out, " slow="); i >= 0 {
+			fmt.Sscanf(out[i:], " slow=%d max=%d", &slow, &longest)
+		}
+		t.Logf("migration: %s: %s: %d lookups sent, %d failed (getent %d, dig %d), %d took 1 s or more, the longest %d ms; the change took %v",
+			name, resolverLabel(r.pod), m.sent[r.pod], m.failed[r.pod],
+			strings.Count(out, "FAIL getent"), strings.Count(out, "FAIL dig"), slow, longest, m.took.Round(100*time.Millisecond))
+	}
+	failed := false
+	for _, r := range loops {
+		if m.failed[r.pod] != 0 || m.sent[r.pod] == 0 {
+			t.Errorf("%s: %s: %d of %d lookups failed", name, resolverLabel(r.pod), m.failed[r.pod], m.sent[r.pod])
+			failed = true
+		}
+	}
+	if failed {
+		t.Logf("%s: the old pod's log (%s):\n%s", name, start.UTC().Format("15:04:05.000 the change"), oldLog.String())
+	}
+	return m
+}
+
+func resolverLabel(pod string) string {
+	if pod == kubeDNSClient {
+		return pod + " (nameserver " + kubeDNSIP + ")"
+	}
+	return pod + " (nameserver " + localDNS + ")"
+}
+
+// TestMigrationFromStock: the stock node-local-dns as the reference manifest
+// deploys it; then only image: changes to ours; then back. Lookups run
+// throughout from two pods, one asking the link-local address, one the
+// kube-dns ClusterIP: none may fail. After each change both addresses are on
+// the link with their NOTRACK rules; after the rollback the node is as the
+// stock left it at the start: no rule, address or process of ours.
+func TestMigrationFromStock(t *testing.T) {
+	if stockMissing != "" || stockManifest == "" {
+		msg := "the stock node-local-dns is not deployed: " + stockMissing
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	manifest, err := os.ReadFile(stockManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stock := string(manifest)
+	ours := strings.Replace(stock, "image: "+stockImage+"\n", "image: "+ourImage+"\n", 1)
+	// Only image: changes.
+	a, b := strings.Split(stock, "\n"), strings.Split(ours, "\n")
+	var diff []string
+	for i := range a {
+		if a[i] != b[i] {
+			diff = append(diff, a[i]+" -> "+b[i])
+		}
+	}
+	if len(a) != len(b) || len(diff) != 1 {
+		t.Fatalf("the manifest for ours differs from the stock's in %d lines, want the image line only: %v", len(diff), diff)
+	}
+	t.Cleanup(func() {
+		// Whatever happened: the reference manifest's objects go, so that
+		// run.sh deploys ours on a node without the stock.
+		if out, err := kubectlIn(stock, "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-"); err != nil {
+			t.Errorf("kubectl delete the stock: %v: %s", err, out)
+		}
+		poll(t, 90*time.Second, func() error {
+			if p := stockPods(t); len(p) != 0 {
+				return fmt.Errorf("node-local-dns pods left: %v", p)
+			}
+			if procs := cacheProcs(t); len(procs) != 0 {
+				return fmt.Errorf("cache processes left: %v", procs)
+			}
+			return nil
+		})
+		if out, err := kubectl("delete", "pod", kubeDNSClient, "--wait=false"); err != nil {
+			t.Logf("delete pod %s: %v: %s", kubeDNSClient, err, out)
+		}
+		// While no cache's rules were in place (each change deletes the old
+		// pod before the new one starts; the stock serves before its rules
+		// are in), the clients' queries were tracked: those conntrack
+		// entries (UDP, 30 s) would show in the next tests' check that the
+		// pods' DNS leaves none. They go with the migration.
+		for _, dst := range []string{localDNS, kubeDNSIP} {
+			out, _ := exec.Command("conntrack", "-D", "-d", dst).CombinedOutput()
+			t.Logf("conntrack -D -d %s: %s", dst, strings.TrimSpace(string(out)))
+		}
+	})
+
+	pod := `apiVersion: v1
+kind: Pod
+metadata: {name: ` + kubeDNSClient + `, namespace: default}
+spec:
+  dnsPolicy: None
+  dnsConfig:
+    nameservers: [` + kubeDNSIP + `]
+    searches: [default.svc.cluster.local, svc.cluster.local, cluster.local]
+    options: [{name: ndots, value: "5"}]
+  terminationGracePeriodSeconds: 0
+  containers:
+    - name: client
+      image: localhost/client:e2e
+      imagePullPolicy: Never
+      command: [sleep, infinity]
+`
+	if out, err := kubectlIn(pod, "apply", "-f", "-"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/"+kubeDNSClient, "--timeout=120s")
+
+	// The start: the stock, as deployed.
+	var base nodeDNSState
+	poll(t, 60*time.Second, func() error {
+		if procs := cacheProcs(t); len(procs) != 1 || len(procs["node-cache"]) != 1 {
+			return fmt.Errorf("cache processes %v, want one node-cache", procs)
+		}
+		base = nodeState(t)
+		if bad := base.check(); len(bad) > 0 {
+			return fmt.Errorf("the stock's node state: %v\n%v", bad, base)
+		}
+		return nil
+	})
+	t.Logf("the stock's node state:\n%v", base)
+
+	change(t, "stock -> ours", ours, ourImage, "nodelocaldns")
+	// Right after the change (the daemon answers on both addresses): both
+	// addresses, as the stock had them, with their NOTRACK rules.
+	var st nodeDNSState
+	poll(t, 30*time.Second, func() error {
+		st = nodeState(t)
+		if bad := st.check(); len(bad) > 0 {
+			return fmt.Errorf("after the change to ours: %v\n%v", bad, st)
+		}
+		if !slices.Equal(st.addrs, base.addrs) {
+			return fmt.Errorf("addresses after the change to ours: %v, the stock had %v", st.addrs, base.addrs)
+		}
+		return nil
+	})
+	t.Logf("ours, after the change: addresses %v, rules %d (nft) %d (legacy)", st.addrs, len(st.rules["iptables-nft-save"]), len(st.rules["iptables-legacy-save"]))
+
+	change(t, "ours -> stock", stock, stockImage, "node-cache")
+	// After the rollback the node is as the stock had it at the start: the
+	// same addresses, the same rules in each backend, none of ours.
+	poll(t, 30*time.Second, func() error {
+		st = nodeState(t)
+		if !slices.Equal(st.addrs, base.addrs) {
+			return fmt.Errorf("addresses after the rollback: %v, the stock had %v", st.addrs, base.addrs)
+		}
+		for backend, rules := range st.rules {
+			for _, r := range rules {
+				if strings.Contains(r, "nodelocaldns") {
+					return fmt.Errorf("%s: a rule of ours left after the rollback: %s", backend, r)
+				}
+			}
+			if !slices.Equal(rules, base.rules[backend]) {
+				return fmt.Errorf("%s after the rollback, rules the stock did not have at the start: %q; rules it had, now missing: %q",
+					backend, minus(rules, base.rules[backend]), minus(base.rules[backend], rules))
+			}
+		}
+		return nil
+	})
+	t.Logf("the stock, after the rollback: as at the start")
+}
+
+// minus returns the lines of a that are not in b.
+func minus(a, b []string) []string {
+	var d []string
+	for _, l := range a {
+		if !slices.Contains(b, l) {
+			d = append(d, l)
+		}
+	}
+	return d
+}
