@@ -310,10 +310,12 @@ func TestAutopathConcurrentPairResolvesOnce(t *testing.T) {
 	// One walk: the first candidate for the type that came first (the
 	// client's own query), both types from the second on (the pod asked
 	// both, as its own walk does): 9; the other query reads the target's
-	// answer once more (a cache hit in the daemon): 10. The client's own
-	// walk: 10.
-	if got[0] == nil || got[1] == nil || z.calls.Load() != 10 {
-		t.Errorf("answers %v %v after %d resolves, want both after 10", got[0] != nil, got[1] != nil, z.calls.Load())
+	// answer once more (a cache hit in the daemon): 10. When the second
+	// query is registered before the walk looks at its first candidate,
+	// the walk asks both types there too: 11 (both are the client's own
+	// first queries, which it sends anyway; in the daemon, cache hits).
+	if n := z.calls.Load(); got[0] == nil || got[1] == nil || n < 10 || n > 11 {
+		t.Errorf("answers %v %v after %d resolves, want both after 10 or 11", got[0] != nil, got[1] != nil, n)
 	}
 }
 
