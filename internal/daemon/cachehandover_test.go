@@ -3,7 +3,6 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -49,21 +48,9 @@ func askAll(t *testing.T, addr string, names []string) {
 // new configuration changed are dropped.
 func TestCacheGoesWithTheSockets(t *testing.T) {
 	node := startUpstream(t, records)
-	stateDir, err := os.MkdirTemp("", "nld")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(stateDir) })
-	pidns, err := nsInode("pid")
-	if err != nil {
-		t.Skip(err)
-	}
-	ip, port := freeUDPAndTCP(t)
+	twin, ip, port, pidns := twins(t, node.addr)
 	mk := func() *config.Config {
-		c := testConfig(node.addr)
-		c.LocalIPs = []netip.Addr{ip}
-		c.Port = port
-		c.StateDir = stateDir
+		c := twin()
 		c.Cache.SuccessTTL = 5 * time.Minute
 		return c
 	}

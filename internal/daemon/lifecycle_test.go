@@ -237,25 +237,35 @@ func TestReadyIsUnreadyFromShutdownOn(t *testing.T) {
 // second adopts the first's sockets over the control socket, each
 // instance's exec probe reaches that instance, and after the first exits
 // the second serves alone, with its registry entry gone.
-func TestTwinAdoptsSocketsAndProbesReachEachInstance(t *testing.T) {
-	node := startUpstream(t, records)
+// twins prepares instances that meet as twins: a state directory of their
+// own, an address and port, and the PID namespace's inode their ids start
+// with. mk returns a fresh configuration for one of them; it skips the test
+// where the namespace cannot be read.
+func twins(t *testing.T, node netip.AddrPort) (mk func() *config.Config, ip netip.Addr, port int, pidns uint64) {
+	t.Helper()
 	stateDir, err := os.MkdirTemp("", "nld")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(stateDir) })
-	pidns, err := nsInode("pid")
-	if err != nil {
+	if pidns, err = nsInode("pid"); err != nil {
 		t.Skip(err)
 	}
-	ip, port := freeUDPAndTCP(t)
-	mk := func() *config.Config {
-		c := testConfig(node.addr)
+	ip, port = freeUDPAndTCP(t)
+	mk = func() *config.Config {
+		c := testConfig(node)
 		c.LocalIPs = []netip.Addr{ip}
 		c.Port = port
 		c.StateDir = stateDir
 		return c
 	}
+	return mk, ip, port, pidns
+}
+
+func TestTwinAdoptsSocketsAndProbesReachEachInstance(t *testing.T) {
+	node := startUpstream(t, records)
+	mk, _, _, pidns := twins(t, node.addr)
+	stateDir := mk().StateDir
 	// PIDs above the kernel's pid_max: no live process can have them.
 	const pidA, pidB = 5000001, 5000002
 	a, logsA, stopA := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidA))
