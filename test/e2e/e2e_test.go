@@ -418,6 +418,27 @@ func TestRolloutRestartLosesNoLookup(t *testing.T) {
 	if fail != 0 || ok == 0 {
 		t.Fatalf("%d lookups failed (%d ok) during kubectl rollout restart", fail, ok)
 	}
+	// The cache went with the sockets: the new pod took the old one's
+	// entries (the loop's names among them) and says how many.
+	now := nldPods(t)
+	if len(now) != 1 {
+		t.Fatalf("nodelocaldns pods after the rollout: %v", now)
+	}
+	logs := mustKubectl(t, "-n", "kube-system", "logs", now[0])
+	line := ""
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "took the twin's cache") {
+			line = l
+		}
+	}
+	var kept int
+	if i := strings.Index(line, "kept="); i >= 0 {
+		_, _ = fmt.Sscanf(line[i:], "kept=%d", &kept)
+	}
+	t.Logf("the new pod: %s", line)
+	if kept == 0 {
+		t.Fatalf("the new pod took no cache from the old one:\n%s", logs)
+	}
 }
 
 // daemonPID finds the nodelocaldns process in this network namespace (the
