@@ -84,7 +84,7 @@ func (s *Shares) Take(c netip.Addr) Verdict { return s.TakeN(c, 1) }
 // past it only while the reserve stays free after them. A bound counted in
 // bytes takes a buffer's size at once.
 func (s *Shares) TakeN(c netip.Addr, n int) Verdict {
-	if v := s.CheckN(c, n); v != Taken {
+	if v := s.check(c, n); v != Taken {
 		return v
 	}
 	s.used += n
@@ -92,11 +92,8 @@ func (s *Shares) TakeN(c netip.Addr, n int) Verdict {
 	return Taken
 }
 
-// Check says what Take would, without taking.
-func (s *Shares) Check(c netip.Addr) Verdict { return s.CheckN(c, 1) }
-
-// CheckN says what TakeN would, without taking.
-func (s *Shares) CheckN(c netip.Addr, n int) Verdict {
+// check says what TakeN would, without taking.
+func (s *Shares) check(c netip.Addr, n int) Verdict {
 	if s.used+n > s.max {
 		return Full
 	}

@@ -2,7 +2,6 @@ package autopath_test
 
 import (
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
@@ -87,13 +85,7 @@ func TestAutopathBenchWorkload(t *testing.T) {
 	need(t, "needs root for network namespaces", os.Geteuid() == 0)
 	need(t, "needs ip (iproute2) and unshare", lookPath("ip") && lookPath("unshare"))
 	p, _ := setupPod(t)
-	api := apiserver.Start(t)
-	api.CreateNamespace("shop")
-	api.MustDo(http.MethodPost, "/api/v1/namespaces/shop/pods", map[string]any{
-		"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web"},
-		"spec": map[string]any{"nodeName": "node1", "containers": []any{map[string]any{"name": "c", "image": "x.invalid/y"}}},
-	}, nil)
-	api.SetPodIP("shop", "web", p.ip.String())
+	api := apiWithPod(t, "web", p.ip.String())
 
 	dir := t.TempDir()
 	bin, client := filepath.Join(dir, "nodelocaldns"), filepath.Join(dir, "podclient")

@@ -2,7 +2,6 @@ package autopath_test
 
 import (
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
@@ -128,14 +126,7 @@ func TestAutopathCostTable(t *testing.T) {
 	clients := buildClients(t)
 	need(t, "needs unshare (util-linux)", lookPath("unshare"))
 	p, _ := setupPod(t)
-	api := apiserver.Start(t)
-	api.CreateNamespace("shop")
-	api.MustDo(http.MethodPost, "/api/v1/namespaces/shop/pods", map[string]any{
-		"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web"},
-		"spec": map[string]any{"nodeName": "node1", "dnsPolicy": "ClusterFirst",
-			"containers": []any{map[string]any{"name": "c", "image": "x.invalid/y"}}},
-	}, nil)
-	api.SetPodIP("shop", "web", p.ip.String())
+	api := apiWithPod(t, "web", p.ip.String())
 
 	dir := t.TempDir()
 	bin := os.Getenv("NLD_COST_BINARY") // another build (an earlier commit's), for before-and-after figures

@@ -177,18 +177,26 @@ func (d *daemon) requests() int64 {
 // each sends no more queries (the daemon's request metric), api.example.com
 // 2 instead of 10. Then the API server stops: DNS keeps answering, autopath
 // turns off (metric, log line); it restarts: autopath is on again.
+// apiWithPod starts a real kube-apiserver that knows one pod, name in
+// namespace shop on node1 (dnsPolicy ClusterFirst), at address ip.
+func apiWithPod(t *testing.T, name, ip string) *apiserver.Server {
+	t.Helper()
+	api := apiserver.Start(t)
+	api.CreateNamespace("shop")
+	api.MustDo(http.MethodPost, "/api/v1/namespaces/shop/pods", map[string]any{
+		"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": name},
+		"spec": map[string]any{"nodeName": "node1", "dnsPolicy": "ClusterFirst",
+			"containers": []any{map[string]any{"name": "c", "image": "x.invalid/y"}}},
+	}, nil)
+	api.SetPodIP("shop", name, ip)
+	return api
+}
+
 func TestStubResolversAgainstTheDaemon(t *testing.T) {
 	clients := buildClients(t)
 	need(t, "needs unshare (util-linux)", lookPath("unshare"))
 	p, _ := setupPod(t)
-	api := apiserver.Start(t)
-	api.CreateNamespace("shop")
-	api.MustDo(http.MethodPost, "/api/v1/namespaces/shop/pods", map[string]any{
-		"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web"},
-		"spec": map[string]any{"nodeName": "node1", "dnsPolicy": "ClusterFirst",
-			"containers": []any{map[string]any{"name": "c", "image": "x.invalid/y"}}},
-	}, nil)
-	api.SetPodIP("shop", "web", p.ip.String())
+	api := apiWithPod(t, "web", p.ip.String())
 
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "nodelocaldns")

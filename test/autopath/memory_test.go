@@ -3,7 +3,6 @@ package autopath_test
 import (
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
@@ -93,14 +91,7 @@ func hostilePod(t *testing.T, records int) {
 		}
 	}
 	podIP, localIP, upIP := testhost.Loopback(), testhost.Loopback(), testhost.Loopback()
-	api := apiserver.Start(t)
-	api.CreateNamespace("shop")
-	api.MustDo(http.MethodPost, "/api/v1/namespaces/shop/pods", map[string]any{
-		"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "evil"},
-		"spec": map[string]any{"nodeName": "node1", "dnsPolicy": "ClusterFirst",
-			"containers": []any{map[string]any{"name": "c", "image": "x.invalid/y"}}},
-	}, nil)
-	api.SetPodIP("shop", "evil", podIP)
+	api := apiWithPod(t, "evil", podIP)
 
 	dir := t.TempDir()
 	bin := os.Getenv("NLD_HOSTILE_BINARY") // another build, for before-and-after figures

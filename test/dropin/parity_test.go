@@ -79,19 +79,7 @@ func upstream(t *testing.T, ip string) string {
 		}
 		_ = w.WriteMsg(m)
 	})
-	port := testhost.FreePort(t, "127.0.0.1")
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for _, n := range []string{"udp", "tcp"} {
-		s := &dns.Server{Addr: addr, Net: n, Handler: h}
-		started := make(chan error, 1)
-		s.NotifyStartedFunc = func() { started <- nil }
-		go func() { started <- s.ListenAndServe() }()
-		if err := <-started; err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Shutdown() })
-	}
-	return addr
+	return serveDNS(t, h)
 }
 
 // parityCorefile is the reference Corefile's shape with a stub block, on
@@ -341,4 +329,22 @@ func parity(t *testing.T, corefile func(p int, kube, node, stub, health, metrics
 			t.Errorf("%s: known gap %q is gone: remove it from knownGaps", key, gap)
 		}
 	}
+}
+
+// serveDNS serves h on UDP and TCP at a free port of 127.0.0.1 until the
+// test ends, and returns the address.
+func serveDNS(t *testing.T, h dns.Handler) string {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
+	for _, n := range []string{"udp", "tcp"} {
+		s := &dns.Server{Addr: addr, Net: n, Handler: h}
+		started := make(chan error, 1)
+		s.NotifyStartedFunc = func() { started <- nil }
+		go func() { started <- s.ListenAndServe() }()
+		if err := <-started; err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Shutdown() })
+	}
+	return addr
 }

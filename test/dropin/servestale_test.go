@@ -84,19 +84,7 @@ func (u *flipUpstream) serve(t *testing.T) string {
 		m.Answer = []dns.RR{rr(q.Name + " 2 IN A " + addr)}
 		_ = w.WriteMsg(m)
 	})
-	port := testhost.FreePort(t, "127.0.0.1")
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for _, n := range []string{"udp", "tcp"} {
-		s := &dns.Server{Addr: addr, Net: n, Handler: h}
-		started := make(chan error, 1)
-		s.NotifyStartedFunc = func() { started <- nil }
-		go func() { started <- s.ListenAndServe() }()
-		if err := <-started; err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Shutdown() })
-	}
-	return addr
+	return serveDNS(t, h)
 }
 
 // serveStaleCorefile: one block per behaviour, each on the same timeline.
