@@ -16,6 +16,28 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 )
 
+// freePort is a port of 127.0.0.1 free for UDP and for TCP (the responder
+// binds both: a port free for UDP alone may be some connection's TCP port,
+// and the responder then exits with "tcp listen: Address already in use").
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := pc.LocalAddr().(*net.UDPAddr).Port
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		_ = pc.Close()
+		if err == nil {
+			_ = ln.Close()
+			return port
+		}
+	}
+	t.Fatal("no port of 127.0.0.1 free for both UDP and TCP")
+	return 0
+}
+
 // startLimit builds and starts the responder on a free loopback port.
 func startLimit(t *testing.T) *net.UDPConn {
 	t.Helper()
@@ -26,13 +48,7 @@ func startLimit(t *testing.T) *net.UDPConn {
 	if out, err := exec.Command("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", bin, "../limit.c").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
-	// A free port: bind one, close it, hand it to the responder.
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	_ = pc.Close()
+	port := freePort(t)
 	cmd := exec.Command(bin, "127.0.0.1", strconv.Itoa(port))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
