@@ -11,4 +11,8 @@
 // seconds, so the A and AAAA queries of one lookup always agree. It takes
 // the pods from internal/podwatch; it opens no sockets and caches no DNS
 // answers of its own (the resolve function goes through the cache).
+//
+// Hook (hook.go) is its wiring for internal/server (server.Autopath): it
+// resolves the candidates through the query's view's internal/resolve
+// Resolver, so they are cached, coalesced and admitted as any miss.
 package autopath

@@ -1,20 +1,12 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
-
-	"github.com/nodelocaldns/nodelocaldns/internal/clock"
-	"github.com/nodelocaldns/nodelocaldns/internal/config"
-	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
-	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 )
 
 func templateCorefile(addr string) string {
@@ -37,11 +29,11 @@ func TestCorefileDirectiveChangeDropsCachedAnswers(t *testing.T) {
 	}
 	// The template's empty NOERROR is cached as CoreDNS's cache keeps it
 	// (5 s): the second AAAA is a hit, the template does not run again.
-	matched := e.d.DirectiveStats()[0].Template.Matches.Load()
+	matched := e.d.run.DirectiveStats()[0].Template.Matches.Load()
 	if r := e.ask(t, "www.example.org.", dns.TypeAAAA, false, "udp"); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
 		t.Fatalf("AAAA again: %v", r)
 	}
-	if n := e.d.DirectiveStats()[0].Template.Matches.Load(); n != matched {
+	if n := e.d.run.DirectiveStats()[0].Template.Matches.Load(); n != matched {
 		t.Fatalf("the template ran again for a cached AAAA (%d matches, was %d)", n, matched)
 	}
 	before := e.node.count()
@@ -56,7 +48,7 @@ func TestCorefileDirectiveChangeDropsCachedAnswers(t *testing.T) {
 	if n := e.node.count(); n != before {
 		t.Fatalf("the upstream got %d queries", n-before)
 	}
-	if st := e.d.DirectiveStats(); len(st) != 1 || st[0].Template == nil || st[0].Template.Matches.Load() == 0 {
+	if st := e.d.run.DirectiveStats(); len(st) != 1 || st[0].Template == nil || st[0].Template.Matches.Load() == 0 {
 		t.Fatalf("stats %+v", st)
 	}
 	// CoreDNS's template series: one per (zone, class, type), counting on
@@ -85,73 +77,5 @@ func TestCorefileDirectiveChangeDropsCachedAnswers(t *testing.T) {
 	}
 	if matches["A"] < 2 || matches["AAAA"] < 1 || len(matches) != 2 {
 		t.Fatalf("coredns_template_matches_total by type: %v", matches)
-	}
-}
-
-// BenchmarkChainFetch is the cost the chain adds to a miss: the query
-// unpacked, the block's chain (here a template answering AAAA NOERROR, or
-// passing A on to the forward), the answer packed.
-func BenchmarkChainFetch(b *testing.B) {
-	cfg := &config.Config{}
-	srv, err := corefile.Build("Corefile", mustParse(b, templateCorefile("10.0.0.1")), corefile.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.DropIn.Corefile = &config.CorefileConfig{Servers: srv}
-	d := &Daemon{cfg: cfg, log: slog.New(slog.DiscardHandler), clock: clock.Real}
-	ans := new(dns.Msg)
-	ans.SetQuestion("www.example.org.", dns.TypeA)
-	ans.Response = true
-	a, _ := dns.NewRR("www.example.org. 60 IN A 10.0.0.1")
-	ans.Answer = []dns.RR{a}
-	wire, _ := ans.Pack()
-	next := func(context.Context, string, []byte) ([]byte, error) { return wire, nil }
-	if err := d.initChain(next); err != nil {
-		b.Fatal(err)
-	}
-	c := d.chain.Load()
-	fetch := func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		return c.Fetch(ctx, qname, query, next)
-	}
-	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeA} {
-		q := new(dns.Msg)
-		q.SetQuestion("www.example.org.", qt)
-		q.SetEdns0(1232, false)
-		qw, _ := q.Pack()
-		b.Run(dns.TypeToString[qt], func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := fetch(context.Background(), "www.example.org.", qw); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-	b.Run("no-chain", func(b *testing.B) {
-		q := new(dns.Msg)
-		q.SetQuestion("www.example.org.", dns.TypeA)
-		qw, _ := q.Pack()
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := next(context.Background(), "www.example.org.", qw); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-}
-
-func mustParse(b *testing.B, text string) []*corefile.Block {
-	bs, err := corefile.Parse("Corefile", []byte(text), func(string) string { return "" })
-	if err != nil {
-		b.Fatal(err)
-	}
-	return bs
-}
-
-// The fetch-side directives are registered by their packages (the chain
-// is built from the registry alone).
-func TestFetchSideDirectivesRegistered(t *testing.T) {
-	if got, want := directive.Names(), []string{"dns64", "hosts", "rewrite", "template"}; !slices.Equal(got, want) {
-		t.Fatalf("registered %v, want %v", got, want)
 	}
 }

@@ -9,12 +9,13 @@
 // the one that exits while its twin serves leaves link and rules in place.
 // probe.go holds the health check and the exec probe's client.
 //
-// It decides no name's fate itself: which block serves a name, and what
-// the block's directives and groups do with it, is internal/blocks'
-// (compiled here from the configuration, swapped here on reload); the
-// transport is internal/server's, resolution internal/resolve's, the
-// upstreams internal/forward's. cmd/nodelocaldns only parses flags,
-// handles signals and calls Run.
+// It decides no name's fate itself and holds no configuration beyond
+// what it wires: the groups, block tables, resolvers and their reload are
+// internal/running's (built here by running.New, started and stopped with
+// the daemon); which block serves a name internal/blocks'; the transport
+// internal/server's, resolution internal/resolve's, the upstreams
+// internal/forward's, autopath's hook internal/autopath's.
+// cmd/nodelocaldns only parses flags, handles signals and calls Run.
 package daemon
 
 import (
@@ -32,20 +33,17 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/autopath"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
-	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
-	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/running"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
-
-// Reverse zones answered by kube-dns (pod and service PTR records).
-var reverseZones = []string{"in-addr.arpa.", "ip6.arpa."}
 
 // Daemon is one running nodelocaldns.
 type Daemon struct {
@@ -54,9 +52,7 @@ type Daemon struct {
 	Metrics *metrics.Metrics
 	Cache   *cache.Cache
 	Server  *server.Server
-	Router  *forward.Router
-	groups  []*forward.Group // live groups, kept by reload.go
-	reload  reloader
+	run     *running.State // groups, block tables, resolvers, reload
 	net     *netsetup.Setup
 
 	metricsAddr net.Addr
@@ -74,33 +70,10 @@ type Daemon struct {
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 
-	// The shared view's block table (blocks.go): what its resolver serves
-	// by, compiled from sharedPol and chain and swapped whole when a
-	// Corefile reload changes a block's cache settings or directives.
-	shared        atomic.Pointer[blocks.View]
-	sharedPol     sharedPolicy // owned like reload's state
-	policyDefault resolve.Policy
-	// The Corefile's fetch-side directives (chain.go): nil without them.
-	chain     atomic.Pointer[blocks.Chains]
-	chainNext resolve.FetchFunc
-	// The Corefile's views (views.go), owned like reload's state; res0 is
-	// the resolver of the one-view case (d.shared), also
-	// autopath's.
-	views     *viewSet
-	viewChain atomic.Pointer[blocks.Chains]
-	res0      *resolve.Resolver
-	// The blocks the cache tags name now (coredns.go), swapped with the
-	// policies.
-	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
-	// reloadFault, when set (tests), fails a Corefile edit half-way through
-	// its rebuild: after views, policies and chains are built, before the
-	// groups (corefile.go).
-	reloadFault atomic.Pointer[func() error]
-
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
 	stopPodWatch context.CancelFunc
-	autopath     *autopathHook
+	autopath     *autopath.Hook
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -132,90 +105,27 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	var srv *server.Server
 	d.Metrics = metrics.New(func() server.Counters { return srv.Snapshot() }, d.Cache)
 
-	// Groups and routes: kube-dns, resolv.conf, the kube-dns ConfigMap (reload.go).
-	err := d.buildRoutes()
+	// The running configuration: groups, block tables, resolvers (internal/running).
+	run, err := running.New(cfg, running.Env{Log: log, Clock: opt.Clock, Metrics: d.Metrics, Cache: d.Cache})
 	if err != nil {
 		return nil, err
 	}
-
-	pol := func(ttl cache.Policy) resolve.Policy {
-		return resolve.Policy{
-			TTL:                ttl,
-			ServFailTTL:        cfg.Cache.ServFailTTL,
-			StaleWindow:        cfg.Cache.StaleWindow,
-			StaleClientTimeout: cfg.Cache.StaleClientTimeout,
-			StaleRecheck:       cfg.Cache.StaleRecheck,
-		}
-	}
-	// The flags' policies: the cluster domain's caps, -last-known-good's zones.
-	defTTL, flagZones := cfg.FlagPolicies()
-	var zones []resolve.Zone
-	for _, z := range flagZones {
-		zones = append(zones, resolve.Zone{Name: z.Name, Policy: pol(z.TTL)})
-	}
-	if cc := cfg.DropIn.Corefile; cc != nil && len(cc.ZonePolicies) > 0 {
-		zones = corefileZones(cfg, cc.ZonePolicies) // each block's cache settings for its zones
-	}
-	d.policyDefault = pol(defTTL)
-	policy, err := resolve.Zones(d.policyDefault, zones...)
+	d.run = run
+	cdBlocks := running.CoreDNSBlocks(cfg)
+	d.autopath, err = newAutopath(d, run.Resolver())
 	if err != nil {
-		d.closeGroups()
-		return nil, err
-	}
-	d.sharedPol = sharedPolicy{pol: policy}
-	for _, z := range zones {
-		d.sharedPol.zones = append(d.sharedPol.zones, z.Name)
-	}
-	cb := coreDNSCacheBlocks(cfg)
-	d.cacheBlocks.Store(&cb)
-	if err := d.initChain(d.forward); err != nil {
-		d.closeGroups()
-		return nil, err
-	}
-	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
-	if err != nil {
-		d.closeGroups()
-		return nil, err
-	}
-	d.shared.Store(shared) // a Corefile reload swaps it (corefile.go)
-	res, err := resolve.New(resolve.Config{
-		Cache:        d.Cache,
-		Fetch:        d.fetchBlock,
-		Start:        d.startBlock,
-		Policy:       d.sharedView,
-		Clock:        opt.Clock,
-		FetchTimeout: cfg.ForwardTimeout,
-		UDPSize:      uint16(cfg.MaxUDPSize),
-		MaxFlights:   cfg.MaxInflight,
-		Logger:       log.With("component", "cache"),
-	})
-	if err != nil {
-		d.closeGroups()
-		return nil, err
-	}
-	d.res0 = res
-	// Blocks seen from some addresses answer otherwise (views.go).
-	views, err := d.newViews(cfg, cfg.DropIn.Corefile, cfg.LocalIPs)
-	if err != nil {
-		d.closeGroups()
-		return nil, err
-	}
-	d.views = views // closeGroups closes its groups
-	cdBlocks := coreDNSBlocks(cfg)
-	d.autopath, err = d.newAutopath(res)
-	if err != nil {
-		d.closeGroups()
+		run.Close()
 		return nil, err
 	}
 	var ap server.Autopath
 	if d.autopath != nil {
-		ap = d.autopath // a nil *autopathHook would not be a nil interface
+		ap = d.autopath // a nil *autopath.Hook would not be a nil interface
 	}
 	srv, err = server.New(server.Config{
 		Addrs:            cfg.LocalIPs,
 		Port:             cfg.Port,
 		UDPSockets:       cfg.UDPSockets,
-		Resolver:         res,
+		Resolver:         run.Resolver(),
 		Clock:            opt.Clock,
 		MaxUDPSize:       uint16(cfg.MaxUDPSize),
 		MaxClientUDPSize: uint16(cfg.MaxClientUDPSize),
@@ -223,24 +133,21 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		TCPIdleTimeout:   cfg.TCPIdleTimeout,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
-		CoreDNSZones:     coreDNSZones(cdBlocks),
+		CoreDNSZones:     running.CoreDNSZones(cdBlocks),
 		Autopath:         ap,
 	})
 	if err != nil {
-		d.closeGroups()
+		run.Close()
 		return nil, err
 	}
 	d.Server = srv
-	if _, err := d.useViews(views); err != nil {
-		d.closeGroups()
+	if err := run.Attach(srv); err != nil {
+		run.Close()
 		return nil, err
-	}
-	if cc := cfg.DropIn.Corefile; cc != nil {
-		srv.SetRecordAskers(blocks.UsesRemote(cc.Servers)) // a template uses .Remote
 	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,
-		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks), CacheBlocks: d.cacheBlocksNow,
+		Cache: d.Cache, CacheZones: metrics.CacheZonesLabel(cdBlocks), CacheBlocks: run.CacheBlocks,
 	})
 
 	if cfg.SetupInterface || cfg.SetupIPTables {
@@ -257,30 +164,12 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 			Observer:       d.Metrics,
 		})
 		if err != nil {
-			d.closeGroups()
+			run.Close()
 			return nil, err
 		}
 	}
 	d.opt = opt
 	return d, nil
-}
-
-// forward routes a miss to the group for its zone. When a reload routed the
-// zone elsewhere while the query was out, the answer (or the ErrClosed of a
-// retired group) reflects the old configuration: the new group is asked.
-func (d *Daemon) forward(ctx context.Context, qname string, query []byte) ([]byte, error) {
-	g := d.Router.Lookup(qname)
-	for try := 1; ; try++ {
-		if g == nil {
-			return nil, errors.New("no route for " + qname)
-		}
-		ans, err := g.Exchange(ctx, query)
-		now := d.Router.Lookup(qname)
-		if now == g || now == nil || try == 3 || ctx.Err() != nil {
-			return ans, err
-		}
-		g = now
-	}
 }
 
 // Start brings the daemon up in the order that keeps the node's DNS
@@ -390,7 +279,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
 		}
 	}
-	d.startReload()
+	d.run.Start()
 	if err := d.startPodWatch(); err != nil {
 		// DNS never depends on the API server: serve without autopath.
 		d.log.Error("autopath off", "err", err)
@@ -574,12 +463,12 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	// rules are gone already.
 	stopped := make(chan struct{})
 	go func() {
-		d.stopReload()
+		d.run.Stop()
 		close(stopped)
 	}()
 	select {
 	case <-stopped:
-		d.closeGroups() // after stopReload: no reload may change d.groups after
+		d.run.Close() // after Stop: no reload may change the groups after
 	case <-ctx.Done():
 		d.log.Warn("a configuration reload did not stop in time; exiting without it")
 	}
@@ -634,17 +523,6 @@ func (d *Daemon) teardown(ctx context.Context) error {
 	tctx, cancel := context.WithTimeout(ctx, teardownDeadline)
 	defer cancel()
 	return d.net.Teardown(tctx)
-}
-
-func (d *Daemon) closeGroups() {
-	for _, g := range d.groups {
-		_ = g.Close()
-	}
-	if d.views != nil {
-		for _, g := range d.views.groups {
-			_ = g.Close()
-		}
-	}
 }
 
 func joinAddrs(ips []netip.Addr, port int) string {

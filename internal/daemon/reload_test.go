@@ -139,7 +139,7 @@ func TestConfigMapSwapReroutesStubUnderLoad(t *testing.T) {
 	e.ask(t, "keep.example.com.", dns.TypeA, false, "udp") // cached, node group
 	e.ask(t, "svc.default.svc.cluster.local.", dns.TypeA, false, "udp")
 	node, kube := e.node.count(), e.kube.count()
-	oldGroup := e.d.Router.Lookup("x.stub.example.")
+	oldGroup := e.d.run.Router.Lookup("x.stub.example.")
 
 	// 200 q/s for 4 s, half of them x.stub.example. (served from the cache
 	// until the change drops it), half a fresh name each (always upstream).
@@ -222,7 +222,7 @@ func TestConfigMapSwapReroutesStubUnderLoad(t *testing.T) {
 	if _, err := oldGroup.Exchange(context.Background(), wq); errors.Is(err, forward.ErrClosed) {
 		t.Fatal("old group closed before retireGrace passed")
 	}
-	e.clock.Advance(e.d.retireGrace())
+	e.clock.Advance(e.d.run.RetireGrace())
 	deadline := time.Now().Add(10 * time.Second) // the retiring goroutine runs; the bound is not the point
 	for {
 		_, err := oldGroup.Exchange(context.Background(), wq)
@@ -234,7 +234,7 @@ func TestConfigMapSwapReroutesStubUnderLoad(t *testing.T) {
 		}
 		// The retiring goroutine may have been waiting for settleDrop
 		// when the clock moved; move it on again.
-		e.clock.Advance(e.d.retireGrace())
+		e.clock.Advance(e.d.run.RetireGrace())
 		time.Sleep(10 * time.Millisecond)
 	}
 	// Unaffected zones kept their cache entries.

@@ -47,7 +47,7 @@ func TestCorefileRebuildFailingHalfWayKeepsTheOldConfiguration(t *testing.T) {
 	errs, failed := e.setupErrors(t), e.reloadsFailed(t)
 
 	fault := func() error { return errors.New("injected: the rebuild fails half-way") }
-	e.d.reloadFault.Store(&fault)
+	e.d.run.SetReloadFaultForTest(fault)
 	writeAtomic(t, conf, cacheCorefile(b, "20")) // a new policy and a new upstream
 	e.waitSetupErrors(t, errs+1)
 	for i := range 5 {
@@ -60,7 +60,7 @@ func TestCorefileRebuildFailingHalfWayKeepsTheOldConfiguration(t *testing.T) {
 		t.Fatalf("coredns_reload_failed_total %v, want %v", got, failed+1)
 	}
 
-	e.d.reloadFault.Store(nil)
+	e.d.run.SetReloadFaultForTest(nil)
 	writeAtomic(t, conf, cacheCorefile(b, "20")+"# the next edit\n")
 	deadline := time.Now().Add(3 * time.Second)
 	for i := 0; ; i++ {

@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 // startShared starts the forward of name through the shared routes (the
 // Router), as forward does.
-func (d *Daemon) startShared(name string, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
+func (d *State) startShared(name string, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
 	routes := d.Router.Current()
 	g := routes.Lookup(name)
 	if g == nil {
@@ -25,7 +25,7 @@ func (d *Daemon) startShared(name string, query []byte, timeout time.Duration, d
 
 // asyncForward is one startShared in flight.
 type asyncForward struct {
-	d       *Daemon
+	d       *State
 	g       *forward.Group
 	routes  *forward.RouteTable // the routes g was looked up in
 	name    string

@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"fmt"
@@ -43,7 +43,7 @@ type viewSet struct {
 // newViews builds a resolver per view of cc over the listen addresses
 // listen (the running ones). It changes nothing of d but creating groups,
 // which the caller owns (closed on error here).
-func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.Addr) (vs *viewSet, err error) {
+func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.Addr) (vs *viewSet, err error) {
 	vs = &viewSet{cc: cc}
 	if cc == nil || cc.Views == nil {
 		return vs, nil
@@ -122,7 +122,7 @@ func (d *Daemon) newViews(cfg *config.Config, cc *config.CorefileConfig, listen 
 
 // useViews makes the server answer by vs (before Start or live) and
 // returns the view set it replaces.
-func (d *Daemon) useViews(vs *viewSet) (*viewSet, error) {
+func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 	res, addr := vs.res, vs.addr
 	if res == nil {
 		res, addr = []*resolve.Resolver{d.res0}, nil
@@ -142,7 +142,7 @@ func (d *Daemon) useViews(vs *viewSet) (*viewSet, error) {
 // retired and the whole cache dropped by apply: the view indexes changed
 // meaning, and CoreDNS too starts with new caches on reload). A change of
 // the listen addresses needs a restart: refused.
-func (d *Daemon) prepareViews(n *config.Config) (*viewSet, error) {
+func (d *State) prepareViews(n *config.Config) (*viewSet, error) {
 	if !slices.Equal(n.LocalIPs, d.cfg.LocalIPs) {
 		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
 	}
@@ -156,7 +156,7 @@ func (f fetchDone) ExchangeDone(ans []byte, err error) { f.done.Fetched(ans, err
 
 // viewsChanged reports whether a reloaded Corefile sees other views than
 // the running one (then prepareViews builds them).
-func (d *Daemon) viewsChanged(n *config.Config) bool {
+func (d *State) viewsChanged(n *config.Config) bool {
 	var cur *config.CorefileConfig
 	if d.views != nil {
 		cur = d.views.cc

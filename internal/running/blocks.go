@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"context"
@@ -26,12 +26,12 @@ type sharedPolicy struct {
 
 // compileView compiles a view from its policies, its chains (nil: none)
 // and, with several views, its routes (nil: the shared route table).
-func (d *Daemon) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes) (*blocks.View, error) {
+func (d *State) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes) (*blocks.View, error) {
 	return blocks.CompileView(d.policyDefault, sp.pol, sp.zones, c, vr)
 }
 
 // sharedView is the shared view's compiled blocks now.
-func (d *Daemon) sharedView(name []byte) *resolve.Policy { return d.shared.Load().Policy(name) }
+func (d *State) sharedView(name []byte) *resolve.Policy { return d.shared.Load().Policy(name) }
 
 // startBlock is every resolver's StartFunc (resolve.Resolver.Start): a
 // miss whose block's fetch is a plain forward goes to the block's group, or
@@ -39,7 +39,7 @@ func (d *Daemon) sharedView(name []byte) *resolve.Policy { return d.shared.Load(
 // group's reader hands the answer on. It declines (the fetch then runs
 // through fetchBlock, blocking) when the block runs directives or refuses
 // the zone, or no route takes the name (forward gives that error).
-func (d *Daemon) startBlock(pol *resolve.Policy, qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
+func (d *State) startBlock(pol *resolve.Policy, qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
 	if b := blocks.Of(pol); b != nil {
 		if b.Run != nil || b.Refused {
 			return false
@@ -56,7 +56,7 @@ func (d *Daemon) startBlock(pol *resolve.Policy, qname []byte, query []byte, tim
 // directives (ending in the view's routes), REFUSED when the view serves
 // no block for the name (as CoreDNS answers), the view's own group, or the
 // shared route table.
-func (d *Daemon) fetchBlock(ctx context.Context, qname string, query []byte) ([]byte, error) {
+func (d *State) fetchBlock(ctx context.Context, qname string, query []byte) ([]byte, error) {
 	b := blocks.Of(resolve.PolicyOf(ctx))
 	switch {
 	case b == nil:

@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"fmt"
@@ -46,9 +46,9 @@ import (
 // change may take.
 const settleDrop = 500 * time.Millisecond
 
-// retireGrace is how long a replaced group stays open: longer than
+// RetireGrace is how long a replaced group stays open: longer than
 // -forward-timeout, which bounds every query sent to it.
-func (d *Daemon) retireGrace() time.Duration { return d.cfg.ForwardTimeout + time.Second }
+func (d *State) RetireGrace() time.Duration { return d.cfg.ForwardTimeout + time.Second }
 
 // reloader holds the routing state. It is owned by New until Start and by
 // the watch goroutine after (one writer, no lock); retirements only close
@@ -90,7 +90,7 @@ type stubGroup struct {
 // buildRoutes makes the groups and the Router from the flags, resolv.conf
 // (as config.Parse read it) and the ConfigMap. Only a group that cannot be
 // built fails it; a bad ConfigMap does not.
-func (d *Daemon) buildRoutes() error {
+func (d *State) buildRoutes() error {
 	r := &d.reload
 	r.stop = make(chan struct{})
 	r.resolv = d.cfg.Nameservers
@@ -108,7 +108,7 @@ func (d *Daemon) buildRoutes() error {
 	for _, zr := range d.cfg.DropIn.Routes { // drop-in: the Corefile's forward blocks
 		g, err := d.routeGroup(zr)
 		if err != nil {
-			d.closeGroups()
+			d.Close()
 			return fmt.Errorf("%s: forward for %s: %w", zr.From, zr.Zone, err)
 		}
 		r.static = append(r.static, staticRoute{zone: zr.Zone, g: g})
@@ -119,14 +119,14 @@ func (d *Daemon) buildRoutes() error {
 		d.readConfigMap(true)
 	}
 	if err := d.apply(); err != nil {
-		d.closeGroups()
+		d.Close()
 		return err
 	}
 	return nil
 }
 
 // startReload starts watching resolv.conf and the ConfigMap directory.
-func (d *Daemon) startReload() {
+func (d *State) startReload() {
 	var paths []string
 	if d.cfg.ResolvConf != "" {
 		paths = append(paths, d.cfg.ResolvConf, config.SystemdResolvConf)
@@ -159,7 +159,7 @@ func (d *Daemon) startReload() {
 
 // stopReload stops watching and closes retired groups now. The live groups
 // are in d.groups for closeGroups.
-func (d *Daemon) stopReload() {
+func (d *State) stopReload() {
 	r := &d.reload
 	if r.stop == nil {
 		return
@@ -169,7 +169,7 @@ func (d *Daemon) stopReload() {
 }
 
 // reread re-reads both sources and applies a change.
-func (d *Daemon) reread() {
+func (d *State) reread() {
 	changed := false
 	if d.cfg.ResolvConf != "" && d.readResolvConf() {
 		changed = true
@@ -188,7 +188,7 @@ func (d *Daemon) reread() {
 }
 
 // readResolvConf reports whether resolv.conf now lists other good servers.
-func (d *Daemon) readResolvConf() bool {
+func (d *State) readResolvConf() bool {
 	r := &d.reload
 	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.LocalIPs, d.cfg.Port)
 	if err != nil {
@@ -211,7 +211,7 @@ func (d *Daemon) readResolvConf() bool {
 // readConfigMap reports whether the ConfigMap now says something else and
 // is valid. Each distinct invalid content (or read error) is logged and
 // counted once.
-func (d *Daemon) readConfigMap(startup bool) bool {
+func (d *State) readConfigMap(startup bool) bool {
 	r := &d.reload
 	data, err := config.ReadConfigMapDir(d.cfg.KubeDNSConfigMap)
 	if err == nil {
@@ -262,7 +262,7 @@ func equalConfigMap(a, b config.KubeDNSConfigMap) bool {
 
 // apply builds the groups that differ from the live ones, swaps the route
 // table, and retires what it replaced.
-func (d *Daemon) apply() error {
+func (d *State) apply() error {
 	r := &d.reload
 	servers, source := r.resolv, "resolv.conf"
 	if len(r.cm.UpstreamNameservers) > 0 && (d.corefile() == nil || !d.corefile().RootLiteral) {
@@ -349,7 +349,7 @@ func (d *Daemon) apply() error {
 	return nil
 }
 
-func (d *Daemon) udpGroup(name string, servers []netip.AddrPort) (*forward.Group, error) {
+func (d *State) udpGroup(name string, servers []netip.AddrPort) (*forward.Group, error) {
 	cfg := forward.GroupConfig{
 		Name:        name,
 		Servers:     servers,
@@ -365,14 +365,14 @@ func (d *Daemon) udpGroup(name string, servers []netip.AddrPort) (*forward.Group
 
 // retire closes groups after retireGrace and drops the changed zones'
 // entries after settleDrop and again then. stopReload cuts the waits short.
-func (d *Daemon) retire(groups []*forward.Group, zones []string) {
+func (d *State) retire(groups []*forward.Group, zones []string) {
 	r := &d.reload
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		if d.wait(settleDrop) {
 			d.dropZones(zones)
-			d.wait(d.retireGrace() - settleDrop)
+			d.wait(d.RetireGrace() - settleDrop)
 		}
 		for _, g := range groups {
 			_ = g.Close()
@@ -382,7 +382,7 @@ func (d *Daemon) retire(groups []*forward.Group, zones []string) {
 }
 
 // wait sleeps for t and reports false when stopReload cut it short.
-func (d *Daemon) wait(t time.Duration) bool {
+func (d *State) wait(t time.Duration) bool {
 	tm := d.clock.NewTimer(t)
 	defer tm.Stop()
 	select {
@@ -394,7 +394,7 @@ func (d *Daemon) wait(t time.Duration) bool {
 }
 
 // dropZones removes the cache entries at and below zones.
-func (d *Daemon) dropZones(zones []string) int {
+func (d *State) dropZones(zones []string) int {
 	n := 0
 	for _, z := range zones {
 		if zw, ok := wire.AppendNameWire(nil, z); ok {

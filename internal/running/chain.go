@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"fmt"
@@ -16,7 +16,7 @@ import (
 
 // chainEnv is what the daemon gives the chains: its clock, its log, the
 // CoreDNS series of the directives.
-func (d *Daemon) chainEnv() blocks.ChainEnv {
+func (d *State) chainEnv() blocks.ChainEnv {
 	env := blocks.ChainEnv{Clock: d.clock, Log: d.log}
 	if d.Metrics != nil {
 		env.Metrics = directiveMetrics{d.Metrics.Directives}
@@ -26,14 +26,14 @@ func (d *Daemon) chainEnv() blocks.ChainEnv {
 
 // buildChains builds the chains of servers as a view picks them (nil
 // pick: a zone's first block) over next.
-func (d *Daemon) buildChains(servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc) (*blocks.Chains, error) {
+func (d *State) buildChains(servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc) (*blocks.Chains, error) {
 	return blocks.BuildChains(d.chainEnv(), servers, pick, next)
 }
 
 // initChain builds the Corefile's chains over next (the forward routes)
 // for the shared view (blocks.go compiles them into its blocks). Without a
 // Corefile there is none.
-func (d *Daemon) initChain(next resolve.FetchFunc) error {
+func (d *State) initChain(next resolve.FetchFunc) error {
 	cc := d.cfg.DropIn.Corefile
 	if cc == nil {
 		return nil
@@ -52,7 +52,7 @@ func (d *Daemon) initChain(next resolve.FetchFunc) error {
 // whose fetch-side directives changed: their cached answers came from the
 // old directives, and the reloader drops them (CoreDNS starts with a new
 // cache on reload). nil chain: no chain to replace.
-func (d *Daemon) prepareChain(n *config.Config) (*blocks.Chains, []string, error) {
+func (d *State) prepareChain(n *config.Config) (*blocks.Chains, []string, error) {
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
 		return nil, nil, nil
 	}
@@ -83,7 +83,7 @@ func (dm directiveMetrics) DNS64() *atomic.Uint64 { return dm.m.DNS64() }
 // DirectiveStats returns the counters of the blocks with fetch-side
 // directives, as running now (a Corefile change replaces them: call again
 // at each scrape).
-func (d *Daemon) DirectiveStats() []blocks.BlockStats {
+func (d *State) DirectiveStats() []blocks.BlockStats {
 	c := d.viewChain.Load() // with several views: the first view's blocks
 	if c == nil {
 		c = d.chain.Load()

@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"fmt"
@@ -40,7 +40,7 @@ func zonePolicyZones(zps []config.ZonePolicy) []string {
 
 // preparePolicies builds the policy lookup of a reloaded Corefile's
 // cache policies; nil when they did not change.
-func (d *Daemon) preparePolicies(n *config.Config) (*sharedPolicy, error) {
+func (d *State) preparePolicies(n *config.Config) (*sharedPolicy, error) {
 	cur, next := d.corefile(), n.DropIn.Corefile
 	if cur == nil || next == nil || reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
 		return nil, nil
@@ -56,7 +56,7 @@ func (d *Daemon) preparePolicies(n *config.Config) (*sharedPolicy, error) {
 // Corefile block: node-cache would append a second block for the zone and
 // CoreDNS's reload would fail on it, keeping the last good configuration;
 // so do we (the caller logs it once and counts it).
-func (d *Daemon) stubConflict(k config.KubeDNSConfigMap) error {
+func (d *State) stubConflict(k config.KubeDNSConfigMap) error {
 	cc := d.corefile()
 	if cc == nil {
 		return nil
@@ -71,7 +71,7 @@ func (d *Daemon) stubConflict(k config.KubeDNSConfigMap) error {
 
 // rewriteCorefile writes -conf again after a ConfigMap change, as
 // node-cache does, when it is rendered from a template and writable.
-func (d *Daemon) rewriteCorefile() {
+func (d *State) rewriteCorefile() {
 	cc := d.corefile()
 	if cc == nil {
 		return

@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"bytes"
@@ -40,10 +40,10 @@ type corefileState struct {
 	opts         map[string]config.ForwardOptions // by zone: the route's forward options
 }
 
-func (d *Daemon) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }
+func (d *State) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }
 
 // initCorefile records the Corefile's routes at start.
-func (d *Daemon) initCorefile() {
+func (d *State) initCorefile() {
 	cc := d.corefile()
 	if cc == nil {
 		return
@@ -71,7 +71,7 @@ func (d *Daemon) initCorefile() {
 // configuration whole, is logged and counted (coredns_reload_failed_total
 // and a "configmap" setup error, once per distinct error), and the next
 // change of the file is tried afresh.
-func (d *Daemon) readCorefile() bool {
+func (d *State) readCorefile() bool {
 	cc := d.corefile()
 	r := &d.reload
 	data, err := os.ReadFile(cc.Source())
@@ -104,7 +104,7 @@ func (d *Daemon) readCorefile() bool {
 
 // corefileFailed logs and counts a rejected Corefile edit, once per
 // distinct error.
-func (d *Daemon) corefileFailed(cc *config.CorefileConfig, msg string, err error) {
+func (d *State) corefileFailed(cc *config.CorefileConfig, msg string, err error) {
 	r := &d.reload
 	if err.Error() == r.cf.err {
 		return
@@ -146,7 +146,7 @@ func (e *corefileEdit) abandon() {
 // prepareCorefile builds what the reloaded configuration n needs and the
 // running one lacks. It changes nothing that serves; on error it closes
 // what it built.
-func (d *Daemon) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
+func (d *State) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
 	r := &d.reload
 	e = &corefileEdit{routes: map[string]config.ZoneRoute{}, groups: map[string]*forward.Group{}}
 	defer func() {
@@ -208,7 +208,7 @@ func (d *Daemon) prepareCorefile(n *config.Config) (e *corefileEdit, err error) 
 // commitCorefile puts a prepared edit in use. Only the first step, the
 // server taking new views, can fail; then nothing is applied and e is
 // abandoned.
-func (d *Daemon) commitCorefile(n *config.Config, e *corefileEdit) error {
+func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 	cc := d.corefile()
 	r := &d.reload
 	if e.views != nil {
@@ -327,7 +327,7 @@ func restartFields(a, b *config.Config) []string {
 	return out
 }
 
-func (d *Daemon) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
+func (d *State) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
 	cfg := forward.GroupConfig{Name: "corefile:" + zr.Zone, Servers: zr.Servers, Proto: forward.UDP, Logger: d.log.With("group", "corefile:"+zr.Zone)}
 	if zr.ForceTCP {
 		cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
@@ -336,7 +336,7 @@ func (d *Daemon) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
 	return forward.NewGroup(cfg, d.Metrics)
 }
 
-func (d *Daemon) kubeGroup(addr netip.AddrPort) (*forward.Group, error) {
+func (d *State) kubeGroup(addr netip.AddrPort) (*forward.Group, error) {
 	cfg := forward.GroupConfig{
 		Name:        "kube-dns",
 		Servers:     []netip.AddrPort{addr},
@@ -350,7 +350,7 @@ func (d *Daemon) kubeGroup(addr netip.AddrPort) (*forward.Group, error) {
 }
 
 // kubeAddr is the kube-dns address routed to now.
-func (d *Daemon) kubeAddr() netip.AddrPort {
+func (d *State) kubeAddr() netip.AddrPort {
 	if d.reload.kubeAt.IsValid() {
 		return d.reload.kubeAt
 	}

@@ -1,4 +1,4 @@
-package daemon
+package running
 
 import (
 	"slices"
@@ -9,11 +9,11 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
 
-// coreDNSBlocks are the server blocks whose metrics are served under
+// CoreDNSBlocks are the server blocks whose metrics are served under
 // CoreDNS's names: the Corefile's, or without one the zones the flags
 // route (the cluster domain and the reverse zones to kube-dns, the rest to
 // the node's resolvers) as the reference Corefile's blocks name them.
-func coreDNSBlocks(cfg *config.Config) []metrics.CDBlock {
+func CoreDNSBlocks(cfg *config.Config) []metrics.CDBlock {
 	if cc := cfg.DropIn.Corefile; cc != nil {
 		var out []metrics.CDBlock
 		for _, s := range cc.Servers {
@@ -34,9 +34,9 @@ func coreDNSBlocks(cfg *config.Config) []metrics.CDBlock {
 	return out
 }
 
-// coreDNSZones are the zones of every block, each with its block's plugin
+// CoreDNSZones are the zones of every block, each with its block's plugin
 // label; those of blocks without a prometheus directive are not counted.
-func coreDNSZones(blocks []metrics.CDBlock) []server.CDZone {
+func CoreDNSZones(blocks []metrics.CDBlock) []server.CDZone {
 	var out []server.CDZone
 	for _, b := range blocks {
 		for _, z := range b.Zones {
@@ -67,4 +67,5 @@ func coreDNSCacheBlocks(cfg *config.Config) []metrics.CacheBlock {
 	return out
 }
 
-func (d *Daemon) cacheBlocksNow() []metrics.CacheBlock { return *d.cacheBlocks.Load() }
+// CacheBlocks are the blocks the cache tags name now (metrics.CoreDNSConfig).
+func (d *State) CacheBlocks() []metrics.CacheBlock { return *d.cacheBlocks.Load() }

@@ -1,0 +1,217 @@
+// Package running is the configuration the daemon serves by, compiled and
+// kept current while it runs: the forward groups and their routes (the
+// flags' kube-dns and resolv.conf, the kube-dns ConfigMap's stub domains,
+// the Corefile's forward blocks), each view's block table (internal/blocks:
+// cache policy, directive chain, forward group, refusal, per zone), the
+// resolvers that serve by those tables, and the reload of all of it when
+// resolv.conf, the ConfigMap or the Corefile changes (reload.go,
+// corefile.go: an edit applies whole or not at all).
+//
+// It decides no name's fate on the hot path itself: a miss looks its block
+// up once in internal/blocks' table and the block carries the rest. It
+// opens no listening socket (internal/server does, and is handed the
+// resolvers with Attach) and knows nothing of the node, twins or HTTP
+// (internal/daemon's lifecycle).
+//
+// One writer: New until the daemon starts, then the watch goroutine Start
+// runs; the serving loops read only atomics and the Router.
+package running
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
+)
+
+// Reverse zones answered by kube-dns (pod and service PTR records).
+var reverseZones = []string{"in-addr.arpa.", "ip6.arpa."}
+
+// Env is what the running configuration uses besides the Config.
+type Env struct {
+	Log     *slog.Logger
+	Clock   clock.Clock // clock.Real when nil
+	Metrics *metrics.Metrics
+	Cache   *cache.Cache
+}
+
+// State is the running configuration of one daemon.
+type State struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	clock   clock.Clock
+	Metrics *metrics.Metrics
+	Cache   *cache.Cache
+	Server  *server.Server // set by Attach
+	// Router holds the shared route table (reload.go).
+	Router *forward.Router
+	groups []*forward.Group // live groups, kept by reload.go
+	reload reloader
+
+	// The shared view's block table (blocks.go): what its resolver serves
+	// by, compiled from sharedPol and chain and swapped whole when a
+	// Corefile reload changes a block's cache settings or directives.
+	shared        atomic.Pointer[blocks.View]
+	sharedPol     sharedPolicy // owned like reload's state
+	policyDefault resolve.Policy
+	// The Corefile's fetch-side directives (chain.go): nil without them.
+	chain     atomic.Pointer[blocks.Chains]
+	chainNext resolve.FetchFunc
+	// The Corefile's views (views.go), owned like reload's state; res0 is
+	// the resolver of the one-view case (d.shared), also autopath's.
+	views     *viewSet
+	viewChain atomic.Pointer[blocks.Chains]
+	res0      *resolve.Resolver
+	// The blocks the cache tags name now (coredns.go), swapped with the
+	// policies.
+	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
+	// reloadFault, when set (tests), fails a Corefile edit half-way through
+	// its rebuild: after views, policies and chains are built, before the
+	// groups (corefile.go).
+	reloadFault atomic.Pointer[func() error]
+}
+
+// New builds the groups, the block tables and the resolvers from cfg. It
+// opens upstream sockets only (the groups'); on error it closes them.
+func New(cfg *config.Config, env Env) (d *State, err error) {
+	d = &State{cfg: cfg, log: env.Log, clock: clock.Or(env.Clock), Metrics: env.Metrics, Cache: env.Cache}
+	// Groups and routes: kube-dns, resolv.conf, the kube-dns ConfigMap (reload.go).
+	if err := d.buildRoutes(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			d.Close()
+			d = nil
+		}
+	}()
+	pol := func(ttl cache.Policy) resolve.Policy {
+		return resolve.Policy{
+			TTL:                ttl,
+			ServFailTTL:        cfg.Cache.ServFailTTL,
+			StaleWindow:        cfg.Cache.StaleWindow,
+			StaleClientTimeout: cfg.Cache.StaleClientTimeout,
+			StaleRecheck:       cfg.Cache.StaleRecheck,
+		}
+	}
+	// The flags' policies: the cluster domain's caps, -last-known-good's zones.
+	defTTL, flagZones := cfg.FlagPolicies()
+	var zones []resolve.Zone
+	for _, z := range flagZones {
+		zones = append(zones, resolve.Zone{Name: z.Name, Policy: pol(z.TTL)})
+	}
+	if cc := cfg.DropIn.Corefile; cc != nil && len(cc.ZonePolicies) > 0 {
+		zones = corefileZones(cfg, cc.ZonePolicies) // each block's cache settings for its zones
+	}
+	d.policyDefault = pol(defTTL)
+	policy, err := resolve.Zones(d.policyDefault, zones...)
+	if err != nil {
+		return nil, err
+	}
+	d.sharedPol = sharedPolicy{pol: policy}
+	for _, z := range zones {
+		d.sharedPol.zones = append(d.sharedPol.zones, z.Name)
+	}
+	cb := coreDNSCacheBlocks(cfg)
+	d.cacheBlocks.Store(&cb)
+	if err := d.initChain(d.forward); err != nil {
+		return nil, err
+	}
+	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
+	if err != nil {
+		return nil, err
+	}
+	d.shared.Store(shared) // a Corefile reload swaps it (corefile.go)
+	d.res0, err = resolve.New(resolve.Config{
+		Cache:        d.Cache,
+		Fetch:        d.fetchBlock,
+		Start:        d.startBlock,
+		Policy:       d.sharedView,
+		Clock:        d.clock,
+		FetchTimeout: cfg.ForwardTimeout,
+		UDPSize:      uint16(cfg.MaxUDPSize),
+		MaxFlights:   cfg.MaxInflight,
+		Logger:       d.log.With("component", "cache"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Blocks seen from some addresses answer otherwise (views.go).
+	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.LocalIPs); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Resolver is the shared view's resolver (the one view's, and autopath's).
+func (d *State) Resolver() *resolve.Resolver { return d.res0 }
+
+// Attach makes srv answer by the views (before it serves).
+func (d *State) Attach(srv *server.Server) error {
+	d.Server = srv
+	if _, err := d.useViews(d.views); err != nil {
+		return err
+	}
+	if cc := d.cfg.DropIn.Corefile; cc != nil {
+		srv.SetRecordAskers(blocks.UsesRemote(cc.Servers)) // a template uses .Remote
+	}
+	return nil
+}
+
+// Start watches resolv.conf, the ConfigMap directory and the Corefile, and
+// applies their changes until Stop.
+func (d *State) Start() { d.startReload() }
+
+// Stop stops the watch and closes the retired groups; the live ones stay
+// open until Close.
+func (d *State) Stop() { d.stopReload() }
+
+// Close closes the live groups. After Stop: no reload may change them
+// after.
+func (d *State) Close() {
+	for _, g := range d.groups {
+		_ = g.Close()
+	}
+	if d.views != nil {
+		for _, g := range d.views.groups {
+			_ = g.Close()
+		}
+	}
+}
+
+// SetReloadFaultForTest makes every Corefile edit fail half-way through
+// its rebuild with f's error (nil f: no fault).
+func (d *State) SetReloadFaultForTest(f func() error) {
+	if f == nil {
+		d.reloadFault.Store(nil)
+		return
+	}
+	d.reloadFault.Store(&f)
+}
+
+// forward routes a miss to the group for its zone. When a reload routed the
+// zone elsewhere while the query was out, the answer (or the ErrClosed of a
+// retired group) reflects the old configuration: the new group is asked.
+func (d *State) forward(ctx context.Context, qname string, query []byte) ([]byte, error) {
+	g := d.Router.Lookup(qname)
+	for try := 1; ; try++ {
+		if g == nil {
+			return nil, errors.New("no route for " + qname)
+		}
+		ans, err := g.Exchange(ctx, query)
+		now := d.Router.Lookup(qname)
+		if now == g || now == nil || try == 3 || ctx.Err() != nil {
+			return ans, err
+		}
+		g = now
+	}
+}
