@@ -12,7 +12,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
-	"github.com/nodelocaldns/nodelocaldns/internal/server"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -23,7 +22,12 @@ import (
 type Hook struct {
 	ap    *Autopath
 	watch atomic.Pointer[podwatch.Watch]
+	view  ViewOf
 }
+
+// ViewOf returns the Resolver and view index of the view a candidate's
+// query arrived on (server.CandidateView); ok false: none known.
+type ViewOf func(ctx context.Context) (res *resolve.Resolver, view uint8, ok bool)
 
 // HookConfig is what a Hook is built from.
 type HookConfig struct {
@@ -31,13 +35,14 @@ type HookConfig struct {
 	Clock         clock.Clock
 	ClusterDomain string
 	UDPSize       uint16 // -max-udp-size: the size candidate answers are written at
+	View          ViewOf // server.CandidateView
 }
 
 // NewHook builds the hook around c.Resolver.
 func NewHook(c HookConfig) (*Hook, error) {
-	h := &Hook{}
+	h := &Hook{view: c.View}
 	ap, err := New(Config{
-		Pods: h, Resolve: resolveCandidate(c.Resolver, clock.Or(c.Clock), c.UDPSize),
+		Pods: h, Resolve: resolveCandidate(c.Resolver, c.View, clock.Or(c.Clock), c.UDPSize),
 		ClusterDomain: c.ClusterDomain, Clock: c.Clock,
 	})
 	if err != nil {
@@ -72,7 +77,7 @@ func (h *Hook) Candidate(q *wire.Query) bool {
 // Answer is the decision, in the miss goroutine, for the view the query
 // arrived on (decisions are kept per view).
 func (h *Hook) Answer(ctx context.Context, src netip.Addr, qname string, qtype uint16) (*dns.Msg, error) {
-	_, view, _ := server.CandidateView(ctx)
+	_, view, _ := h.view(ctx)
 	return h.ap.AnswerIn(ctx, view, src, qname, qtype)
 }
 
@@ -93,7 +98,7 @@ var largeUnpacks = make(chan struct{}, 4)
 // is stored, so the client's follow-up queries (the CNAME's target) are
 // hits. The TTL is the smallest of the answer's records, or the denial's
 // negative TTL (the SOA's TTL, at most its MINIMUM: RFC 2308 §5).
-func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) Resolve {
+func resolveCandidate(res *resolve.Resolver, viewOf ViewOf, clk clock.Clock, udpSize uint16) Resolve {
 	return func(ctx context.Context, name string, qtype uint16) (Result, error) {
 		qm := new(dns.Msg)
 		qm.SetQuestion(name, qtype)
@@ -107,7 +112,7 @@ func resolveCandidate(res *resolve.Resolver, clk clock.Clock, udpSize uint16) Re
 		}
 		q.From = resolve.Asker(ctx) // the pod's, when the server records askers
 		r := res
-		if vr, view, ok := server.CandidateView(ctx); ok && vr != nil {
+		if vr, view, ok := viewOf(ctx); ok && vr != nil {
 			// The view the client's query arrived on: its zones, forwards
 			// and refusals, and its cache key.
 			r, q.View = vr, view

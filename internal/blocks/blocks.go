@@ -2,12 +2,17 @@
 // What serves each part of the name space (the Corefile's server blocks as
 // one view sees them, or without a Corefile the zones the flags name) is
 // compiled into a View: per zone, one Block holding its cache policy, its
-// fetch-side directive chain, its own forward group and whether the zone is
-// refused. A miss looks its name up once (the resolver's PolicyFunc); the
-// Block rides with the miss as the policy's Route to the fetch (resolve's
-// StartFunc, and PolicyOf in a FetchFunc), so nothing is matched twice.
+// fetch-side directive chain, its forward group (the view's own, or the
+// shared route table's: kube-dns, stub domains, the node's resolvers),
+// whether the zone is refused, and its CoreDNS metric zone. A query looks
+// its name up once (the resolver's PolicyFunc, which the server also asks
+// for the metric zone); the Block rides with a miss as the policy's Route
+// to the fetch (resolve's StartFunc, and PolicyOf in a FetchFunc), and a
+// directive's own lookups (a template's CNAME target) look up the same
+// View, so nothing is matched twice and nothing matches elsewhere.
 //
-// A View is built whole and never changed: a reload compiles a new one and
+// A View is built whole and never changed: a reload (a Corefile edit, a
+// new ConfigMap or resolv.conf: internal/running) compiles a new one and
 // swaps one pointer, so a query sees the old configuration or the new one,
 // never a mix.
 //
@@ -21,6 +26,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
@@ -38,12 +44,16 @@ type Block struct {
 	// Run is the block's fetch-side chain (template, hosts, rewrite,
 	// dns64, ending in its forward); nil: the fetch is a plain forward.
 	Run directive.Next
-	// Group is the view's own forward group for the zone; nil: the shared
-	// route table.
+	// Group is the forward group of the zone: the view's own, or the
+	// shared route table's; nil: no route (the fetch fails).
 	Group *forward.Group
 	// Refused: no block of the view serves the zone (CoreDNS answers
 	// REFUSED).
 	Refused bool
+	// Metric is the CoreDNS metric zone of the names (the index of its
+	// label in Sources.Metrics, as server.Config.CoreDNSZones lists them);
+	// -1: none holds them.
+	Metric int
 }
 
 // View is the compiled table of one view. Safe for concurrent use; never
@@ -126,24 +136,87 @@ func (v *View) Zones() []string {
 	return out
 }
 
-// CompileView compiles a view from its sources: the cache policies (pol,
-// over polZones; def for names in none), the chains (nil: none) and the
-// view's routes (nil: the shared route table).
-func CompileView(def resolve.Policy, pol resolve.PolicyFunc, polZones []string, c *Chains, vr *Routes) (*View, error) {
-	zones := slices.Clone(polZones)
-	zones = append(zones, c.Zones()...)
-	if vr != nil {
-		zones = append(zones, vr.Zones...)
+// Sources are what a view's blocks are compiled from.
+type Sources struct {
+	// Default is the cache policy of names in no zone.
+	Default resolve.Policy
+	// Policy gives the blocks' cache policies (resolve.Zones) over the
+	// zones PolicyZones.
+	Policy      resolve.PolicyFunc
+	PolicyZones []string
+	// Chains are the view's fetch-side chains; nil: none.
+	Chains *Chains
+	// Own are the view's own routes (several views); nil: none.
+	Own *Routes
+	// Shared is the shared route table: a zone's group serves the names
+	// of its longest zone (of a zone listed twice, the last); zones are
+	// lower-case FQDNs.
+	Shared []forward.Route
+	// Metrics are CoreDNS's metric zones, by label index (a zone listed
+	// twice keeps the first, the root the last, as CoreDNS's servers
+	// listed them).
+	Metrics []string
+}
+
+// CompileView compiles a view from its sources. Its zones are the union
+// of theirs, so the longest zone holding a name is also each source's.
+func CompileView(s Sources) (*View, error) {
+	zones := slices.Clone(s.PolicyZones)
+	zones = append(zones, s.Chains.Zones()...)
+	if s.Own != nil {
+		zones = append(zones, s.Own.Zones...)
 	}
-	return Compile(zones, Block{Policy: def}, func(z string) (Block, error) {
+	for _, r := range s.Shared {
+		zones = append(zones, r.Zone)
+	}
+	zones = append(zones, s.Metrics...)
+	def := Block{Policy: s.Default, Metric: -1}
+	return Compile(zones, def, func(z string) (Block, error) {
 		w, ok := wire.AppendNameWire(nil, z)
 		if !ok {
 			return Block{}, fmt.Errorf("invalid zone name %q", z)
 		}
-		b := Block{Policy: *pol(w), Run: c.Run(z)}
-		if vr != nil {
-			b.Refused, b.Group = vr.At(z)
+		b := Block{Policy: *s.Policy(w), Run: s.Chains.Run(z), Metric: metricZone(s.Metrics, z)}
+		if s.Own != nil {
+			b.Refused, b.Group = s.Own.At(z)
+		}
+		if b.Group == nil {
+			b.Group = sharedGroup(s.Shared, z)
 		}
 		return b, nil
 	})
+}
+
+// holds reports whether zone holds name (both lower-case FQDNs); for
+// compiling only: serving looks names up in a View.
+func holds(zone, name string) bool {
+	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
+}
+
+// sharedGroup is the group of the longest route zone holding zone (of a
+// zone listed twice, the last).
+func sharedGroup(routes []forward.Route, zone string) *forward.Group {
+	var g *forward.Group
+	best := -1
+	for _, r := range routes {
+		if len(r.Zone) >= best && holds(r.Zone, zone) {
+			g, best = r.Group, len(r.Zone)
+		}
+	}
+	return g
+}
+
+// metricZone is the index of the longest metric zone holding zone; -1:
+// none.
+func metricZone(metrics []string, zone string) int {
+	m, best := -1, -1
+	for i, z := range metrics {
+		if !holds(z, zone) {
+			continue
+		}
+		if len(z) > best || (z == "." && best == 1) { // the first of a zone, the last root
+			m, best = i, len(z)
+		}
+	}
+	return m
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -77,5 +78,48 @@ func TestLookupAllocatesNothing(t *testing.T) {
 	name := wireName(t, "my-svc.my-ns.svc.cluster.local.")
 	if n := testing.AllocsPerRun(100, func() { v.Lookup(name) }); n != 0 {
 		t.Fatalf("%v allocations per lookup", n)
+	}
+}
+
+// A compiled view decides everything per name: the shared route table's
+// group of the longest route zone (the last of a zone listed twice), the
+// view's own group or refusal before it, and the CoreDNS metric zone (the
+// first of a zone listed twice, the last root; -1 outside every one).
+func TestCompileViewDecidesGroupAndMetric(t *testing.T) {
+	node, kube, stub, stub2, own := &forward.Group{}, &forward.Group{}, &forward.Group{}, &forward.Group{}, &forward.Group{}
+	pol := resolve.Policy{}
+	v, err := CompileView(Sources{
+		Default: pol, Policy: func([]byte) *resolve.Policy { return &pol },
+		Shared: []forward.Route{{Zone: ".", Group: node}, {Zone: "cluster.local.", Group: kube},
+			{Zone: "stub.example.", Group: stub}, {Zone: "stub.example.", Group: stub2}},
+		Own:     &Routes{Zones: []string{"corp.example.", "secret.example."}, Groups: map[string]*forward.Group{"corp.example.": own}, Refused: map[string]bool{"secret.example.": true}},
+		Metrics: []string{"cluster.local.", ".", "svc.cluster.local.", "cluster.local.", "."},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]struct {
+		g       *forward.Group
+		refused bool
+		metric  int
+	}{
+		"a.svc.cluster.local.": {kube, false, 2},
+		"x.cluster.local.":     {kube, false, 0},
+		"www.example.org.":     {node, false, 4},
+		"a.stub.example.":      {stub2, false, 4},
+		"a.corp.example.":      {own, false, 4},
+		"a.secret.example.":    {node, true, 4},
+	} {
+		b := v.Lookup(wireName(t, name))
+		if b.Group != want.g || b.Refused != want.refused || b.Metric != want.metric {
+			t.Errorf("%s: group %p refused %v metric %d, want %p %v %d", name, b.Group, b.Refused, b.Metric, want.g, want.refused, want.metric)
+		}
+	}
+	none, err := CompileView(Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol }, Metrics: []string{"cluster.local."}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := none.Lookup(wireName(t, "example.org.")); b.Metric != -1 || b.Group != nil {
+		t.Errorf("a name in no zone: metric %d group %p", b.Metric, b.Group)
 	}
 }

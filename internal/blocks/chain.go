@@ -19,6 +19,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // The Corefile's directives that CoreDNS's plugin.cfg puts behind `cache`
@@ -35,6 +36,10 @@ type ChainEnv struct {
 	Log   *slog.Logger
 	// Metrics feeds CoreDNS's per-directive series; nil: not counted.
 	Metrics directive.Metrics
+	// Table is the view the chains serve in, as it is now: a directive's
+	// own lookup (a template's CNAME target) finds its block there, as
+	// any query. nil: such lookups go to next.
+	Table func() *View
 }
 
 // blockChain is one block's chain.
@@ -110,7 +115,7 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 	env := directive.Env{
 		Clock: ce.Clock,
 		Lookup: func(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
-			return c.lookup(ctx, name, qtype, next)
+			return lookup(ctx, ce.Table, name, qtype, next)
 		},
 		Asker: resolve.Asker,
 	}
@@ -140,28 +145,19 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 	return nil
 }
 
-// block returns the block of the longest zone containing qname.
-func (c *Chains) block(qname string) *blockChain {
+// block returns the chain of the longest zone holding zone, when
+// compiling (Run) or comparing (Changed): serving looks names up in a View.
+func (c *Chains) block(zone string) *blockChain {
 	var best *blockChain
 	bestLen := -1
 	for _, b := range c.blocks {
 		for _, z := range b.zones {
-			if len(z) > bestLen && (z == "." || qname == z || strings.HasSuffix(qname, "."+z)) {
+			if len(z) > bestLen && holds(z, zone) {
 				best, bestLen = b, len(z)
 			}
 		}
 	}
 	return best
-}
-
-// Fetch fetches query for qname through its block's chain, or next when
-// none runs for it.
-func (c *Chains) Fetch(ctx context.Context, qname string, query []byte, next resolve.FetchFunc) ([]byte, error) {
-	b := c.block(qname)
-	if b == nil || b.run == nil {
-		return next(ctx, qname, query)
-	}
-	return RunChain(ctx, b.run, qname, query)
 }
 
 // RunChain fetches query for qname through a block's chain.
@@ -179,9 +175,10 @@ func RunChain(ctx context.Context, run directive.Next, qname string, query []byt
 	return m.Pack()
 }
 
-// lookup resolves name through its block's chain (a template's CNAME
-// target), as CoreDNS's upstream asks its own server.
-func (c *Chains) lookup(ctx context.Context, name string, qtype uint16, next resolve.FetchFunc) (*dns.Msg, error) {
+// lookup resolves name through the chain of its block in the view the
+// chains serve in (a template's CNAME target), as CoreDNS's upstream asks
+// its own server.
+func lookup(ctx context.Context, table func() *View, name string, qtype uint16, next resolve.FetchFunc) (*dns.Msg, error) {
 	depth, _ := ctx.Value(depthKey{}).(int)
 	if depth >= maxLookupDepth {
 		return nil, fmt.Errorf("chain: %s: more than %d nested lookups (a template CNAME loop?)", name, maxLookupDepth)
@@ -190,12 +187,15 @@ func (c *Chains) lookup(ctx context.Context, name string, qtype uint16, next res
 	r := new(dns.Msg)
 	r.SetQuestion(dns.Fqdn(strings.ToLower(name)), qtype)
 	r.SetEdns0(dns.DefaultMsgSize, false)
-	b := c.block(r.Question[0].Name)
 	ctx = context.WithValue(ctx, routeKey{}, r.Question[0].Name)
-	if b == nil || b.run == nil {
-		return exchangeMsg(ctx, r, next)
+	if table != nil {
+		if w, ok := wire.AppendNameWire(nil, r.Question[0].Name); ok {
+			if run := table().Lookup(w).Run; run != nil {
+				return run(ctx, r)
+			}
+		}
 	}
-	return b.run(ctx, r)
+	return exchangeMsg(ctx, r, next)
 }
 
 // depthKey counts nested lookups in a context; maxLookupDepth bounds them

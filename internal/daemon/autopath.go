@@ -10,6 +10,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/autopath"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
 
 // newAutopath builds -autopath's hook for the server around res
@@ -20,6 +21,7 @@ func newAutopath(d *Daemon, res *resolve.Resolver) (*autopath.Hook, error) {
 	}
 	h, err := autopath.NewHook(autopath.HookConfig{
 		Resolver: res, Clock: d.clock, ClusterDomain: d.cfg.ClusterDomain, UDPSize: uint16(d.cfg.MaxUDPSize),
+		View: server.CandidateView,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("-autopath: %w", err)

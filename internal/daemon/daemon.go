@@ -134,6 +134,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
 		CoreDNSZones:     running.CoreDNSZones(cdBlocks),
+		CoreDNSZone:      running.CoreDNSZone, // the label of the block the table holds
 		Autopath:         ap,
 	})
 	if err != nil {

@@ -139,7 +139,7 @@ func TestConfigMapSwapReroutesStubUnderLoad(t *testing.T) {
 	e.ask(t, "keep.example.com.", dns.TypeA, false, "udp") // cached, node group
 	e.ask(t, "svc.default.svc.cluster.local.", dns.TypeA, false, "udp")
 	node, kube := e.node.count(), e.kube.count()
-	oldGroup := e.d.run.Router.Lookup("x.stub.example.")
+	oldGroup := e.d.run.GroupFor("x.stub.example.")
 
 	// 200 q/s for 4 s, half of them x.stub.example. (served from the cache
 	// until the change drops it), half a fresh name each (always upstream).

@@ -2,21 +2,27 @@ package running
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-// The block table (internal/blocks): every resolver's PolicyFunc is its
-// view's blocks.View.Policy, so a miss finds its block once, and the block
-// rides with it as the policy's Route: startBlock (resolve's StartFunc)
-// and fetchBlock (its FetchFunc, through resolve.PolicyOf) read it and
-// match nothing again. The shared view (the one-view case's, and
-// autopath's resolver) is d.shared, compiled from the blocks' cache
-// policies and chains and swapped whole by a Corefile reload; each view of
-// several is compiled with its resolver and replaced with it (views.go).
+// The block tables (internal/blocks): every resolver's PolicyFunc is its
+// view's table's blocks.View.Policy, so a query finds its block once: the
+// server reads the block's CoreDNS metric zone from it (CoreDNSZone), and
+// a miss carries the block as the policy's Route to startIn (resolve's
+// StartFunc) and fetchIn (its FetchFunc, through resolve.PolicyOf), which
+// match nothing again. The block's group is the view's own or the shared
+// route table's (reload.go), so the shared routes are compiled into every
+// table too: apply recompiles them all when the routes change. The shared
+// view (the one-view case's, and autopath's resolver) is d.shared,
+// compiled from the blocks' cache policies and chains and swapped whole by
+// a Corefile reload; each view of several has its table in its viewTable
+// (views.go).
 
 // sharedPolicy is what the shared view's policies are compiled from.
 type sharedPolicy struct {
@@ -25,47 +31,98 @@ type sharedPolicy struct {
 }
 
 // compileView compiles a view from its policies, its chains (nil: none)
-// and, with several views, its routes (nil: the shared route table).
+// and, with several views, its own routes (nil: none), over the shared
+// route table and the CoreDNS metric zones now.
 func (d *State) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes) (*blocks.View, error) {
-	return blocks.CompileView(d.policyDefault, sp.pol, sp.zones, c, vr)
+	return blocks.CompileView(blocks.Sources{
+		Default: d.policyDefault, Policy: sp.pol, PolicyZones: sp.zones,
+		Chains: c, Own: vr, Shared: d.routes, Metrics: d.metricZones,
+	})
 }
 
 // sharedView is the shared view's compiled blocks now.
 func (d *State) sharedView(name []byte) *resolve.Policy { return d.shared.Load().Policy(name) }
 
-// startBlock is every resolver's StartFunc (resolve.Resolver.Start): a
-// miss whose block's fetch is a plain forward goes to the block's group, or
-// the shared route table's group for the name, with ExchangeAsync, and the
-// group's reader hands the answer on. It declines (the fetch then runs
-// through fetchBlock, blocking) when the block runs directives or refuses
-// the zone, or no route takes the name (forward gives that error).
-func (d *State) startBlock(pol *resolve.Policy, qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
-	if b := blocks.Of(pol); b != nil {
-		if b.Run != nil || b.Refused {
-			return false
-		}
-		if b.Group != nil {
-			b.Group.ExchangeAsync(query, timeout, fetchDone{done})
-			return true
-		}
+// CoreDNSZone is the CoreDNS metric zone of a policy's block
+// (server.Config.CoreDNSZone): the index in CoreDNSZones, -1 for none.
+func CoreDNSZone(p *resolve.Policy) int {
+	if b := blocks.Of(p); b != nil {
+		return b.Metric
 	}
-	return d.startShared(wire.NameString(qname), query, timeout, done)
+	return -1
 }
 
-// fetchBlock is every resolver's FetchFunc: the block's chain when it runs
-// directives (ending in the view's routes), REFUSED when the view serves
-// no block for the name (as CoreDNS answers), the view's own group, or the
-// shared route table.
-func (d *State) fetchBlock(ctx context.Context, qname string, query []byte) ([]byte, error) {
-	b := blocks.Of(resolve.PolicyOf(ctx))
-	switch {
-	case b == nil:
-	case b.Run != nil:
-		return blocks.RunChain(ctx, b.Run, qname, query)
-	case b.Refused:
-		return blocks.RefusedAnswer(query)
-	case b.Group != nil:
-		return b.Group.Exchange(ctx, query)
+// startIn is the StartFunc of the resolver serving by table
+// (resolve.Resolver.Start): a miss whose block's fetch is a plain forward
+// goes to the block's group with ExchangeAsync, and the group's reader
+// hands the answer on (startforward.go). It declines (the fetch then runs
+// through fetchIn, blocking) when the block runs directives, refuses the
+// zone or has no group.
+func (d *State) startIn(table func() *blocks.View) resolve.StartFunc {
+	return func(pol *resolve.Policy, qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
+		b := blocks.Of(pol)
+		if b == nil || b.Run != nil || b.Refused || b.Group == nil {
+			return false
+		}
+		d.startAsync(table, b, qname, query, timeout, done)
+		return true
 	}
-	return d.forward(ctx, qname, query)
+}
+
+// fetchIn is the FetchFunc of the resolver serving by table: the block's
+// chain when it runs directives (ending in forwardIn), REFUSED when the
+// view serves no block for the name (as CoreDNS answers), else the block's
+// group.
+func (d *State) fetchIn(table func() *blocks.View) resolve.FetchFunc {
+	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
+		name, ok := wire.AppendNameWire(nil, qname)
+		if !ok {
+			return nil, errors.New("invalid name " + qname)
+		}
+		b := blocks.Of(resolve.PolicyOf(ctx))
+		if b == nil {
+			b = table().Lookup(name)
+		}
+		switch {
+		case b.Run != nil:
+			return blocks.RunChain(ctx, b.Run, qname, query)
+		case b.Refused:
+			return blocks.RefusedAnswer(query)
+		}
+		return d.exchange(ctx, table, name, b.Group, query)
+	}
+}
+
+// forwardIn is the end of the chains of the view table serves: the
+// forward of the block holding qname (the name the client asked, before
+// any rewrite), or REFUSED; never the block's chain again.
+func (d *State) forwardIn(table func() *blocks.View) resolve.FetchFunc {
+	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
+		name, ok := wire.AppendNameWire(nil, qname)
+		if !ok {
+			return nil, errors.New("invalid name " + qname)
+		}
+		b := table().Lookup(name)
+		if b.Refused {
+			return blocks.RefusedAnswer(query)
+		}
+		return d.exchange(ctx, table, name, b.Group, query)
+	}
+}
+
+// exchange asks g. When a reload routed the name elsewhere while the
+// query was out, the answer (or the ErrClosed of a retired group) reflects
+// the old configuration: the new group is asked, three times at most.
+func (d *State) exchange(ctx context.Context, table func() *blocks.View, name []byte, g *forward.Group, query []byte) ([]byte, error) {
+	for try := 1; ; try++ {
+		if g == nil {
+			return nil, errors.New("no route for " + wire.NameString(name))
+		}
+		ans, err := g.Exchange(ctx, query)
+		now := table().Lookup(name).Group
+		if now == g || now == nil || try == 3 || ctx.Err() != nil {
+			return ans, err
+		}
+		g = now
+	}
 }

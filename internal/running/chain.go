@@ -15,9 +15,9 @@ import (
 // internal/blocks (BuildChains) and compiled into the views' blocks.
 
 // chainEnv is what the daemon gives the chains: its clock, its log, the
-// CoreDNS series of the directives.
-func (d *State) chainEnv() blocks.ChainEnv {
-	env := blocks.ChainEnv{Clock: d.clock, Log: d.log}
+// CoreDNS series of the directives, the table of the view they serve in.
+func (d *State) chainEnv(table func() *blocks.View) blocks.ChainEnv {
+	env := blocks.ChainEnv{Clock: d.clock, Log: d.log, Table: table}
 	if d.Metrics != nil {
 		env.Metrics = directiveMetrics{d.Metrics.Directives}
 	}
@@ -25,9 +25,9 @@ func (d *State) chainEnv() blocks.ChainEnv {
 }
 
 // buildChains builds the chains of servers as a view picks them (nil
-// pick: a zone's first block) over next.
-func (d *State) buildChains(servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc) (*blocks.Chains, error) {
-	return blocks.BuildChains(d.chainEnv(), servers, pick, next)
+// pick: a zone's first block) over next, serving in table.
+func (d *State) buildChains(servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc, table func() *blocks.View) (*blocks.Chains, error) {
+	return blocks.BuildChains(d.chainEnv(table), servers, pick, next)
 }
 
 // initChain builds the Corefile's chains over next (the forward routes)
@@ -38,7 +38,7 @@ func (d *State) initChain(next resolve.FetchFunc) error {
 	if cc == nil {
 		return nil
 	}
-	c, err := d.buildChains(cc.Servers, nil, next)
+	c, err := d.buildChains(cc.Servers, nil, next, d.shared.Load)
 	if err != nil {
 		return err
 	}
@@ -56,7 +56,7 @@ func (d *State) prepareChain(n *config.Config) (*blocks.Chains, []string, error)
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
 		return nil, nil, nil
 	}
-	c, err := d.buildChains(n.DropIn.Corefile.Servers, nil, d.chainNext)
+	c, err := d.buildChains(n.DropIn.Corefile.Servers, nil, d.chainNext, d.shared.Load)
 	if err != nil {
 		return nil, nil, fmt.Errorf("directives: %w", err)
 	}

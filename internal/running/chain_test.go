@@ -9,6 +9,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
@@ -43,8 +44,9 @@ func BenchmarkChainFetch(b *testing.B) {
 		b.Fatal(err)
 	}
 	c := d.chain.Load()
+	run := c.Run("www.example.org.") // the block's chain, as its View's Block carries it
 	fetch := func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		return c.Fetch(ctx, qname, query, next)
+		return blocks.RunChain(ctx, run, qname, query)
 	}
 	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeA} {
 		q := new(dns.Msg)

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -17,9 +19,9 @@ import (
 // resolv.conf (the "." group, "node") and the kube-dns ConfigMap
 // (upstreamNameservers replace resolv.conf's list; each stub domain gets a
 // "stub:<zone>" group). The last two are watched (config.Watcher) and
-// re-read on every wake-up; a change builds the groups that differ, swaps
-// the route table atomically (forward.Router.Update) and retires the
-// groups routed away from.
+// re-read on every wake-up; a change builds the groups that differ,
+// compiles them into every view's block table (blocks.go), swaps the
+// tables and retires the groups routed away from.
 //
 // Nothing is dropped on a change:
 //   - a query that looked up an old group before the swap keeps it: the
@@ -87,14 +89,13 @@ type stubGroup struct {
 	servers []netip.AddrPort
 }
 
-// buildRoutes makes the groups and the Router from the flags, resolv.conf
+// buildRoutes makes the groups and the route table from the flags, resolv.conf
 // (as config.Parse read it) and the ConfigMap. Only a group that cannot be
 // built fails it; a bad ConfigMap does not.
 func (d *State) buildRoutes() error {
 	r := &d.reload
 	r.stop = make(chan struct{})
 	r.resolv = d.cfg.Nameservers
-	d.Router = forward.NewRouter(nil)
 	if !d.cfg.LocalMode {
 		// A group can carry every flight the resolver admits: one bound,
 		// -max-inflight, not 1024 here and 1000 there (kubeGroup).
@@ -334,7 +335,9 @@ func (d *State) apply() error {
 		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})
 		live = append(live, stubs[zone].g)
 	}
-	d.Router.Update(routes)
+	if err := d.recompile(routes); err != nil {
+		return fail(fmt.Errorf("block tables: %w", err))
+	}
 	r.node, r.nodeServers, r.stubs = node, servers, stubs
 	d.groups = live
 
@@ -345,6 +348,44 @@ func (d *State) apply() error {
 	if len(created) > 0 || len(retired) > 0 {
 		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
 			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
+	}
+	return nil
+}
+
+// recompile compiles every view's blocks over routes and swaps them all
+// in; before New has compiled the first ones it only records routes.
+func (d *State) recompile(routes []forward.Route) error {
+	for i := range routes { // lower-case FQDNs, as the blocks' zones
+		if z := strings.ToLower(routes[i].Zone); strings.HasSuffix(z, ".") {
+			routes[i].Zone = z
+		} else {
+			routes[i].Zone = z + "."
+		}
+	}
+	old := d.routes
+	d.routes = routes
+	if d.shared.Load() == nil {
+		return nil
+	}
+	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
+	if err != nil {
+		d.routes = old
+		return err
+	}
+	var views []*blocks.View
+	if d.views != nil {
+		for _, t := range d.views.tables {
+			v, err := d.compileView(t.sp, t.c, t.vr)
+			if err != nil {
+				d.routes = old
+				return err
+			}
+			views = append(views, v)
+		}
+	}
+	d.shared.Store(shared)
+	for i, v := range views {
+		d.views.tables[i].v.Store(v)
 	}
 	return nil
 }

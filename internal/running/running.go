@@ -14,12 +14,10 @@
 // (internal/daemon's lifecycle).
 //
 // One writer: New until the daemon starts, then the watch goroutine Start
-// runs; the serving loops read only atomics and the Router.
+// runs; the serving loops read only the tables, through atomics.
 package running
 
 import (
-	"context"
-	"errors"
 	"log/slog"
 	"sync/atomic"
 
@@ -31,6 +29,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Reverse zones answered by kube-dns (pod and service PTR records).
@@ -51,11 +50,14 @@ type State struct {
 	clock   clock.Clock
 	Metrics *metrics.Metrics
 	Cache   *cache.Cache
-	Server  *server.Server // set by Attach
-	// Router holds the shared route table (reload.go).
-	Router *forward.Router
-	groups []*forward.Group // live groups, kept by reload.go
-	reload reloader
+	Server  *server.Server   // set by Attach
+	groups  []*forward.Group // live groups, kept by reload.go
+	reload  reloader
+	// routes is the shared route table (reload.go's apply), compiled into
+	// every view's blocks; metricZones the CoreDNS metric zones (the
+	// server's CoreDNSZones), fixed at start. Owned like reload's state.
+	routes      []forward.Route
+	metricZones []string
 
 	// The shared view's block table (blocks.go): what its resolver serves
 	// by, compiled from sharedPol and chain and swapped whole when a
@@ -123,7 +125,10 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 	}
 	cb := coreDNSCacheBlocks(cfg)
 	d.cacheBlocks.Store(&cb)
-	if err := d.initChain(d.forward); err != nil {
+	for _, z := range CoreDNSZones(CoreDNSBlocks(cfg)) {
+		d.metricZones = append(d.metricZones, z.Name)
+	}
+	if err := d.initChain(d.forwardIn(d.shared.Load)); err != nil {
 		return nil, err
 	}
 	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
@@ -133,8 +138,8 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 	d.shared.Store(shared) // a Corefile reload swaps it (corefile.go)
 	d.res0, err = resolve.New(resolve.Config{
 		Cache:        d.Cache,
-		Fetch:        d.fetchBlock,
-		Start:        d.startBlock,
+		Fetch:        d.fetchIn(d.shared.Load),
+		Start:        d.startIn(d.shared.Load),
 		Policy:       d.sharedView,
 		Clock:        d.clock,
 		FetchTimeout: cfg.ForwardTimeout,
@@ -198,20 +203,8 @@ func (d *State) SetReloadFaultForTest(f func() error) {
 	d.reloadFault.Store(&f)
 }
 
-// forward routes a miss to the group for its zone. When a reload routed the
-// zone elsewhere while the query was out, the answer (or the ErrClosed of a
-// retired group) reflects the old configuration: the new group is asked.
-func (d *State) forward(ctx context.Context, qname string, query []byte) ([]byte, error) {
-	g := d.Router.Lookup(qname)
-	for try := 1; ; try++ {
-		if g == nil {
-			return nil, errors.New("no route for " + qname)
-		}
-		ans, err := g.Exchange(ctx, query)
-		now := d.Router.Lookup(qname)
-		if now == g || now == nil || try == 3 || ctx.Err() != nil {
-			return ans, err
-		}
-		g = now
-	}
+// GroupFor is the group the shared view forwards name to now (tests).
+func (d *State) GroupFor(name string) *forward.Group {
+	w, _ := wire.AppendNameWire(nil, name)
+	return d.shared.Load().Lookup(w).Group
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
@@ -38,6 +39,16 @@ type viewSet struct {
 	addr   []uint8
 	groups []*forward.Group
 	chain0 *blocks.Chains
+	tables []*viewTable // by view index
+}
+
+// viewTable is one view's block table and what it is compiled from, so
+// that a change of the shared routes recompiles it (apply).
+type viewTable struct {
+	v  atomic.Pointer[blocks.View]
+	sp sharedPolicy
+	c  *blocks.Chains
+	vr *blocks.Routes
 }
 
 // newViews builds a resolver per view of cc over the listen addresses
@@ -89,23 +100,25 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 			vs.groups = append(vs.groups, g)
 			vr.Groups[zr.Zone] = g
 		}
-		next := vr.Fetch(d.forward) // the end of the view's chains
-		c, err := d.buildChains(cc.Servers, v.Pick, next)
-		if err != nil {
+		t := &viewTable{sp: sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies)}, vr: vr}
+		next := d.forwardIn(t.v.Load) // the end of the view's chains
+		if t.c, err = d.buildChains(cc.Servers, v.Pick, next, t.v.Load); err != nil {
 			return nil, err
 		}
 		if vi == 0 {
-			vs.chain0 = c
+			vs.chain0 = t.c
 		}
-		view, err := d.compileView(sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies)}, c, vr)
+		view, err := d.compileView(t.sp, t.c, t.vr)
 		if err != nil {
 			return nil, err
 		}
+		t.v.Store(view)
+		vs.tables = append(vs.tables, t)
 		res, err := resolve.New(resolve.Config{
 			Cache:        d.Cache,
-			Fetch:        d.fetchBlock,
-			Start:        d.startBlock,
-			Policy:       view.Policy,
+			Fetch:        d.fetchIn(t.v.Load),
+			Start:        d.startIn(t.v.Load),
+			Policy:       func(name []byte) *resolve.Policy { return t.v.Load().Policy(name) },
 			Clock:        d.clock,
 			FetchTimeout: cfg.ForwardTimeout,
 			UDPSize:      uint16(cfg.MaxUDPSize),
@@ -148,11 +161,6 @@ func (d *State) prepareViews(n *config.Config) (*viewSet, error) {
 	}
 	return d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
 }
-
-// fetchDone hands a group's result to a resolver's FetchDone.
-type fetchDone struct{ done resolve.FetchDone }
-
-func (f fetchDone) ExchangeDone(ans []byte, err error) { f.done.Fetched(ans, err) }
 
 // viewsChanged reports whether a reloaded Corefile sees other views than
 // the running one (then prepareViews builds them).

@@ -8,6 +8,9 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -15,10 +18,8 @@ import (
 // Corefile zone of their name, with CoreDNS's type and rcode cells, hits
 // and misses, and a malformed query under "dropped".
 func TestCoreDNSCounters(t *testing.T) {
-	s, _ := startServer(t, func(c *Config) {
-		c.CoreDNSZones = []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "svc.cluster.local.", Plugin: "cache"}, {Name: ".", Plugin: "errors"},
-			{Name: "corp.example.", Off: true}}
-	})
+	s, _ := startServer(t, countByBlocks(t, []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "svc.cluster.local.", Plugin: "cache"}, {Name: ".", Plugin: "errors"},
+		{Name: "corp.example.", Off: true}}))
 	ask := func(network, name string, qtype uint16) {
 		t.Helper()
 		c := &dns.Client{Net: network, Timeout: 5 * time.Second}
@@ -96,8 +97,9 @@ func sum(v []uint64) (n uint64) {
 // series: the zone match, the request and response cells, and the flush
 // of a batch of 64 (compare with BenchmarkUDPHit's per-query cost).
 func BenchmarkCoreDNSCount(b *testing.B) {
-	s, err := New(Config{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, Resolver: newResolver(b, (&zoneForward{}).forward),
-		CoreDNSZones: []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "in-addr.arpa.", Plugin: "errors"}, {Name: "ip6.arpa.", Plugin: "errors"}, {Name: ".", Plugin: "errors"}}})
+	cfg := Config{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}
+	countByBlocks(b, []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "in-addr.arpa.", Plugin: "errors"}, {Name: "ip6.arpa.", Plugin: "errors"}, {Name: ".", Plugin: "errors"}})(&cfg)
+	s, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -112,12 +114,38 @@ func BenchmarkCoreDNSCount(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		k := s.cdKey(0, q.Name, false)
+		k := s.cdKey(0, 0, q.Name, false)
 		cd.request(k, &q, len(raw))
 		cd.cache(k, cdHitSuccess)
 		cd.response(k, 0, true, 120, -1)
 		if i%64 == 63 {
 			cd.flush(s.cdz.n, 30000)
+		}
+	}
+}
+
+// countByBlocks makes a server count under zones as the daemon does: its
+// Resolver serves by an internal/blocks table holding them (over
+// zoneForward), and CoreDNSZone reads the label of a policy's block.
+func countByBlocks(tb testing.TB, zones []CDZone) func(*Config) {
+	tb.Helper()
+	var names []string
+	for _, z := range zones {
+		names = append(names, z.Name)
+	}
+	pol := resolve.Policy{TTL: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute}}
+	v, err := blocks.CompileView(blocks.Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol }, Metrics: names})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	res := newResolver(tb, (&zoneForward{}).forward, func(c *resolve.Config) { c.Policy = v.Policy })
+	return func(c *Config) {
+		c.Resolver, c.CoreDNSZones = res, zones
+		c.CoreDNSZone = func(p *resolve.Policy) int {
+			if b := blocks.Of(p); b != nil {
+				return b.Metric
+			}
+			return -1
 		}
 	}
 }

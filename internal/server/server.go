@@ -85,6 +85,12 @@ type Config struct {
 	// CoreDNS's metric names (the blocks with a prometheus directive);
 	// nil counts none (stats.go).
 	CoreDNSZones []CDZone
+	// CoreDNSZone gives the index in CoreDNSZones of the zone a query
+	// counts under from the policy its view's Resolver serves the name by
+	// (Resolver.Policy: the block the configuration's table holds for it,
+	// which decides; internal/running.CoreDNSZone); -1: none. Required
+	// with CoreDNSZones.
+	CoreDNSZone func(*resolve.Policy) int
 	// Autopath, when set, answers pods' search-path queries (autopath.go);
 	// nil costs one comparison per query.
 	Autopath Autopath
@@ -200,7 +206,10 @@ func New(cfg Config) (*Server, error) {
 		tcpOut:    fair.New(MaxTCPAnswerBytes >> 10),
 	}
 	if len(cfg.CoreDNSZones) > 0 {
-		s.cdz = newCDZones(cfg.CoreDNSZones)
+		if cfg.CoreDNSZone == nil {
+			return nil, errors.New("server: CoreDNSZones without CoreDNSZone")
+		}
+		s.cdz = cdZones{zones: cfg.CoreDNSZones, n: len(cfg.CoreDNSZones) + 1}
 		s.cd = newCDCounters(len(cfg.Addrs), s.cdz.n, false)
 	}
 	views := cfg.Views
@@ -272,7 +281,7 @@ func (s *Server) observe(r *request, resp []byte, v verdict, how int) {
 		name = r.q.Name
 	}
 	cd := r.cd.c
-	r.k = s.cdKey(r.cd.srv, name, r.tcp)
+	r.k = s.cdKey(r.cd.srv, r.q.View, name, r.tcp)
 	if r.k.zone < 0 {
 		return
 	}

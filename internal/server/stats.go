@@ -2,7 +2,6 @@ package server
 
 import (
 	"net/netip"
-	"slices"
 	"sync/atomic"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
@@ -326,61 +325,16 @@ type cdKey struct {
 	fam   uint8 // 0 IPv4 ("1"), 1 IPv6 ("2")
 }
 
-// cdZones matches query names against the counted Corefile zones.
+// cdZones are the counted Corefile zones.
 type cdZones struct {
 	zones []CDZone
-	wire  [][]byte // lower-case wire form of each zone
-	root  int      // index of ".", -1 without
-	byLen []int    // indexes of the zones but the root, longest first
-	n     int      // len(zones)+1: the last index is "dropped"
+	n     int // len(zones)+1: the last index is "dropped"
 }
 
-func newCDZones(zs []CDZone) cdZones {
-	z := cdZones{zones: zs, root: -1, n: len(zs) + 1}
-	for i, c := range zs {
-		w, ok := wire.AppendNameWire(nil, c.Name)
-		if !ok {
-			w = nil // never matches
-		}
-		z.wire = append(z.wire, wire.AppendLower(nil, w))
-		if c.Name == "." {
-			z.root = i
-		} else if len(w) > 1 {
-			z.byLen = append(z.byLen, i)
-		}
-	}
-	slices.SortStableFunc(z.byLen, func(a, b int) int { return len(z.wire[b]) - len(z.wire[a]) })
-	return z
-}
-
-// match returns the index of the longest zone containing name (wire
-// form), or -1. Zones are tried longest first (byLen): a zone matches when
-// the name ends with it and it starts at a label boundary, which one walk
-// over the labels confirms. No allocation.
-func (z *cdZones) match(name []byte) int {
-	for _, i := range z.byLen {
-		w := z.wire[i]
-		p := len(name) - len(w)
-		if p < 0 || name[p] != w[0] || !wire.EqualNameFold(name[p:], w) {
-			continue
-		}
-		off := 0
-		for off < p {
-			l := int(name[off])
-			if l == 0 || l&0xC0 != 0 {
-				break
-			}
-			off += l + 1
-		}
-		if off == p {
-			return i
-		}
-	}
-	return z.root
-}
-
-// cdKey returns the cells of a query for name arriving on server srv.
-func (s *Server) cdKey(srv int, name []byte, tcp bool) cdKey {
+// cdKey returns the cells of a query for name arriving on server srv in
+// view v. Its zone is its block's (Config.CoreDNSZone): nothing here
+// matches names.
+func (s *Server) cdKey(srv int, v uint8, name []byte, tcp bool) cdKey {
 	k := cdKey{zone: -1}
 	if s.cdz.n == 0 || srv < 0 {
 		return k
@@ -393,7 +347,7 @@ func (s *Server) cdKey(srv int, name []byte, tcp bool) cdKey {
 	}
 	z := len(s.cdz.zones) // dropped
 	if name != nil {
-		if z = s.cdz.match(name); z < 0 || s.cdz.zones[z].Off {
+		if z = s.cfg.CoreDNSZone(s.resolver(v).Policy(name)); z < 0 || z >= len(s.cdz.zones) || s.cdz.zones[z].Off {
 			return k
 		}
 	}
