@@ -2,14 +2,11 @@ package daemon
 
 import (
 	"errors"
-	"fmt"
-	"hash/fnv"
 	"io"
 	"net"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
-	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
 // The cache goes with the sockets (issue 31): a twin that took our
@@ -18,7 +15,8 @@ import (
 // instead of sending a node's whole working set upstream at once. Entries
 // keep their lifetimes (both instances read the same clock); an entry is
 // dropped when its policy (TTL caps and floors, its block, the SERVFAIL
-// and stale windows) is not the new configuration's for its name. A twin
+// and stale windows) is not the new configuration's for its name
+// (running.State.PolicyFingerprint). A twin
 // whose cache layout differs (cache.ExportVersion) starts empty and says
 // so; a restart after a crash has no twin and starts empty: nothing is
 // kept on disk.
@@ -41,28 +39,11 @@ func (d *Daemon) cacheHandoverBytes() int64 {
 	return 80 << 20
 }
 
-// policyFingerprint identifies the policy of a question in this
-// configuration: what makes an entry (its TTL policy and block tag, its
-// SERVFAIL lifetime, its stale window). Computed once per policy.
-func (d *Daemon) policyFingerprint() cache.Fingerprint {
-	memo := map[*resolve.Policy]uint64{}
-	return func(name []byte, view uint8) uint64 {
-		p := d.Server.Resolver(view).Policy(name)
-		if v, ok := memo[p]; ok {
-			return v
-		}
-		h := fnv.New64a()
-		fmt.Fprintf(h, "%+v|%d|%d", p.TTL, p.ServFailTTL, p.StaleWindow)
-		memo[p] = h.Sum64()
-		return memo[p]
-	}
-}
-
 // sendCache answers a twin's "cache" request with our entries.
 func (d *Daemon) sendCache(c *net.UnixConn, twin string) {
 	_ = c.SetDeadline(time.Now().Add(cacheHandoverTimeout))
 	start := time.Now()
-	n, err := d.Cache.Export(chunkWriter{c}, d.clock.Now().UnixNano(), d.policyFingerprint(), d.cacheHandoverBytes())
+	n, err := d.Cache.Export(chunkWriter{c}, d.clock.Now().UnixNano(), d.run.PolicyFingerprint(), d.cacheHandoverBytes())
 	if err != nil {
 		d.log.Warn("cache handover to a twin failed", "twin", twin, "entries", n, "err", err)
 		return
@@ -73,19 +54,19 @@ func (d *Daemon) sendCache(c *net.UnixConn, twin string) {
 // adoptCache asks the twin that handed us its sockets for its entries.
 // Failing that, the cache starts empty, as after a crash.
 func (d *Daemon) adoptCache(twin string) {
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.reg.sockPath(twin), Net: "unixpacket"})
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.reg.SockPath(twin), Net: "unixpacket"})
 	if err != nil {
 		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
 		return
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(cacheHandoverTimeout))
-	if _, _, err := c.WriteMsgUnix([]byte("cache "+d.reg.id), nil, nil); err != nil {
+	if _, _, err := c.WriteMsgUnix([]byte("cache "+d.reg.ID()), nil, nil); err != nil {
 		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
 		return
 	}
 	start := time.Now()
-	st, err := d.Cache.Import(&chunkReader{c: c, left: d.cacheHandoverBytes()}, d.clock.Now().UnixNano(), d.policyFingerprint())
+	st, err := d.Cache.Import(&chunkReader{c: c, left: d.cacheHandoverBytes()}, d.clock.Now().UnixNano(), d.run.PolicyFingerprint())
 	d.Metrics.CacheHandover(st.Kept, st.Changed+st.Expired+st.Rejected)
 	switch {
 	case errors.Is(err, cache.ErrExportVersion):

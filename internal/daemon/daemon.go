@@ -4,10 +4,12 @@
 // duck, drain, teardown, within a hard deadline.
 //
 // It also owns the handover between twins, two instances serving the same
-// addresses during a rolling update (twins.go, handover.go): they meet in
-// the state directory, the new one serves the old one's very sockets, and
-// the one that exits while its twin serves leaves link and rules in place.
-// probe.go holds the health check and the exec probe's client.
+// addresses during a rolling update (handover.go, cachehandover.go): they
+// meet in the state directory (internal/statedir), the new one serves the
+// old one's very sockets and takes the old one's cache, and the one that
+// exits while its twin serves leaves link and rules in place. probe.go
+// holds the control socket's health answer and the exec probe's client
+// (the health check itself is internal/server's).
 //
 // It decides no name's fate itself and holds no configuration beyond
 // what it wires: the groups, block tables, resolvers and their reload are
@@ -37,12 +39,12 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
-
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/running"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/internal/statedir"
 )
 
 // Daemon is one running nodelocaldns.
@@ -64,9 +66,9 @@ type Daemon struct {
 	opt         Options
 	clock       clock.Clock // opt.Clock, never nil
 
-	// Lifecycle with twins (twins.go, handover.go).
-	reg      *registry         // nil without -state-dir
-	control  *net.UnixListener // control socket: handover, exec probes
+	// Lifecycle with twins (internal/statedir, handover.go).
+	reg      *statedir.Registry // nil without -state-dir
+	control  *net.UnixListener  // control socket: handover, exec probes
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 
@@ -236,7 +238,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			return err
 		}
 		if d.net != nil {
-			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
+			if err := d.reg.RecordOwnership(d.net.Ownership()); err != nil {
 				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 			}
 		}
@@ -304,25 +306,25 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err error) {
 	id := d.opt.InstanceIDForTest
 	if id == "" {
-		if id, err = instanceID(); err != nil {
+		if id, err = statedir.InstanceID(); err != nil {
 			return nil, nil, err
 		}
 	}
-	reg, err := openRegistry(d.cfg.StateDir, id, d.cfg.LocalIPs, d.cfg.Port)
+	reg, err := statedir.Open(d.cfg.StateDir, id, d.cfg.LocalIPs, d.cfg.Port)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", errNoStateDir, err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, startLockWait)
 	defer cancel()
-	if unlock, err = reg.lockGroup(lctx); err != nil {
+	if unlock, err = reg.LockGroup(lctx); err != nil {
 		return nil, nil, err
 	}
-	if err := reg.register(map[string]any{"pid": os.Getpid(), "started": d.clock.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
+	if err := reg.Register(map[string]any{"pid": os.Getpid(), "started": d.clock.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
 		unlock()
 		return nil, nil, err
 	}
 	d.reg = reg
-	return unlock, reg.twins(), nil
+	return unlock, reg.Twins(), nil
 }
 
 // queryLog is the query log's logger, nil when -querylog is off.
@@ -418,7 +420,7 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	d.stopping.Store(true)
 	d.ready.Store(false)
 	if lameDuck > 0 {
-		if t := d.handedTo.Load(); t != nil && d.reg != nil && d.reg.alive(*t, false) {
+		if t := d.handedTo.Load(); t != nil && d.reg != nil && d.reg.Alive(*t, false) {
 			d.log.Info("no lame duck: the twin holding our sockets serves them", "twin", *t)
 		} else {
 			d.log.Info("lame duck: answering queries, not ready", "for", lameDuck)
@@ -487,24 +489,24 @@ func (d *Daemon) releaseNode(ctx context.Context) error {
 		}
 		return d.teardown(ctx)
 	}
-	defer d.reg.unregister()
+	defer d.reg.Unregister()
 	lctx, cancel := context.WithTimeout(ctx, exitLockWait)
-	unlock, err := d.reg.lockGroup(lctx)
+	unlock, err := d.reg.LockGroup(lctx)
 	cancel()
 	if err != nil {
 		d.log.Warn("deciding about teardown without the group lock", "err", err)
 	} else {
 		defer unlock()
 	}
-	if twins := d.reg.twins(); len(twins) > 0 {
+	if twins := d.reg.Twins(); len(twins) > 0 {
 		if d.net != nil {
-			if err := d.reg.recordOwnership(d.net.Ownership()); err != nil {
+			if err := d.reg.RecordOwnership(d.net.Ownership()); err != nil {
 				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 			}
 		}
 		pids := make([]string, len(twins))
 		for i, t := range twins {
-			pids[i] = pidOf(t)
+			pids[i] = statedir.PID(t)
 		}
 		d.log.Info("a twin serves the same addresses: leaving link and rules to it", "twin_pids", strings.Join(pids, ","))
 		return nil
@@ -512,11 +514,11 @@ func (d *Daemon) releaseNode(ctx context.Context) error {
 	if d.net == nil || d.cfg.SkipTeardown {
 		return nil
 	}
-	d.net.Inherit(d.reg.inheritedOwnership(d.log))
+	d.net.Inherit(d.reg.InheritedOwnership(d.log))
 	if err := d.teardown(ctx); err != nil {
 		return err
 	}
-	d.reg.forgetOwnership()
+	d.reg.ForgetOwnership()
 	return nil
 }
 

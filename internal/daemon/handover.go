@@ -44,7 +44,7 @@ type handoverHeader struct {
 // listenControl listens on the control socket and answers until it is
 // closed.
 func (d *Daemon) listenControl() error {
-	path := d.reg.sockPath(d.reg.id)
+	path := d.reg.SockPath(d.reg.ID())
 	_ = os.Remove(path) // a dead instance with our id left it
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -153,13 +153,13 @@ func (d *Daemon) requestHandover(ctx context.Context, twin string) ([]*os.File, 
 	if t, ok := ctx.Deadline(); ok && t.Before(dl) {
 		dl = t
 	}
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.reg.sockPath(twin), Net: "unixpacket"})
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.reg.SockPath(twin), Net: "unixpacket"})
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(dl)
-	if _, _, err := c.WriteMsgUnix([]byte("handover "+d.reg.id), nil, nil); err != nil {
+	if _, _, err := c.WriteMsgUnix([]byte("handover "+d.reg.ID()), nil, nil); err != nil {
 		return nil, err
 	}
 	buf := make([]byte, 512)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/statedir"
 )
 
 // logBuffer collects a daemon's log lines for assertions.
@@ -248,7 +249,7 @@ func twins(t *testing.T, node netip.AddrPort) (mk func() *config.Config, ip neti
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(stateDir) })
-	if pidns, err = nsInode("pid"); err != nil {
+	if pidns, err = statedir.NSInode("pid"); err != nil {
 		t.Skip(err)
 	}
 	ip, port = freeUDPAndTCP(t)

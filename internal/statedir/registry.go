@@ -1,4 +1,11 @@
-package daemon
+// Package statedir is where instances serving the same addresses meet: the
+// registry in the state directory (-state-dir) that tells a starting
+// instance which twins serve, lets an exiting one decide under a lock
+// whether to tear down, hands the link's ownership from twin to twin, and
+// lets an exec probe find its instance's control socket. It opens no
+// network socket and speaks no protocol: the handover over the control
+// socket is internal/daemon's.
+package statedir
 
 import (
 	"context"
@@ -42,7 +49,7 @@ import (
 // its own instance by it. A lock file whose flock nobody holds belongs to
 // an instance that died (the kernel drops the lock with the process); it is
 // removed by whoever finds it.
-type registry struct {
+type Registry struct {
 	dir  string
 	id   string
 	self *os.File // <id>.lock, flocked while we live
@@ -53,7 +60,7 @@ const groupLockPoll = 10 * time.Millisecond
 
 // instanceKey names the twin group of this process for addrs and port.
 func instanceKey(addrs []netip.Addr, port int) (key, desc string, err error) {
-	netns, err := nsInode("net")
+	netns, err := NSInode("net")
 	if err != nil {
 		return "", "", err
 	}
@@ -67,16 +74,17 @@ func instanceKey(addrs []netip.Addr, port int) (key, desc string, err error) {
 	return hex.EncodeToString(h[:8]), desc, nil
 }
 
-// instanceID is this process's id in the state directory.
-func instanceID() (string, error) {
-	pidns, err := nsInode("pid")
+// InstanceID is this process's id in the state directory.
+func InstanceID() (string, error) {
+	pidns, err := NSInode("pid")
 	if err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("%d-%d", pidns, os.Getpid()), nil
 }
 
-func nsInode(kind string) (uint64, error) {
+// NSInode is the inode of this process's namespace of kind ("net", "pid").
+func NSInode(kind string) (uint64, error) {
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/"+kind, &st); err != nil {
 		return 0, fmt.Errorf("%s namespace: %w", kind, err)
@@ -84,17 +92,17 @@ func nsInode(kind string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// openRegistry creates the group directory and registers this instance:
+// Open creates the group directory and registers this instance:
 // its lock file is created and locked. Call it with the group lock held
-// (see lockGroup) so that a twin deciding whether to tear down sees us.
-func openRegistry(stateDir, id string, addrs []netip.Addr, port int) (*registry, error) {
+// (see LockGroup) so that a twin deciding whether to tear down sees us.
+func Open(stateDir, id string, addrs []netip.Addr, port int) (*Registry, error) {
 	key, desc, err := instanceKey(addrs, port)
 	if err != nil {
 		return nil, err
 	}
-	r := &registry{dir: filepath.Join(stateDir, key), id: id}
+	r := &Registry{dir: filepath.Join(stateDir, key), id: id}
 	// sun_path holds 108 bytes with the terminating NUL.
-	if n := len(r.sockPath(id)); n > 107 {
+	if n := len(r.SockPath(id)); n > 107 {
 		return nil, fmt.Errorf("state dir %q: control socket path is %d bytes, longer than a unix socket allows (107)", stateDir, n)
 	}
 	if err := os.MkdirAll(r.dir, 0o700); err != nil {
@@ -106,12 +114,17 @@ func openRegistry(stateDir, id string, addrs []netip.Addr, port int) (*registry,
 	return r, nil
 }
 
-func (r *registry) lockPath(id string) string { return filepath.Join(r.dir, id+".lock") }
-func (r *registry) sockPath(id string) string { return filepath.Join(r.dir, id+".sock") }
+func (r *Registry) lockPath(id string) string { return filepath.Join(r.dir, id+".lock") }
 
-// lockGroup takes the group lock, waiting at most until ctx is done. The
+// SockPath is the control socket of instance id.
+func (r *Registry) SockPath(id string) string { return filepath.Join(r.dir, id+".sock") }
+
+// ID is this instance's id.
+func (r *Registry) ID() string { return r.id }
+
+// LockGroup takes the group lock, waiting at most until ctx is done. The
 // returned function releases it.
-func (r *registry) lockGroup(ctx context.Context) (func(), error) {
+func (r *Registry) LockGroup(ctx context.Context) (func(), error) {
 	f, err := os.OpenFile(filepath.Join(r.dir, "group.lock"), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("group lock: %w", err)
@@ -134,8 +147,8 @@ func (r *registry) lockGroup(ctx context.Context) (func(), error) {
 	}
 }
 
-// register creates and locks this instance's lock file.
-func (r *registry) register(info any) error {
+// Register creates and locks this instance's lock file.
+func (r *Registry) Register(info any) error {
 	f, err := os.OpenFile(r.lockPath(r.id), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("register: %w", err)
@@ -151,20 +164,20 @@ func (r *registry) register(info any) error {
 	return nil
 }
 
-// unregister removes this instance's files and drops its lock.
-func (r *registry) unregister() {
+// Unregister removes this instance's files and drops its lock.
+func (r *Registry) Unregister() {
 	if r.self == nil {
 		return
 	}
-	_ = os.Remove(r.sockPath(r.id))
+	_ = os.Remove(r.SockPath(r.id))
 	_ = os.Remove(r.lockPath(r.id))
 	_ = r.self.Close()
 	r.self = nil
 }
 
-// alive reports whether instance id holds its lock. With reap, the files
+// Alive reports whether instance id holds its lock. With reap, the files
 // of a dead instance are removed (call it under the group lock).
-func (r *registry) alive(id string, reap bool) bool {
+func (r *Registry) Alive(id string, reap bool) bool {
 	f, err := os.OpenFile(r.lockPath(id), os.O_RDWR|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return false
@@ -174,14 +187,14 @@ func (r *registry) alive(id string, reap bool) bool {
 		return errors.Is(err, unix.EWOULDBLOCK)
 	}
 	if reap {
-		_ = os.Remove(r.sockPath(id))
+		_ = os.Remove(r.SockPath(id))
 		_ = os.Remove(r.lockPath(id))
 	}
 	return false
 }
 
-// twins returns the live twins, youngest first, and reaps dead ones.
-func (r *registry) twins() []string {
+// Twins returns the live twins, youngest first, and reaps dead ones.
+func (r *Registry) Twins() []string {
 	ents, err := os.ReadDir(r.dir)
 	if err != nil {
 		return nil
@@ -196,7 +209,7 @@ func (r *registry) twins() []string {
 		if !ok || id == "group" || id == r.id {
 			continue
 		}
-		if r.alive(id, true) {
+		if r.Alive(id, true) {
 			var mod time.Time
 			if fi, err := e.Info(); err == nil {
 				mod = fi.ModTime()
@@ -215,12 +228,12 @@ func (r *registry) twins() []string {
 // Ownership of the link and addresses, handed from twin to twin so the
 // last one removes what the first one added.
 
-func (r *registry) ownershipPath() string { return filepath.Join(r.dir, "ownership.json") }
+func (r *Registry) ownershipPath() string { return filepath.Join(r.dir, "ownership.json") }
 
 // readOwnership reads what exited twins recorded; none is the zero
 // Ownership. A file that cannot be read or decoded is an error: what it
 // recorded is unknown.
-func (r *registry) readOwnership() (netsetup.Ownership, error) {
+func (r *Registry) readOwnership() (netsetup.Ownership, error) {
 	var o netsetup.Ownership
 	b, err := os.ReadFile(r.ownershipPath())
 	if errors.Is(err, os.ErrNotExist) {
@@ -235,10 +248,10 @@ func (r *registry) readOwnership() (netsetup.Ownership, error) {
 	return o, nil
 }
 
-// recordOwnership merges o into the group's ownership file. When that file
+// RecordOwnership merges o into the group's ownership file. When that file
 // is unreadable it is left as it is (the evidence, removed by the last
 // instance's teardown) and the error returned.
-func (r *registry) recordOwnership(o netsetup.Ownership) error {
+func (r *Registry) RecordOwnership(o netsetup.Ownership) error {
 	prev, err := r.readOwnership()
 	if err != nil {
 		return err
@@ -258,18 +271,50 @@ func (r *registry) recordOwnership(o netsetup.Ownership) error {
 	return os.Rename(tmp, r.ownershipPath())
 }
 
-func (r *registry) forgetOwnership() { _ = os.Remove(r.ownershipPath()) }
+func (r *Registry) ForgetOwnership() { _ = os.Remove(r.ownershipPath()) }
 
-// inheritedOwnership is what the last instance removes besides its own
+// InheritedOwnership is what the last instance removes besides its own
 // additions: what exited twins recorded. When the record is unreadable it
 // removes only its own: removing a link or address that another party
 // created (an adopted link) would break it, while one left behind is
 // harmless and removed by hand. That is logged as an error naming what to
 // check.
-func (r *registry) inheritedOwnership(log *slog.Logger) netsetup.Ownership {
+func (r *Registry) InheritedOwnership(log *slog.Logger) netsetup.Ownership {
 	o, err := r.readOwnership()
 	if err != nil {
 		log.Error("the twins' ownership record is unreadable: removing only what this instance added; a link or address an earlier instance created may be left (check `ip addr show` and remove it by hand)", "err", err)
 	}
 	return o
+}
+
+// Live returns the control sockets of the live instances of this
+// process's PID namespace under stateDir (an exec probe runs in its
+// container's); pid picks one instance when several share the namespace,
+// 0 means any.
+func Live(stateDir string, pid int) ([]string, error) {
+	pidns, err := NSInode("pid")
+	if err != nil {
+		return nil, err
+	}
+	pattern := fmt.Sprintf("%d-*.sock", pidns)
+	if pid > 0 {
+		pattern = fmt.Sprintf("%d-%d.sock", pidns, pid)
+	}
+	socks, _ := filepath.Glob(filepath.Join(stateDir, "*", pattern))
+	var live []string
+	for _, s := range socks {
+		r := &Registry{dir: filepath.Dir(s)}
+		if r.Alive(strings.TrimSuffix(filepath.Base(s), ".sock"), false) {
+			live = append(live, s)
+		}
+	}
+	return live, nil
+}
+
+// PID returns the PID part of an instance id.
+func PID(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i >= 0 {
+		return id[i+1:]
+	}
+	return id
 }

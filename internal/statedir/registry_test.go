@@ -1,10 +1,12 @@
-package daemon
+package statedir
 
 import (
+	"bytes"
 	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
@@ -17,16 +19,16 @@ import (
 // itself, logging one error line that says what may be left.
 func TestOwnershipRecordCorrupt(t *testing.T) {
 	addr := netip.MustParseAddr("169.254.20.10")
-	r, err := openRegistry(t.TempDir(), "1-2", []netip.Addr{addr}, 53)
+	r, err := Open(t.TempDir(), "1-2", []netip.Addr{addr}, 53)
 	if err != nil {
 		t.Skip(err) // no network namespace inode to read
 	}
 	// A good record is merged and read back.
 	created := netsetup.Ownership{LinkCreated: true, Addrs: []netip.Addr{addr}}
-	if err := r.recordOwnership(created); err != nil {
+	if err := r.RecordOwnership(created); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.recordOwnership(netsetup.Ownership{}); err != nil {
+	if err := r.RecordOwnership(netsetup.Ownership{}); err != nil {
 		t.Fatal(err)
 	}
 	if o, err := r.readOwnership(); err != nil || !o.LinkCreated || len(o.Addrs) != 1 {
@@ -40,14 +42,14 @@ func TestOwnershipRecordCorrupt(t *testing.T) {
 	if o, err := r.readOwnership(); err == nil || !strings.Contains(err.Error(), "ownership.json") {
 		t.Fatalf("corrupt record read as %+v, %v; want an error naming the file", o, err)
 	}
-	if err := r.recordOwnership(netsetup.Ownership{Addrs: []netip.Addr{addr}}); err == nil {
+	if err := r.RecordOwnership(netsetup.Ownership{Addrs: []netip.Addr{addr}}); err == nil {
 		t.Fatal("a corrupt record was overwritten without an error")
 	}
 	if b, _ := os.ReadFile(r.ownershipPath()); string(b) != string(corrupt) {
 		t.Fatalf("the corrupt record was changed to %q", b)
 	}
 	logs := &logBuffer{}
-	o := r.inheritedOwnership(slog.New(slog.NewTextHandler(logs, nil)))
+	o := r.InheritedOwnership(slog.New(slog.NewTextHandler(logs, nil)))
 	if o.LinkCreated || len(o.Addrs) != 0 {
 		t.Errorf("inherited %+v from a corrupt record; want nothing (remove only our own)", o)
 	}
@@ -56,9 +58,27 @@ func TestOwnershipRecordCorrupt(t *testing.T) {
 	}
 
 	// No record at all is not an error.
-	r.forgetOwnership()
+	r.ForgetOwnership()
 	logs = &logBuffer{}
-	if o := r.inheritedOwnership(slog.New(slog.NewTextHandler(logs, nil))); o.LinkCreated || logs.String() != "" {
+	if o := r.InheritedOwnership(slog.New(slog.NewTextHandler(logs, nil))); o.LinkCreated || logs.String() != "" {
 		t.Errorf("no record: inherited %+v, logged %q", o, logs)
 	}
+}
+
+// logBuffer is a log destination safe for concurrent writes.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
