@@ -1,5 +1,6 @@
-// Package forward sends cache misses to upstream DNS servers: the zone Router, upstream Groups
-// with health checks and failover, and the transports (pipelined TCP pool; UDP with TCP on TC).
+// Package forward sends cache misses to upstream DNS servers: upstream Groups with health checks
+// and failover, and the transports (pipelined TCP pool; UDP with TCP on TC). Which group a name
+// goes to is not decided here: a Route is compiled into internal/blocks' table.
 //
 // It owns nothing else: it must not cache answers, import Prometheus or other internal packages,
 // or log per query. Measurements go to an Observer the caller implements; operator-worthy events
@@ -10,9 +11,6 @@
 //	func NewGroup(cfg GroupConfig, obs Observer) (*Group, error)
 //	func (g *Group) Exchange(ctx context.Context, query []byte) ([]byte, error)
 //	func (g *Group) Close() error
-//	func NewRouter(routes []Route) *Router
-//	func (r *Router) Update(routes []Route)
-//	func (r *Router) Lookup(qname string) *Group
 //
 // # Exchange
 //
@@ -96,9 +94,4 @@
 // does not give the final answer (an error, a timeout, a truncated or oversized UDP answer, SERVFAIL
 // or REFUSED while another server is healthy, a connection closed under it) or a TCP pool would have
 // to dial or wait for a slot, the rest of the walk runs as Exchange's in a goroutine of its own.
-//
-// # Router
-//
-// Longest zone suffix on label boundaries ("xcluster.local." is not in "cluster.local."); "." is
-// the default. Update swaps the table atomically; Lookup takes no lock and does not allocate.
 package forward

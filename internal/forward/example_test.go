@@ -6,12 +6,17 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // The server's wiring: cluster zones to kube-dns over pipelined TCP, everything else to the
-// node's resolvers over UDP. Groups dial lazily, so building them needs no network.
-func ExampleRouter() {
+// node's resolvers over UDP, as routes compiled into the block table (internal/blocks), which
+// picks the longest zone on label boundaries. Groups dial lazily, so building them needs no
+// network.
+func ExampleRoute() {
 	kube, err := forward.NewGroup(forward.GroupConfig{
 		Name:    "kube-dns",
 		Servers: []netip.AddrPort{netip.MustParseAddrPort("10.96.0.10:53")},
@@ -33,14 +38,22 @@ func ExampleRouter() {
 	}
 	defer node.Close()
 
-	r := forward.NewRouter([]forward.Route{
-		{Zone: "cluster.local.", Group: kube},
-		{Zone: "in-addr.arpa.", Group: kube},
-		{Zone: "ip6.arpa.", Group: kube},
-		{Zone: ".", Group: node},
+	var pol resolve.Policy
+	table, err := blocks.CompileView(blocks.Sources{
+		Policy: func([]byte) *resolve.Policy { return &pol },
+		Shared: []forward.Route{
+			{Zone: "cluster.local.", Group: kube},
+			{Zone: "in-addr.arpa.", Group: kube},
+			{Zone: "ip6.arpa.", Group: kube},
+			{Zone: ".", Group: node},
+		},
 	})
+	if err != nil {
+		panic(err)
+	}
 	for _, name := range []string{"kubernetes.default.svc.cluster.local.", "10.0.96.10.in-addr.arpa.", "example.com.", "xcluster.local."} {
-		fmt.Println(name, "→", r.Lookup(name).Name())
+		w, _ := wire.AppendNameWire(nil, name)
+		fmt.Println(name, "→", table.Lookup(w).Group.Name())
 	}
 	// Output:
 	// kubernetes.default.svc.cluster.local. → kube-dns
