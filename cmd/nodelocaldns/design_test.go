@@ -1,0 +1,100 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestDesignPackageGraph keeps docs/design.md's package graph true: every
+// package of cmd/ and internal/ (test helpers aside) is listed once, on its
+// floor (one above the highest it imports), with exactly its imports within
+// the module, as `go list` gives them.
+func TestDesignPackageGraph(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../../cmd/...", "../../internal/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	const module = "github.com/nodelocaldns/nodelocaldns/"
+	short := func(p string) string { return strings.TrimPrefix(strings.TrimPrefix(p, module), "internal/") }
+	imports := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if strings.HasSuffix(f[0], "test") { // configmaptest: a helper of tests
+			continue
+		}
+		var in []string
+		for _, imp := range f[1:] {
+			if strings.HasPrefix(imp, module) {
+				in = append(in, short(imp))
+			}
+		}
+		slices.Sort(in)
+		imports[short(f[0])] = in
+	}
+	floor := map[string]int{}
+	var floorOf func(p string) int
+	floorOf = func(p string) int {
+		if f, ok := floor[p]; ok {
+			return f
+		}
+		f := 0
+		for _, imp := range imports[p] {
+			f = max(f, floorOf(imp)+1)
+		}
+		floor[p] = f
+		return f
+	}
+
+	doc, err := os.ReadFile("../../docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(doc), "## Packages\n")
+	if !ok {
+		t.Fatal("docs/design.md has no ## Packages section")
+	}
+	_, block, _ := strings.Cut(sec, "```\n")
+	block, _, _ = strings.Cut(block, "```")
+	line := regexp.MustCompile(`^\s*(\d+)?\s+(\S+)\s.*\(([^)]*)\)\s*$`)
+	listed := map[string]bool{}
+	cur := -1
+	for _, l := range strings.Split(strings.TrimRight(block, "\n"), "\n") {
+		m := line.FindStringSubmatch(l)
+		if m == nil {
+			t.Errorf("design.md: cannot read %q (floor, package, what it does, (imports))", l)
+			continue
+		}
+		if m[1] != "" {
+			cur, _ = strconv.Atoi(m[1])
+		}
+		p := m[2]
+		listed[p] = true
+		want, ok := imports[p]
+		if !ok {
+			t.Errorf("design.md lists %s, which go list does not know", p)
+			continue
+		}
+		var got []string
+		for _, imp := range strings.Split(m[3], ",") {
+			if imp = strings.TrimSpace(imp); imp != "" {
+				got = append(got, imp)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("design.md: %s imports (%s); go list: (%s)", p, strings.Join(got, ", "), strings.Join(want, ", "))
+		}
+		if f := floorOf(p); f != cur {
+			t.Errorf("design.md: %s on floor %d; its imports put it on %d", p, cur, f)
+		}
+	}
+	for p := range imports {
+		if !listed[p] {
+			t.Errorf("design.md does not list %s (floor %d, imports %v)", p, floorOf(p), imports[p])
+		}
+	}
+}
