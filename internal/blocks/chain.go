@@ -19,7 +19,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
-	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // The Corefile's directives that CoreDNS's plugin.cfg puts behind `cache`
@@ -189,8 +188,9 @@ func lookup(ctx context.Context, table func() *View, name string, qtype uint16, 
 	r.SetEdns0(dns.DefaultMsgSize, false)
 	ctx = context.WithValue(ctx, routeKey{}, r.Question[0].Name)
 	if table != nil {
-		if w, ok := wire.AppendNameWire(nil, r.Question[0].Name); ok {
-			if run := table().Lookup(w).Run; run != nil {
+		w := make([]byte, 256)
+		if n, err := dns.PackDomainName(r.Question[0].Name, w, 0, nil, false); err == nil {
+			if run := table().Lookup(w[:n]).Run; run != nil {
 				return run(ctx, r)
 			}
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
@@ -75,12 +77,12 @@ func (d *State) startIn(table func() *blocks.View) resolve.StartFunc {
 // group.
 func (d *State) fetchIn(table func() *blocks.View) resolve.FetchFunc {
 	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		name, ok := wire.AppendNameWire(nil, qname)
-		if !ok {
-			return nil, errors.New("invalid name " + qname)
-		}
-		b := blocks.Of(resolve.PolicyOf(ctx))
+		name, ok := wireName(qname)           // nil when it does not pack: no second ask
+		b := blocks.Of(resolve.PolicyOf(ctx)) // every resolver's policies are a table's
 		if b == nil {
+			if !ok {
+				return nil, errors.New("invalid name " + qname)
+			}
 			b = table().Lookup(name)
 		}
 		switch {
@@ -98,7 +100,7 @@ func (d *State) fetchIn(table func() *blocks.View) resolve.FetchFunc {
 // any rewrite), or REFUSED; never the block's chain again.
 func (d *State) forwardIn(table func() *blocks.View) resolve.FetchFunc {
 	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		name, ok := wire.AppendNameWire(nil, qname)
+		name, ok := wireName(qname)
 		if !ok {
 			return nil, errors.New("invalid name " + qname)
 		}
@@ -110,15 +112,30 @@ func (d *State) forwardIn(table func() *blocks.View) resolve.FetchFunc {
 	}
 }
 
+// wireName is the wire form of a presentation name as the resolver and
+// the chains give it (escapes included: wire.NameString writes them).
+func wireName(s string) ([]byte, bool) {
+	buf := make([]byte, 256)
+	n, err := dns.PackDomainName(dns.Fqdn(s), buf, 0, nil, false)
+	if err != nil {
+		return nil, false
+	}
+	return buf[:n], true
+}
+
 // exchange asks g. When a reload routed the name elsewhere while the
 // query was out, the answer (or the ErrClosed of a retired group) reflects
-// the old configuration: the new group is asked, three times at most.
+// the old configuration: the new group is asked, three times at most (nil
+// name: not known, no second ask).
 func (d *State) exchange(ctx context.Context, table func() *blocks.View, name []byte, g *forward.Group, query []byte) ([]byte, error) {
 	for try := 1; ; try++ {
 		if g == nil {
 			return nil, errors.New("no route for " + wire.NameString(name))
 		}
 		ans, err := g.Exchange(ctx, query)
+		if name == nil {
+			return ans, err
+		}
 		now := table().Lookup(name).Group
 		if now == g || now == nil || try == 3 || ctx.Err() != nil {
 			return ans, err
