@@ -25,8 +25,8 @@ import (
 //
 // Nothing is dropped on a change:
 //   - a query that looked up an old group before the swap keeps it: the
-//     group is closed only after retireGrace, when every query sent to it
-//     has timed out or been answered, and forward asks the new group again
+//     group is closed only after RetireGrace, when every query sent to it
+//     has timed out or been answered, and exchange asks the new group again
 //     when the route changed under a query;
 //   - cache entries of zones whose upstreams did not change stay; entries
 //     of a stub zone that was added, removed or pointed elsewhere are
