@@ -34,7 +34,14 @@
 #   BENCH_QUICK=1        smoke run: 2 s runs, one fixed-rate run each, workloads
 #                        "hit1 unique uniqext tcphit", no memory phase, RESULTS.md and results.png
 #                        written to bench/out/ (never commit a smoke run)
-#   BENCH_NODELOCALDNS_ARGS  extra flags for the daemon
+#   BENCH_NODELOCALDNS_ARGS  extra flags for the daemon (and the previous build)
+#   BENCH_PREVIOUS=REV   adds a "previous" row: nodelocaldns built from git
+#                        revision REV (e.g. main, or the commit before a change),
+#                        run with the same flags in the same run, interleaved
+#                        with the others; the report's ratio columns then show
+#                        this build against it ("CPU ÷ previous"). Built from
+#                        `git archive REV` in a temporary directory, cached by
+#                        commit in bench/.cache/bin/nodelocaldns-<commit>.
 #   BENCH_SKIP_INSTALL=1 never call apt-get
 #   COREDNS_VERSION      [v1.15.0]
 #   BENCH_NODE_RESOLVER, BENCH_KUBE_DNS  upstream addresses, port 53 [127.0.0.2, 127.0.0.3]
@@ -94,17 +101,25 @@ CLIENT_CORE=1
 NODE_RESOLVER=${BENCH_NODE_RESOLVER:-127.0.0.2}
 KUBE_DNS=${BENCH_KUBE_DNS:-127.0.0.3}
 LISTEN=127.0.0.1
-declare -A PORT=([nodelocaldns]=5301 [coredns]=5302 [unbound]=5303 [dnsmasq]=5304 [ceiling]=5305 [limit]=5306 [node-local-dns]=5307)
+declare -A PORT=([nodelocaldns]=5301 [coredns]=5302 [unbound]=5303 [dnsmasq]=5304 [ceiling]=5305 [limit]=5306 [node-local-dns]=5307 [previous]=5308)
 # Second port of each server: metrics (and pprof) / health.
-declare -A MPORT=([nodelocaldns]=19301 [coredns]=19302 [node-local-dns]=19307)
-declare -A HPORT=([nodelocaldns]=18301 [coredns]=18302 [node-local-dns]=18307)
+declare -A MPORT=([nodelocaldns]=19301 [coredns]=19302 [node-local-dns]=19307 [previous]=19308)
+declare -A HPORT=([nodelocaldns]=18301 [coredns]=18302 [node-local-dns]=18307 [previous]=18308)
 # node-cache's own metrics endpoint (-metrics-listen-address, default 0.0.0.0:9353).
 STOCK_MPORT=19317
 ORACLES=${BENCH_ORACLES:-$(dirname "$ROOT")/shared/oracles}
 STOCK_STATUS="n/a: not unpacked in this mode"
+PREVIOUS=${BENCH_PREVIOUS:-}
+PREV_STATUS="n/a: BENCH_PREVIOUS not set"
+PREV_COMMIT=
+# The previous build runs right after this one, in every phase.
+if [[ -n $PREVIOUS && " $SERVERS " != *" previous "* ]]; then
+	SERVERS=$(awk -v s="$SERVERS" 'BEGIN { n = split(s, a, " "); for (i = 1; i <= n; i++) { o = o (o ? " " : "") a[i]; if (a[i] == "nodelocaldns") { o = o " previous"; p = 1 } }
+		if (!p) o = o " previous"; print o }')
+fi
 
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/go/bin
-COMMAND="BENCH_QUICK=$QUICK BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_REPS=$CPU_REPS BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
+COMMAND="${PREVIOUS:+BENCH_PREVIOUS=$PREVIOUS }BENCH_QUICK=$QUICK BENCH_DURATION=$DURATION BENCH_CPU_DURATION=$CPU_DURATION BENCH_CPU_REPS=$CPU_REPS BENCH_CPU_RATE=$CPU_RATE BENCH_MISS_CPU_RATE=$MISS_CPU_RATE BENCH_CLIENTS=$CLIENTS BENCH_OUTSTANDING=$OUTSTANDING bench/run.sh ${1:-bench}"
 
 log() { printf '%s bench: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {
@@ -276,6 +291,31 @@ build_nodelocaldns() {
 		NLD_STATUS="n/a: go build ./cmd/nodelocaldns failed: $(grep -m1 -v '^#' "$OUT/nodelocaldns-build.log" | cut -c1-160)"
 		rm -f "$BIN/nodelocaldns"
 	fi
+}
+
+# build_previous: nodelocaldns at git revision PREVIOUS, built once per
+# commit from `git archive` in a temporary directory (the work tree and its
+# git metadata are not touched) and cached in BIN; sets PREV_STATUS to ok or
+# to why the row is n/a, PREV_COMMIT to the commit.
+build_previous() {
+	[[ -n $PREVIOUS ]] || return 0
+	if ! PREV_COMMIT=$(git -C "$ROOT" rev-parse --verify --quiet "$PREVIOUS^{commit}"); then
+		PREV_STATUS="n/a: BENCH_PREVIOUS=$PREVIOUS is no commit of this repository"
+		return 0
+	fi
+	PREV_STATUS=ok
+	[[ -x $BIN/nodelocaldns-$PREV_COMMIT ]] && return 0
+	log "building the previous nodelocaldns ($PREVIOUS, ${PREV_COMMIT:0:12})"
+	local tmp
+	tmp=$(mktemp -d "$CACHE/previous.XXXXXX")
+	if ! (git -C "$ROOT" archive "$PREV_COMMIT" | tar -x -C "$tmp" &&
+		cd "$tmp" && go build -o "$BIN/nodelocaldns-$PREV_COMMIT.tmp" ./cmd/nodelocaldns) >"$OUT/previous-build.log" 2>&1; then
+		PREV_STATUS="n/a: building $PREVIOUS failed: $(grep -m1 -v '^#' "$OUT/previous-build.log" | cut -c1-160)"
+		rm -f "$BIN/nodelocaldns-$PREV_COMMIT.tmp"
+	else
+		mv "$BIN/nodelocaldns-$PREV_COMMIT.tmp" "$BIN/nodelocaldns-$PREV_COMMIT"
+	fi
+	rm -rf "$tmp"
 }
 
 # ------------------------------------------------------------------ queries
@@ -563,11 +603,16 @@ start_server() {
 		log "$s: port $port is in use"
 		return 1
 	}
+	local nld=$BIN/nodelocaldns
 	case $s in
-	nodelocaldns)
+	nodelocaldns | previous)
+		if [[ $s == previous ]]; then
+			[[ $PREV_STATUS == ok ]] || return 1
+			nld=$BIN/nodelocaldns-$PREV_COMMIT
+		fi
 		[[ $NLD_STATUS == ok ]] || return 1
 		# shellcheck disable=SC2086 # extra flags split on purpose
-		spawn "$dir/server.log" "$SERVER_CORE" "$BIN/nodelocaldns" \
+		spawn "$dir/server.log" "$SERVER_CORE" "$nld" \
 			-localip "$LISTEN" -port "$port" -kube-dns "$KUBE_DNS:53" \
 			-resolv-conf "$OUT/etc/resolv.conf" -setupinterface=false -setupiptables=false \
 			-metrics-listen-address "$LISTEN:${MPORT[$s]}" -health-port "${HPORT[$s]}" \
@@ -742,6 +787,7 @@ start_all() {
 			why="n/a: did not start (see bench/out/$s/server.log)"
 			if [[ $s == nodelocaldns && $NLD_STATUS != ok ]]; then why=$NLD_STATUS; fi
 			if [[ $s == node-local-dns && $STOCK_STATUS != ok ]]; then why=$STOCK_STATUS; fi
+			if [[ $s == previous && $PREV_STATUS != ok ]]; then why=$PREV_STATUS; fi
 			printf '%s\tstatus\t%s\n' "$s" "$why" >>"$OUT/status.tsv"
 			log "$s: $why"
 		fi
@@ -856,6 +902,13 @@ write_facts() {
 			echo "node_local_dns=$STOCK_STATUS"
 		fi
 		echo "nodelocaldns=$nld_rev"
+		if [[ -n $PREVIOUS ]]; then
+			if [[ $PREV_STATUS == ok ]]; then
+				echo "previous=$PREVIOUS (${PREV_COMMIT:0:12})"
+			else
+				echo "previous=$PREV_STATUS"
+			fi
+		fi
 		echo "nodelocaldns_status=$NLD_STATUS"
 		echo "duration=$DURATION"
 		echo "cpu_duration=$CPU_DURATION"
@@ -905,6 +958,8 @@ bench() {
 	build_coredns
 	build_stock
 	log "node-local-dns (stock): $STOCK_STATUS"
+	build_previous
+	[[ -z $PREVIOUS ]] || log "previous build ($PREVIOUS): $PREV_STATUS"
 	: >"$OUT/results.tsv"
 	: >"$OUT/reps.tsv"
 	: >"$OUT/rss.tsv"

@@ -25,6 +25,7 @@ var servers = []struct {
 	color       color.RGBA
 }{
 	{"nodelocaldns", "nodelocaldns", color.RGBA{0x1f, 0x77, 0xb4, 0xff}},
+	{"previous", "nodelocaldns (previous build)", color.RGBA{0xae, 0xc7, 0xe8, 0xff}},
 	{"node-local-dns", "node-local-dns (stock)", color.RGBA{0x17, 0xbe, 0xcf, 0xff}},
 	{"coredns", "CoreDNS", color.RGBA{0x2c, 0xa0, 0x2c, 0xff}},
 	{"unbound", "Unbound", color.RGBA{0xff, 0x7f, 0x0e, 0xff}},

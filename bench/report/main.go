@@ -26,13 +26,17 @@ import (
 // sendmmsg batches over UDP and one read and one send per batch over TCP:
 // the lower bound on CPU per query. "node-local-dns" is the real stock
 // binary (k8s-dns-node-cache) on the same Corefile as the "coredns" row.
-var servers = []string{"nodelocaldns", "node-local-dns", "coredns", "unbound", "dnsmasq", "ceiling", "limit"}
+// "previous" is nodelocaldns built from an earlier commit (BENCH_PREVIOUS),
+// with the same flags, in the same run: its ratio columns are this build's
+// change.
+var servers = []string{"nodelocaldns", "previous", "node-local-dns", "coredns", "unbound", "dnsmasq", "ceiling", "limit"}
 
 // references are the rows that are no DNS server.
 var references = map[string]bool{"ceiling": true, "limit": true}
 
 var serverTitle = map[string]string{
 	"nodelocaldns":   "nodelocaldns",
+	"previous":       "previous",
 	"node-local-dns": "node-local-dns",
 	"coredns":        "CoreDNS",
 	"unbound":        "Unbound",
@@ -604,6 +608,9 @@ func (d *Data) verdicts() []Verdict {
 	}
 	vs = append(vs, d.coreDNSVerdict("tcphit", "TCP hits"))
 	vs = append(vs, d.noRegression())
+	if _, ok := d.Status["previous"]; ok {
+		vs = append(vs, d.previousVerdict())
+	}
 	vs = append(vs, d.stockVerdicts()...)
 	{
 		t := "RSS with 100k names ≤ Unbound's"
@@ -795,6 +802,65 @@ func (d *Data) hitChecks(wl string) (fails []string, measured bool) {
 		fails = append(fails, wl+": "+v.Detail)
 	}
 	return fails, true
+}
+
+// previousBand is the least noise band of previousVerdict: 5%, as
+// regressionBand.
+const previousBand = 0.05
+
+// previousVerdict: on every workload both ran, this build's CPU per query
+// is within noise of the previous build's (the "previous" row, same run,
+// same flags): at most its median plus the larger relative scatter of the
+// two rows' fixed-rate runs ((max-min)/median), and at least previousBand.
+func (d *Data) previousVerdict() Verdict {
+	t := "CPU/query within noise of the previous build on every workload (same run)"
+	if rev := d.Facts["previous"]; rev != "" {
+		t = "CPU/query within noise of the previous build, " + rev + ", on every workload (same run)"
+	}
+	if !d.ok("nodelocaldns") || !d.ok("previous") {
+		return Verdict{t, -1, "not measured: " + d.why("previous")}
+	}
+	met := 1
+	var parts []string
+	for _, wl := range d.ranWorkloads() {
+		n, nok := d.row("nodelocaldns", wl)
+		p, pok := d.row("previous", wl)
+		if !nok || !pok || n.CPUus <= 0 || p.CPUus <= 0 {
+			continue
+		}
+		band := max(previousBand, d.scatter("nodelocaldns", wl), d.scatter("previous", wl))
+		r := n.CPUus / p.CPUus
+		mark := ""
+		if r > 1+band {
+			met, mark = 0, " **over**"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s (noise ±%.0f%%)%s", wl, fmtRatio(r), 100*band, mark))
+	}
+	if len(parts) == 0 {
+		return Verdict{t, -1, "no workload measured on both"}
+	}
+	return Verdict{t, met, "CPU ÷ previous: " + strings.Join(parts, ", ")}
+}
+
+// scatter is the relative range of s's fixed-rate CPU per query on wl:
+// (max-min)/median of its runs; 0 with fewer than two.
+func (d *Data) scatter(s, wl string) float64 {
+	reps := d.Reps[s][wl]
+	r, ok := d.row(s, wl)
+	if len(reps) < 2 || !ok || r.CPUus <= 0 {
+		return 0
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, x := range reps {
+		if x.CPUus < 0 {
+			continue
+		}
+		lo, hi = min(lo, x.CPUus), max(hi, x.CPUus)
+	}
+	if hi < lo {
+		return 0
+	}
+	return (hi - lo) / r.CPUus
 }
 
 // noRegression: every hit workload still meets issue 8's targets and, with a

@@ -407,3 +407,37 @@ func TestStockVerdicts(t *testing.T) {
 		t.Errorf("without the stock: %+v", v)
 	}
 }
+
+// The previous build's row (BENCH_PREVIOUS) gets its ratio columns and a
+// verdict: within the reps' noise (at least 5%) it is met, past it not.
+func TestPreviousBuildRow(t *testing.T) {
+	status := []string{"nodelocaldns\tstatus\tok", "previous\tstatus\tok", "unbound\tstatus\tok"}
+	results := []string{
+		row("nodelocaldns", "hit1", "100000", "5.1"),
+		row("previous", "hit1", "100000", "5.0"),
+		row("unbound", "hit1", "90000", "6"),
+		missRow("nodelocaldns", "unique", "70000", "44", "0.150", "0.600"),
+		missRow("previous", "unique", "70000", "40", "0.150", "0.600"),
+	}
+	d, err := load(writeRun(t, results, status, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("over on one workload", func(t *testing.T) {
+		v := d.previousVerdict()
+		if v.Met != 0 || !strings.Contains(v.Detail, "hit1 1.02×") || !strings.Contains(v.Detail, "unique 1.10× (noise ±5%) **over**") {
+			t.Fatalf("%+v", v)
+		}
+	})
+	var b strings.Builder
+	writeTables(&b, d)
+	if !strings.Contains(b.String(), "CPU ÷ previous") || !strings.Contains(b.String(), "| hit1 | 1.00× | 1.02× |") {
+		t.Fatalf("no ratio column against the previous build:\n%s", b.String())
+	}
+	t.Run("within the reps' scatter", func(t *testing.T) {
+		d.Reps = map[string]map[string][]Rep{"previous": {"unique": {{N: 1, CPUus: 36}, {N: 2, CPUus: 40}, {N: 3, CPUus: 41}}}}
+		if v := d.previousVerdict(); v.Met != 1 || !strings.Contains(v.Detail, "noise ±12%") {
+			t.Fatalf("%+v", v)
+		}
+	})
+}

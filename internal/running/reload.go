@@ -404,7 +404,7 @@ func (d *State) udpGroup(name string, servers []netip.AddrPort) (*forward.Group,
 	return forward.NewGroup(cfg, d.Metrics)
 }
 
-// retire closes groups after retireGrace and drops the changed zones'
+// retire closes groups after RetireGrace and drops the changed zones'
 // entries after settleDrop and again then. stopReload cuts the waits short.
 func (d *State) retire(groups []*forward.Group, zones []string) {
 	r := &d.reload
