@@ -71,14 +71,15 @@ if [[ $QUICK == 1 ]]; then
 	CPU_DURATION=${BENCH_CPU_DURATION:-2}
 	CPU_REPS=${BENCH_CPU_REPS:-1}
 	BENCH_WORKLOADS=${BENCH_WORKLOADS:-hit1 unique uniqext tcphit}
+else
+	DURATION=${BENCH_DURATION:-10}
+	CPU_DURATION=${BENCH_CPU_DURATION:-5}
 fi
-DURATION=${BENCH_DURATION:-10}
-CPU_DURATION=${BENCH_CPU_DURATION:-5}
 # Three fixed-rate runs per server and workload: on this shared 2-core machine
 # one run's p99 scatters by 2x and its CPU/query by 10-20% (stalls hit
 # whichever server runs then, some runs more than others); the median of three
 # outvotes one disturbed run, and three keeps `make bench` within half an hour.
-CPU_REPS=${BENCH_CPU_REPS:-3}
+((QUICK)) || CPU_REPS=${BENCH_CPU_REPS:-3}
 # A fixed-rate run other work took more than MAX_NOISE % of a core from
 # (server's or client's) is run once more at the end of its workload, up to
 # EXTRA_REPS extra runs per server (none in a smoke run); the report's
