@@ -85,7 +85,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	var succCap, denCap int
-	haveCache := false
+	haveCache, logs := false, false
 	var metrics, health string
 	// A zone in several blocks (other binds): the first block fills the
 	// shared route table; the views (views.go) route the others.
@@ -233,8 +233,12 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			mapped(s, "pprof %s: /debug/pprof/ on %s, a listener of its own", s.PProf, c.PProf)
 		}
 		if s.Log {
-			c.QueryLog = true
-			mapped(s, "log: one line per query (-querylog)")
+			logs = true
+			var rs []string
+			for _, r := range s.LogRules {
+				rs = append(rs, r.String())
+			}
+			mapped(s, "log: CoreDNS's query log lines on stdout, for the queries this block answers: %s", strings.Join(rs, "; "))
 		}
 		if s.Bufsize > 0 {
 			if set["max-udp-size"] && c.MaxUDPSize != s.Bufsize {
@@ -289,6 +293,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	}
 	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
+	}
+	if logs {
+		c.DropIn.BlockLog = blockLog(srv, c.LocalIPs)
 	}
 	if err := checkDNS64(srv, c.LocalIPs); err != nil {
 		return err

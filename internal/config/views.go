@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 )
 
 // A view is what a query sees by the address it arrived on, as in CoreDNS:
@@ -227,4 +228,30 @@ func (v View) Sig(srv []*corefile.Server) any {
 		routes[i].From = ""
 	}
 	return []any{v.Addrs, zs, pols, routes, v.Refused}
+}
+
+// blockLog is what each listen address logs (and, as the zero address,
+// any other address: the blocks without bind): for every zone of the
+// Corefile, the log rules of the block that serves its names there.
+func blockLog(srv []*corefile.Server, addrs []netip.Addr) []dnslog.Addr {
+	var zones []string
+	for _, s := range srv {
+		for _, z := range s.Zones {
+			if !slices.Contains(zones, z) {
+				zones = append(zones, z)
+			}
+		}
+	}
+	var out []dnslog.Addr
+	for _, a := range append(slices.Clone(addrs), netip.Addr{}) {
+		blocks := viewBlocks(srv, a)
+		la := dnslog.Addr{Addr: a}
+		for _, z := range zones {
+			if i := pickBlock(srv, blocks, z); i >= 0 {
+				la.Zones = append(la.Zones, dnslog.Zone{Name: z, Rules: srv[i].LogRules})
+			}
+		}
+		out = append(out, la)
+	}
+	return out
 }

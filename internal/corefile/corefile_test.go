@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -234,7 +236,9 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"cache {\n disable success example.org\n}", ":3: cache: disable takes success or denial"},
 		{"health {\n  frob\n}", ":3: health: option frob is not supported"},
 		{"bind eth0", ":2: bind: \"eth0\" is not an IP address"},
-		{"log . {\n class denial\n}", ":3: log: option class is not supported"},
+		{"log . {\n class denial frob\n}", ":3: log: class: invalid class \"frob\""},
+		{"log . {\n classes denial\n}", ":3: log: unknown property \"classes\""},
+		{"log . {\n class\n}", ":3: log: class takes at least one"},
 		{"cache 0", ":2: cache: TTL 0: must be positive"},
 		{"prometheus 9253", ":2: prometheus: \"9253\": not HOST:PORT"},
 	} {
@@ -242,6 +246,29 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "/Corefile:") {
 			t.Errorf("%q: got %v, want one line containing %q", tc.body, err, tc.want)
 		}
+	}
+}
+
+// TestLogForms: the log lines CoreDNS's log setup reads, into rules.
+func TestLogForms(t *testing.T) {
+	srv, err := load(t, ".:53 {\nlog\nlog example.org\nlog a.example b.example \"{remote} {combined}\" {\n class denial\n class error\n}\nlog {common}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range srv[0].LogRules {
+		got = append(got, r.String())
+	}
+	want := []string{
+		`. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
+		`example.org. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
+		`a.example. class denial,error format "{remote} ` + strings.ReplaceAll(dnslog.CombinedFormat, `"`, `\"`) + `"`,
+		`b.example. class denial,error format "{remote} ` + strings.ReplaceAll(dnslog.CombinedFormat, `"`, `\"`) + `"`,
+		// One argument is a name, as in CoreDNS, even with a brace.
+		`{common}. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rules\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

@@ -8,6 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 )
 
 // coreDNSOrder is CoreDNS 1.15's plugin.cfg: the order in which a block's
@@ -59,7 +63,7 @@ func init() {
 		"forward":    {setup: setupForward, forms: "forward FROM TO... { force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N }"},
 		"hosts":      {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
 		"health":     {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
-		"log":        {setup: setupLog, forms: "log [ZONE...] (the block's zones)"},
+		"log":        {setup: setupLog, repeatable: true, forms: "log [NAME...] [FORMAT] [{ class all|success|denial|error... }]"},
 		"loop":       {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
 		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
 		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
@@ -186,15 +190,44 @@ func setupReload(s *Server, d *Directive) error {
 	return nil
 }
 
+// setupLog reads `log` as CoreDNS's log plugin does: `log`, `log NAME`,
+// `log NAME... FORMAT` (the last argument is the format when there are
+// several and it holds a '{'), each name a rule of its own, with an
+// optional block of `class CLASS...` lines for all of the line's rules.
 func setupLog(s *Server, d *Directive) error {
-	if err := noBlock(d); err != nil {
-		return err
+	args := d.ArgStrings()
+	format := dnslog.DefaultFormat
+	if len(args) > 1 && strings.Contains(args[len(args)-1], "{") {
+		format = dnslog.ExpandFormat(args[len(args)-1])
+		args = args[:len(args)-1]
 	}
-	for _, a := range d.Args {
-		z, err := normalizeZone(a.Text)
-		if err != nil || !coversAny(z, s.Zones) {
-			return bad(d, "%q: logging a subset of the block's zones or a custom format is not supported", a.Text)
+	if len(args) == 0 {
+		args = []string{"."}
+	}
+	var classes dnslog.Class
+	for _, o := range d.Block {
+		if o.Name != "class" {
+			return badOpt(d, o, "unknown property %q", o.Name)
 		}
+		if o.HasBlock {
+			return badOpt(d, o, "class takes no block")
+		}
+		if len(o.Args) == 0 {
+			return badOpt(d, o, "class takes at least one of all, success, denial, error")
+		}
+		for _, a := range o.Args {
+			c, err := dnslog.ParseClass(a.Text)
+			if err != nil {
+				return badOpt(d, o, "class: %v", err)
+			}
+			classes |= c
+		}
+	}
+	if classes == 0 {
+		classes = dnslog.All
+	}
+	for _, a := range args {
+		s.LogRules = append(s.LogRules, dnslog.Rule{Scope: dns.Fqdn(a), Classes: classes, Format: format})
 	}
 	s.Log = true
 	return nil

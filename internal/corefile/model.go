@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
@@ -33,10 +34,13 @@ type Server struct {
 	PProf      string // listen address; "" when absent
 	Bufsize    int    // 0 when absent
 	Log        bool
-	Errors     bool
-	Reload     bool
-	Loop       bool
-	Debug      bool
+	// LogRules are the block's log lines' rules, in the order written
+	// (internal/dnslog); Log says there is at least one.
+	LogRules []dnslog.Rule
+	Errors   bool
+	Reload   bool
+	Loop     bool
+	Debug    bool
 
 	// Directives that answer on the fetch side of the cache (see
 	// internal/daemon/chain.go), in the order written where several.

@@ -319,7 +319,7 @@ func restartFields(a, b *config.Config) []string {
 	}
 	cmp("health address", a.HealthAddr, b.HealthAddr)
 	cmp("metrics address (prometheus)", a.MetricsAddr, b.MetricsAddr)
-	cmp("log", a.QueryLog, b.QueryLog)
+	cmp("log", []any{a.QueryLog, a.DropIn.BlockLog}, []any{b.QueryLog, b.DropIn.BlockLog})
 	cmp("pprof", a.PProf, b.PProf)
 	cmp("bufsize", a.MaxUDPSize, b.MaxUDPSize)
 	cmp("lameduck", a.LameDuck, b.LameDuck)

@@ -36,6 +36,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
@@ -223,6 +224,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		TCPIdleTimeout:   cfg.TCPIdleTimeout,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
+		BlockLog:         dnslog.NewTable(os.Stdout, cfg.DropIn.BlockLog), // the Corefile's log, on stdout as CoreDNS's
 		CoreDNSZones:     coreDNSZones(cdBlocks),
 		Autopath:         ap,
 	})

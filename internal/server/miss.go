@@ -195,12 +195,16 @@ func (s *Server) finishMiss(m *missReq) {
 			s.cd.response(m.cdk, int(resp[3]&0xF), !m.cdSelf, len(resp), s.cfg.Clock.Now().Sub(m.t0).Nanoseconds())
 		}
 	}
-	if s.cfg.QueryLog != nil {
+	if s.logOn() {
 		resp := m.out
+		local := netip.Addr{}
 		if m.tcp {
 			resp = resp[2:]
+			local = localAddr(m.tc.c)
+		} else {
+			local = m.l.local.Addr()
 		}
-		s.logQuery(m.client(), m.tcp, &m.q, resp, m.source, m.t0)
+		s.logQuery(m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
 	}
 	if m.tcp {
 		s.deliverTCP(m)

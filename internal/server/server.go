@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -81,6 +82,10 @@ type Config struct {
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
+	// BlockLog, when set, is the Corefile's log directive: CoreDNS's
+	// query log lines for the queries of the blocks that log
+	// (internal/dnslog); nil costs one comparison.
+	BlockLog *dnslog.Table
 	// CoreDNSZones are the Corefile zones whose queries count under
 	// CoreDNS's metric names (the blocks with a prometheus directive);
 	// nil counts none (stats.go).

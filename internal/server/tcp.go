@@ -237,8 +237,8 @@ func (s *Server) serveConn(tc *tcpConn) {
 			}
 			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
 			pend = resp
-			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &req.q, pend[start+2:], fromCache, t)
+			if s.logOn() {
+				s.logQuery(remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
 			}
 			if len(pend) >= 16<<10 && !tc.flush(&pend) {
 				return
@@ -412,6 +412,14 @@ func (tc *tcpConn) flush(pend *[]byte) bool {
 }
 
 // remoteAddrPort is the client's address of a TCP connection.
+// localAddr is the address a connection arrived on.
+func localAddr(c net.Conn) netip.Addr {
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
 func remoteAddrPort(c net.Conn) netip.AddrPort {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		ap := a.AddrPort()
