@@ -16,13 +16,17 @@ type ForwardOptions struct {
 	Spread        bool          // policy random|round_robin: queries start at each server in turn
 	MaxInflight   int           // max_concurrent: queries in flight in the group (0: -max-inflight)
 	IdleTimeout   time.Duration // expire: a TCP connection idle this long is closed
+	// TCP is force_tcp: the group asks over TCP (read by the node group,
+	// which is UDP otherwise; a zone route reads ZoneRoute.ForceTCP, the
+	// kube-dns group is always TCP).
+	TCP bool
 }
 
 // forwardOptions maps f's options. policy random and round_robin both
 // spread queries over the servers in turn (round robin: the same spread,
 // deterministic); sequential is our order with failover. force_tcp picks
-// TCP where the group may use either; prefer_udp is our UDP groups' way
-// already (UDP, TCP when an answer is truncated).
+// TCP (TCP); prefer_udp is our UDP groups' way already (UDP, TCP when an
+// answer is truncated).
 func forwardOptions(f *corefile.Forward, maxInflight int) ForwardOptions {
 	o := ForwardOptions{
 		MaxFails:      f.MaxFails,
@@ -30,6 +34,7 @@ func forwardOptions(f *corefile.Forward, maxInflight int) ForwardOptions {
 		Spread:        f.Policy != "sequential",
 		MaxInflight:   f.MaxConcurrent,
 		IdleTimeout:   f.Expire,
+		TCP:           f.ForceTCP,
 	}
 	if o.MaxFails == 0 {
 		o.MaxFails = -1 // CoreDNS: 0 never marks a server down
@@ -45,8 +50,12 @@ func (o ForwardOptions) String() string {
 	if o.MaxFails < 0 {
 		fails = "never down"
 	}
-	return fmt.Sprintf("max_fails %s, probe every %v, %s, at most %d in flight, TCP idle %v",
-		fails, o.ProbeInterval, map[bool]string{true: "queries spread over the servers in turn", false: "servers asked in order (sequential)"}[o.Spread], o.MaxInflight, o.IdleTimeout)
+	tcp := ""
+	if o.TCP {
+		tcp = ", force_tcp"
+	}
+	return fmt.Sprintf("max_fails %s, probe every %v, %s, at most %d in flight, TCP idle %v%s",
+		fails, o.ProbeInterval, map[bool]string{true: "queries spread over the servers in turn", false: "servers asked in order (sequential)"}[o.Spread], o.MaxInflight, o.IdleTimeout, tcp)
 }
 
 // checkExcept accepts `except` only where it changes nothing: every

@@ -56,8 +56,11 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				} else if !c.LocalMode {
 					c.KubeDNS, c.KubeDNSSource = kube[0], "Corefile "+s.Pos.String()
 				}
-				if len(kube) > 1 {
-					c.note("%s: the cluster domain forwards to %v; kube-dns is asked at %s only (one Service address; kube-proxy spreads it over the pods)", s.Pos, kube, c.KubeDNS)
+				if len(kube) > 1 && !set["kube-dns"] && !c.LocalMode {
+					c.DropIn.KubeDNSAlso = slices.Clone(kube[1:])
+					mapped(s, "forward . %v: the kube-dns group asks %v too, by the block's policy, with failover", kube, kube[1:])
+				} else if len(kube) > 1 {
+					c.note("%s: the cluster domain forwards to %v; kube-dns is asked at %s only (-kube-dns given)", s.Pos, kube, c.KubeDNS)
 				}
 			}
 			break
@@ -163,7 +166,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				mapped(s, "forward . %v: every other name goes to %v", upstreams(f), ns)
 			}
 			if f.ForceTCP {
-				c.note("%s: force_tcp on the \".\" forward: the node's resolvers are asked over UDP and re-asked over TCP when an answer is truncated", s.Pos)
+				mapped(s, "force_tcp: the node's resolvers are asked over TCP")
 			}
 		default:
 			ns, err := c.resolve(s, f)

@@ -37,6 +37,10 @@ type DropIn struct {
 	// KubeForward and NodeForward are the forward options of the blocks
 	// that go to kube-dns and of the "." block (corefileforward.go).
 	KubeForward, NodeForward *ForwardOptions
+	// KubeDNSAlso are the cluster domain forward's other servers, after
+	// KubeDNS (kubespray's coredns_dual: two kube-dns Services): the
+	// kube-dns group asks them by the block's policy, with failover.
+	KubeDNSAlso []netip.AddrPort
 	// NodeCacheMetricsAddr is node-cache's own metrics endpoint in Corefile
 	// mode (-metrics-listen-address, default 0.0.0.0:9353 as node-cache's),
 	// served besides the Corefile's prometheus address; "" when it is the

@@ -184,7 +184,7 @@ func (d *Daemon) prepareCorefile(n *config.Config) (e *corefileEdit, err error) 
 		}
 	}
 	if r.kube != nil && n.KubeDNS != d.kubeAddr() {
-		if e.kube, err = d.kubeGroup(n.KubeDNS); err != nil {
+		if e.kube, err = d.kubeGroup(n.KubeDNS, n.DropIn.KubeDNSAlso); err != nil {
 			return e, fmt.Errorf("kube-dns group: %w", err)
 		}
 	}
@@ -313,6 +313,7 @@ func restartFields(a, b *config.Config) []string {
 	// the recheck interval do not.
 	cmp("cache sizes", [4]int64{int64(a.Cache.SuccessCapacity), int64(a.Cache.DenialCapacity), a.Cache.MaxBytes, int64(a.Cache.StaleRecheck)},
 		[4]int64{int64(b.Cache.SuccessCapacity), int64(b.Cache.DenialCapacity), b.Cache.MaxBytes, int64(b.Cache.StaleRecheck)})
+	cmp("the cluster domain's other kube-dns servers", a.DropIn.KubeDNSAlso, b.DropIn.KubeDNSAlso)
 	cmp("forward options of the kube-dns and . blocks", [2]any{a.DropIn.KubeForward, a.DropIn.NodeForward}, [2]any{b.DropIn.KubeForward, b.DropIn.NodeForward})
 	if a.DropIn.Corefile != nil && b.DropIn.Corefile != nil {
 		cmp("the . block's literal targets (upstreamNameservers apply or not)", a.DropIn.Corefile.RootLiteral, b.DropIn.Corefile.RootLiteral)
@@ -336,10 +337,12 @@ func (d *Daemon) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
 	return forward.NewGroup(cfg, d.Metrics)
 }
 
-func (d *Daemon) kubeGroup(addr netip.AddrPort) (*forward.Group, error) {
+// kubeGroup is the kube-dns group: addr, then also (the cluster domain
+// forward's other servers).
+func (d *Daemon) kubeGroup(addr netip.AddrPort, also []netip.AddrPort) (*forward.Group, error) {
 	cfg := forward.GroupConfig{
 		Name:        "kube-dns",
-		Servers:     []netip.AddrPort{addr},
+		Servers:     append([]netip.AddrPort{addr}, also...),
 		Proto:       forward.TCP,
 		PoolSize:    d.cfg.TCPPoolSize,
 		MaxInflight: d.cfg.MaxInflight,

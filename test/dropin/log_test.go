@@ -18,8 +18,9 @@ import (
 // pair starts nodelocaldns and CoreDNS 1.15 on corefile (a format string:
 // %[1]d the DNS port, %[2]s the node's upstream, %[3]s kube-dns) with the
 // parity tests' stand-in upstreams, and returns their addresses and their
-// output.
-func pair(t *testing.T, corefile string) (aOurs, aCore string, lo, lc *testhost.SyncBuffer) {
+// output. ours are nodelocaldns' arguments besides the common ones (nil:
+// -kube-dns at the kube-dns stand-in).
+func pair(t *testing.T, corefile string, ours ...string) (aOurs, aCore string, lo, lc *testhost.SyncBuffer) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds two binaries")
@@ -35,9 +36,12 @@ func pair(t *testing.T, corefile string) (aOurs, aCore string, lo, lc *testhost.
 		}
 	}
 	lo, lc = &testhost.SyncBuffer{}, &testhost.SyncBuffer{}
-	start(t, []string{oursBin, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
-		"-kubednscm=", "-kube-dns", kube, "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
-		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))}, lo)
+	if ours == nil {
+		ours = []string{"-kube-dns", kube}
+	}
+	start(t, append([]string{oursBin, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
+		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
+		"-metrics-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")), "-health-listen-address", fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))}, ours...), lo)
 	start(t, []string{coredns, "-conf", confCore, "-quiet"}, lc)
 	aOurs, aCore = fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
 	waitDNS(t, aOurs)

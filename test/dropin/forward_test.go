@@ -1,0 +1,101 @@
+package dropin
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
+)
+
+// TestDualKubeDNSFailover: kubespray's coredns_dual, two kube-dns servers
+// in the cluster domain's forward. With the first down (nothing listens),
+// both CoreDNS 1.15 and nodelocaldns answer every name through the second,
+// with every policy.
+func TestDualKubeDNSFailover(t *testing.T) {
+	for _, policy := range []string{"", "policy random", "policy round_robin", "policy sequential"} {
+		name := strings.TrimPrefix(policy, "policy ")
+		if name == "" {
+			name = "default"
+		}
+		t.Run(name, func(t *testing.T) {
+			dead := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
+			corefile := `cluster.local:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    forward . ` + dead + ` %[3]s {
+        force_tcp
+        ` + policy + `
+    }
+}
+.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    forward . %[2]s
+}
+`
+			aOurs, aCore, _, _ := pair(t, corefile, "-forward-timeout", "5s") // no -kube-dns: the Corefile's
+			for i := range 12 {
+				name := fmt.Sprintf("web%d.default.svc.cluster.local.", i)
+				o, c := askFull(t, aOurs, name, dns.TypeA), askFull(t, aCore, name, dns.TypeA)
+				if o.String() != c.String() || o.rcode != "NOERROR" {
+					t.Errorf("%s: ours %s, coredns %s", name, o, c)
+				}
+			}
+		})
+	}
+}
+
+// TestForceTCPOnResolvConf: `forward . /etc/resolv.conf { force_tcp }`
+// (an RKE1 template) asks the node's resolvers over TCP, as CoreDNS 1.15
+// does. The resolver stand-in (port 53 of a loopback address of its own,
+// as resolv.conf has no port) answers with the transport it was asked on.
+func TestForceTCPOnResolvConf(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("port 53 needs root")
+	}
+	const ns = "127.29.0.1"
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		m.RecursionAvailable = true
+		txt, _ := dns.NewRR(r.Question[0].Name + ` 60 IN TXT "` + w.RemoteAddr().Network() + `"`)
+		m.Answer = append(m.Answer, txt)
+		_ = w.WriteMsg(m)
+	})
+	for _, n := range []string{"udp", "tcp"} {
+		s := &dns.Server{Addr: ns + ":53", Net: n, Handler: h}
+		started := make(chan error, 1)
+		s.NotifyStartedFunc = func() { started <- nil }
+		go func() { started <- s.ListenAndServe() }()
+		if err := <-started; err != nil {
+			t.Skipf("%s %s:53: %v", n, ns, err)
+		}
+		t.Cleanup(func() { _ = s.Shutdown() })
+	}
+	resolv := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver "+ns+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ opt, want string }{{"force_tcp", "tcp"}, {"", "udp"}} {
+		t.Run("with"+tc.opt, func(t *testing.T) {
+			corefile := `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    forward . ` + resolv + ` {
+        ` + tc.opt + `
+    }
+}
+`
+			aOurs, aCore, _, _ := pair(t, corefile)
+			o, c := askFull(t, aOurs, "proto.example.org.", dns.TypeTXT), askFull(t, aCore, "proto.example.org.", dns.TypeTXT)
+			if o.String() != c.String() || len(o.answer) != 1 || !strings.Contains(o.answer[0], `"`+tc.want+`"`) {
+				t.Errorf("ours %s, coredns %s; want the resolver asked over %s", o, c, tc.want)
+			}
+		})
+	}
+}
