@@ -20,6 +20,9 @@ type ForwardOptions struct {
 	// which is UDP otherwise; a zone route reads ZoneRoute.ForceTCP, the
 	// kube-dns group is always TCP).
 	TCP bool
+	// FailFast: SERVFAIL at once when every server is down
+	// (failfast_all_unhealthy_upstreams).
+	FailFast bool
 }
 
 // forwardOptions maps f's options. policy random and round_robin both
@@ -35,6 +38,7 @@ func forwardOptions(f *corefile.Forward, maxInflight int) ForwardOptions {
 		MaxInflight:   f.MaxConcurrent,
 		IdleTimeout:   f.Expire,
 		TCP:           f.ForceTCP,
+		FailFast:      f.FailFast,
 	}
 	if o.MaxFails == 0 {
 		o.MaxFails = -1 // CoreDNS: 0 never marks a server down
@@ -53,6 +57,9 @@ func (o ForwardOptions) String() string {
 	tcp := ""
 	if o.TCP {
 		tcp = ", force_tcp"
+	}
+	if o.FailFast {
+		tcp += ", failfast_all_unhealthy_upstreams"
 	}
 	return fmt.Sprintf("max_fails %s, probe every %v, %s, at most %d in flight, TCP idle %v%s",
 		fails, o.ProbeInterval, map[bool]string{true: "queries spread over the servers in turn", false: "servers asked in order (sequential)"}[o.Spread], o.MaxInflight, o.IdleTimeout, tcp)

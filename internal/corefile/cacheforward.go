@@ -256,6 +256,11 @@ func setupForward(s *Server, d *Directive) error {
 			return a[0], nil
 		}
 		switch o.Name {
+		case "failfast_all_unhealthy_upstreams":
+			if len(a) != 0 {
+				return badOpt(d, o, "%s takes no arguments", o.Name)
+			}
+			f.FailFast = true
 		case "force_tcp", "prefer_udp":
 			if len(a) != 0 {
 				return badOpt(d, o, "%s takes no arguments", o.Name)

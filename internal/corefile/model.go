@@ -142,6 +142,9 @@ type Forward struct {
 	Expire        time.Duration
 	HealthCheck   time.Duration
 	MaxConcurrent int
+	// FailFast is failfast_all_unhealthy_upstreams: SERVFAIL at once when
+	// every upstream is down.
+	FailFast bool
 }
 
 // Upstream is one forward target: an address, or a resolv.conf path whose

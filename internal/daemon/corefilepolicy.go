@@ -88,7 +88,7 @@ func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) {
 	if o == nil {
 		return
 	}
-	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread = o.MaxFails, o.ProbeInterval, o.Spread
+	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread, cfg.FailFast = o.MaxFails, o.ProbeInterval, o.Spread, o.FailFast
 	if o.MaxInflight > 0 {
 		cfg.MaxInflight = o.MaxInflight
 	}

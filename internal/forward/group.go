@@ -83,6 +83,9 @@ type GroupConfig struct {
 	// Spread starts each query at the next server in turn (CoreDNS's policy random or
 	// round_robin) instead of the first healthy one in order (sequential).
 	Spread bool
+	// FailFast fails a query at once (ErrAllDown) when every server is marked down,
+	// instead of asking one of them (CoreDNS's failfast_all_unhealthy_upstreams).
+	FailFast bool
 }
 
 // Group forwards queries to a list of equivalent upstream servers with health tracking and
@@ -295,7 +298,12 @@ func (g *Group) nextServer(w *walk) *upstream {
 				return nil
 			}
 			// Every server is marked down. Failing with nothing sent would make the
-			// down-marking an outage of its own; ask one, in turn, once.
+			// down-marking an outage of its own; ask one, in turn, once (unless
+			// FailFast: the operator asked for exactly that outage).
+			if g.cfg.FailFast {
+				w.lastErr = ErrAllDown
+				return nil
+			}
 			w.allDown, w.last = true, -1
 			return g.ups[int(g.next.Add(1)-1)%n]
 		}

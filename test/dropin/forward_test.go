@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -38,7 +39,7 @@ func TestDualKubeDNSFailover(t *testing.T) {
     forward . %[2]s
 }
 `
-			aOurs, aCore, _, _ := pair(t, corefile, "-forward-timeout", "5s") // no -kube-dns: the Corefile's
+			aOurs, aCore, _, _ := pair(t, corefile, false)
 			for i := range 12 {
 				name := fmt.Sprintf("web%d.default.svc.cluster.local.", i)
 				o, c := askFull(t, aOurs, name, dns.TypeA), askFull(t, aCore, name, dns.TypeA)
@@ -91,11 +92,45 @@ func TestForceTCPOnResolvConf(t *testing.T) {
     }
 }
 `
-			aOurs, aCore, _, _ := pair(t, corefile)
+			aOurs, aCore, _, _ := pair(t, corefile, true)
 			o, c := askFull(t, aOurs, "proto.example.org.", dns.TypeTXT), askFull(t, aCore, "proto.example.org.", dns.TypeTXT)
 			if o.String() != c.String() || len(o.answer) != 1 || !strings.Contains(o.answer[0], `"`+tc.want+`"`) {
 				t.Errorf("ours %s, coredns %s; want the resolver asked over %s", o, c, tc.want)
 			}
 		})
+	}
+}
+
+// TestFailFastAllUnhealthyUpstreams: with failfast_all_unhealthy_upstreams
+// and the only upstream silent, once it is marked down both CoreDNS 1.15
+// and nodelocaldns answer SERVFAIL at once instead of waiting on it.
+func TestFailFastAllUnhealthyUpstreams(t *testing.T) {
+	silent := serveDNS(t, dns.HandlerFunc(func(dns.ResponseWriter, *dns.Msg) {}))
+	corefile := `.:%[1]d {
+    bind 127.0.0.1
+    forward . ` + silent + ` {
+        max_fails 1
+        health_check 100ms
+        failfast_all_unhealthy_upstreams
+    }
+}
+`
+	aOurs, aCore, _, _ := pair(t, corefile, true, "-forward-timeout", "2s")
+	for _, a := range []string{aOurs, aCore} {
+		fast := false
+		deadline := time.Now().Add(15 * time.Second)
+		for i := 0; !fast && time.Now().Before(deadline); i++ {
+			m := new(dns.Msg)
+			m.SetQuestion(fmt.Sprintf("q%d.example.org.", i), dns.TypeA)
+			c := &dns.Client{Timeout: 8 * time.Second}
+			start := time.Now()
+			r, _, err := c.Exchange(m, a)
+			if err == nil && r.Rcode == dns.RcodeServerFailure && time.Since(start) < 300*time.Millisecond {
+				fast = true
+			}
+		}
+		if !fast {
+			t.Errorf("%s: no fast SERVFAIL with the upstream down", a)
+		}
 	}
 }

@@ -18,9 +18,9 @@ import (
 // pair starts nodelocaldns and CoreDNS 1.15 on corefile (a format string:
 // %[1]d the DNS port, %[2]s the node's upstream, %[3]s kube-dns) with the
 // parity tests' stand-in upstreams, and returns their addresses and their
-// output. ours are nodelocaldns' arguments besides the common ones (nil:
-// -kube-dns at the kube-dns stand-in).
-func pair(t *testing.T, corefile string, ours ...string) (aOurs, aCore string, lo, lc *testhost.SyncBuffer) {
+// output. kubeFlag passes -kube-dns at the kube-dns stand-in (else the
+// Corefile names kube-dns); ours are more of nodelocaldns' arguments.
+func pair(t *testing.T, corefile string, kubeFlag bool, ours ...string) (aOurs, aCore string, lo, lc *testhost.SyncBuffer) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds two binaries")
@@ -36,8 +36,8 @@ func pair(t *testing.T, corefile string, ours ...string) (aOurs, aCore string, l
 		}
 	}
 	lo, lc = &testhost.SyncBuffer{}, &testhost.SyncBuffer{}
-	if ours == nil {
-		ours = []string{"-kube-dns", kube}
+	if kubeFlag {
+		ours = append(ours, "-kube-dns", kube)
 	}
 	start(t, append([]string{oursBin, "-localip", "127.0.0.1", "-conf", confOurs, "-basecorefile", filepath.Join(dir, "none"),
 		"-kubednscm=", "-setupinterface=false", "-setupiptables=false", "-state-dir=", "-skipteardown",
@@ -144,7 +144,7 @@ example.net:%[1]d {
     forward . %[2]s
 }
 `
-	aOurs, aCore, lo, lc := pair(t, corefile)
+	aOurs, aCore, lo, lc := pair(t, corefile, true)
 	queries := []logQuery{
 		{name: "web.default.svc.cluster.local.", qtype: dns.TypeA, net: "udp", edns: true},
 		{name: "nx.default.svc.cluster.local.", qtype: dns.TypeA, net: "udp", edns: true, opt: true},
