@@ -1,7 +1,10 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -23,6 +26,39 @@ type ForwardOptions struct {
 	// FailFast: SERVFAIL at once when every server is down
 	// (failfast_all_unhealthy_upstreams).
 	FailFast bool
+	// TLS: the servers are tls:// ones, asked over DNS over TLS with the
+	// tls option's files (TLSCert and TLSKey: a client certificate;
+	// TLSCA: the CA verifying the servers, "" the system's) and
+	// tls_servername (TLSServerName).
+	TLS                                   bool
+	TLSCert, TLSKey, TLSCA, TLSServerName string
+}
+
+// TLSConfig is the client configuration of a TLS group, as CoreDNS's
+// forward builds it from tls and tls_servername; nil when o is not TLS.
+func (o *ForwardOptions) TLSConfig() (*tls.Config, error) {
+	if o == nil || !o.TLS {
+		return nil, nil
+	}
+	c := &tls.Config{ServerName: o.TLSServerName, MinVersion: tls.VersionTLS12}
+	if o.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("forward tls: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	if o.TLSCA != "" {
+		pem, err := os.ReadFile(o.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("forward tls: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("forward tls: %s holds no PEM certificate", o.TLSCA)
+		}
+	}
+	return c, nil
 }
 
 // forwardOptions maps f's options. policy random and round_robin both
@@ -39,6 +75,10 @@ func forwardOptions(f *corefile.Forward, maxInflight int) ForwardOptions {
 		IdleTimeout:   f.Expire,
 		TCP:           f.ForceTCP,
 		FailFast:      f.FailFast,
+		TLS:           f.UsesTLS(),
+	}
+	if t := f.TLS; t != nil && o.TLS {
+		o.TLSCert, o.TLSKey, o.TLSCA, o.TLSServerName = t.Cert, t.Key, t.CA, t.ServerName
 	}
 	if o.MaxFails == 0 {
 		o.MaxFails = -1 // CoreDNS: 0 never marks a server down
@@ -60,6 +100,9 @@ func (o ForwardOptions) String() string {
 	}
 	if o.FailFast {
 		tcp += ", failfast_all_unhealthy_upstreams"
+	}
+	if o.TLS {
+		tcp += fmt.Sprintf(", DNS over TLS (server name %q)", o.TLSServerName)
 	}
 	return fmt.Sprintf("max_fails %s, probe every %v, %s, at most %d in flight, TCP idle %v%s",
 		fails, o.ProbeInterval, map[bool]string{true: "queries spread over the servers in turn", false: "servers asked in order (sequential)"}[o.Spread], o.MaxInflight, o.IdleTimeout, tcp)

@@ -181,6 +181,14 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 			mapped(s, "forward . %v: zones %v routed to their own group %v (like a stub domain)%s", upstreams(f), s.Zones, ns, map[bool]string{true: " over TCP", false: ""}[f.ForceTCP])
 		}
+		if f != nil && f.UsesTLS() {
+			o := forwardOptions(f, c.MaxInflight)
+			if _, err := o.TLSConfig(); err != nil {
+				return usage("%s: %v", s.Pos, err)
+			}
+		} else if f != nil && f.TLS != nil {
+			mapped(s, "forward tls/tls_servername: no tls:// upstream, unused (as CoreDNS)")
+		}
 		if f != nil {
 			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: the group's %s",
 				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent, forwardOptions(f, c.MaxInflight))

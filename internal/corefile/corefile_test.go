@@ -229,8 +229,11 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"dns64 {\n prefix 64:ff9b::/33\n}", ":3: dns64: invalid prefix length 33"},
 		{"dns64 {\n frob\n}", ":3: dns64: unknown property frob"},
 		{"frobnicate", ":2: unknown directive frobnicate"},
-		{"forward . tls://1.1.1.1", ":2: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported"},
-		{"forward . 1.1.1.1 {\n tls_servername x\n}", ":3: forward: option tls_servername is not supported; supported: forward FROM TO..."},
+		{"forward . https://1.1.1.1", ":2: forward: TO \"https://1.1.1.1\": transport https:// is not supported"},
+		{"forward . tls://1.1.1.1 8.8.8.8", ":2: forward: tls:// and plain upstreams in one forward are not supported"},
+		{"forward . tls://1.1.1.1 {\n tls a b c d\n}", ":3: forward: tls takes [CA], [CERT KEY] or [CERT KEY CA]"},
+		{"forward . tls://1.1.1.1 {\n tls_servername\n}", ":3: forward: tls_servername takes one argument"},
+		{"forward . 1.1.1.1 {\n frob x\n}", ":3: forward: option frob is not supported; supported: forward FROM TO..."},
 		{"cache {\n serve_stale 1h verify 5s 30 1m\n}", ":3: cache: serve_stale response TTL \"30\" is not a duration"},
 		{"cache {\n serve_stale_policy prefer_positive\n}", ":2: cache: serve_stale_policy requires serve_stale"},
 		{"cache {\n disable success example.org\n}", ":3: cache: disable takes success or denial"},
@@ -246,6 +249,20 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "/Corefile:") {
 			t.Errorf("%q: got %v, want one line containing %q", tc.body, err, tc.want)
 		}
+	}
+}
+
+// TestForwardTLS: tls:// upstreams (port 853 by default) with tls and
+// tls_servername.
+func TestForwardTLS(t *testing.T) {
+	srv, err := load(t, ".:53 {\nforward . tls://1.1.1.1 tls://[2606:4700::1111]:8853 {\n tls /ca.pem\n tls_servername cloudflare-dns.com\n failfast_all_unhealthy_upstreams\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := srv[0].Forward
+	if len(f.To) != 2 || f.To[0].String() != "tls://1.1.1.1:853" || f.To[1].String() != "tls://[2606:4700::1111]:8853" || !f.UsesTLS() ||
+		*f.TLS != (ForwardTLS{CA: "/ca.pem", ServerName: "cloudflare-dns.com"}) || !f.FailFast {
+		t.Fatalf("%+v %+v", f, f.TLS)
 	}
 }
 

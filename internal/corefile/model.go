@@ -145,6 +145,23 @@ type Forward struct {
 	// FailFast is failfast_all_unhealthy_upstreams: SERVFAIL at once when
 	// every upstream is down.
 	FailFast bool
+	// TLS is the tls option's files (CoreDNS's `tls [CERT KEY] [CA]`) and
+	// tls_servername, for the tls:// upstreams; nil when neither is given.
+	TLS *ForwardTLS
+}
+
+// ForwardTLS is how a forward's tls:// upstreams are asked: the client
+// certificate and key ("" none), the CA file that verifies the server (""
+// the system's), the name its certificate must hold ("" none: CoreDNS's
+// default, which Go then refuses for an IP address without an IP SAN).
+type ForwardTLS struct {
+	Cert, Key, CA string
+	ServerName    string
+}
+
+// UsesTLS reports whether the forward's upstreams are tls:// ones.
+func (f *Forward) UsesTLS() bool {
+	return len(f.To) > 0 && f.To[0].TLS
 }
 
 // Upstream is one forward target: an address, or a resolv.conf path whose
@@ -152,11 +169,15 @@ type Forward struct {
 type Upstream struct {
 	Addr       netip.AddrPort
 	ResolvConf string
+	TLS        bool // tls://: DNS over TLS (RFC 7858), port 853 by default
 }
 
 func (u Upstream) String() string {
 	if u.ResolvConf != "" {
 		return u.ResolvConf
+	}
+	if u.TLS {
+		return "tls://" + u.Addr.String()
 	}
 	return u.Addr.String()
 }

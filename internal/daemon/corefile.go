@@ -333,7 +333,9 @@ func (d *Daemon) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
 	if zr.ForceTCP {
 		cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
 	}
-	withOptions(&cfg, &zr.Opts)
+	if err := withOptions(&cfg, &zr.Opts); err != nil {
+		return nil, err
+	}
 	return forward.NewGroup(cfg, d.Metrics)
 }
 
@@ -348,7 +350,9 @@ func (d *Daemon) kubeGroup(addr netip.AddrPort, also []netip.AddrPort) (*forward
 		MaxInflight: d.cfg.MaxInflight,
 		Logger:      d.log.With("group", "kube-dns"),
 	}
-	withOptions(&cfg, d.cfg.DropIn.KubeForward)
+	if err := withOptions(&cfg, d.cfg.DropIn.KubeForward); err != nil {
+		return nil, err
+	}
 	return forward.NewGroup(cfg, d.Metrics)
 }
 

@@ -84,9 +84,19 @@ func (d *Daemon) rewriteCorefile() {
 
 // withOptions applies a Corefile forward's options to a group's config
 // (nil: not in Corefile mode, or no such block).
-func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) {
+func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) error {
 	if o == nil {
-		return
+		return nil
+	}
+	if o.TLS {
+		t, err := o.TLSConfig()
+		if err != nil {
+			return err
+		}
+		cfg.TLS, cfg.Proto = t, forward.TCP
+		if cfg.PoolSize == 0 {
+			cfg.PoolSize = forward.DefaultPoolSize
+		}
 	}
 	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread, cfg.FailFast = o.MaxFails, o.ProbeInterval, o.Spread, o.FailFast
 	if o.MaxInflight > 0 {
@@ -95,4 +105,5 @@ func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) {
 	if o.IdleTimeout > 0 {
 		cfg.IdleTimeout = o.IdleTimeout
 	}
+	return nil
 }

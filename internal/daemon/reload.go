@@ -358,9 +358,11 @@ func (d *Daemon) udpGroup(name string, servers []netip.AddrPort) (*forward.Group
 		Logger:      d.log.With("group", name),
 	}
 	if o := d.cfg.DropIn.NodeForward; name == "node" && o != nil {
-		withOptions(&cfg, o) // the Corefile's "." block
 		if o.TCP {
 			cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
+		}
+		if err := withOptions(&cfg, o); err != nil { // the Corefile's "." block
+			return nil, err
 		}
 	}
 	return forward.NewGroup(cfg, d.Metrics)

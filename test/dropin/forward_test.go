@@ -1,6 +1,7 @@
 package dropin
 
 import (
+	"crypto/tls"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -132,5 +133,63 @@ func TestFailFastAllUnhealthyUpstreams(t *testing.T) {
 		if !fast {
 			t.Errorf("%s: no fast SERVFAIL with the upstream down", a)
 		}
+	}
+}
+
+// TestForwardTLSToCoreDNS: `forward . tls://ADDR { tls CA; tls_servername
+// NAME }` asks a real DNS-over-TLS server (CoreDNS 1.15 serving tls://
+// with the tls directive, in front of the stand-in upstream) with the
+// server's certificate checked: nodelocaldns answers as CoreDNS does; with
+// a server name the certificate does not hold, both answer SERVFAIL.
+func TestForwardTLSToCoreDNS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	dir := t.TempDir()
+	certFile, keyFile, _ := testhost.Cert(t, dir, "dns.example.test")
+	dot := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
+	conf := filepath.Join(dir, "dot.Corefile")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("tls://.:%s {\n  bind 127.0.0.1\n  tls %s %s\n  forward . %s\n}\n",
+		dot[strings.LastIndexByte(dot, ':')+1:], certFile, keyFile, upstream(t, "192.0.2.53"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs testhost.SyncBuffer
+	start(t, []string{buildCoreDNS(t), "-conf", conf, "-quiet"}, &logs)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c := &dns.Client{Net: "tcp-tls", Timeout: time.Second, TLSConfig: &tls.Config{InsecureSkipVerify: true}}
+		m := new(dns.Msg)
+		m.SetQuestion("up.example.org.", dns.TypeA)
+		if _, _, err := c.Exchange(m, dot); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the DoT server does not answer: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, tc := range []struct {
+		server, want string
+	}{{"dns.example.test", "NOERROR"}, {"other.example.test", "SERVFAIL"}} {
+		t.Run(tc.server, func(t *testing.T) {
+			corefile := `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    forward . tls://` + dot + ` {
+        tls ` + certFile + `
+        tls_servername ` + tc.server + `
+    }
+}
+`
+			aOurs, aCore, _, _ := pair(t, corefile, true, "-forward-timeout", "3s")
+			for _, name := range []string{"www.example.org.", "nx.example.org."} {
+				o, c := askFull(t, aOurs, name, dns.TypeA), askFull(t, aCore, name, dns.TypeA)
+				if o.String() != c.String() {
+					t.Errorf("%s: ours %s, coredns %s", name, o, c)
+				}
+				if name == "www.example.org." && o.rcode != tc.want {
+					t.Errorf("%s: %s, want %s", name, o.rcode, tc.want)
+				}
+			}
+		})
 	}
 }
