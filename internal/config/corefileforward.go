@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
@@ -106,37 +105,4 @@ func (o ForwardOptions) String() string {
 	}
 	return fmt.Sprintf("max_fails %s, probe every %v, %s, at most %d in flight, TCP idle %v%s",
 		fails, o.ProbeInterval, map[bool]string{true: "queries spread over the servers in turn", false: "servers asked in order (sequential)"}[o.Spread], o.MaxInflight, o.IdleTimeout, tcp)
-}
-
-// checkExcept accepts `except` only where it changes nothing: every
-// excepted zone has a block of its own (CoreDNS picks that block for its
-// names, so they never reach this forward). Elsewhere CoreDNS would pass the
-// names on to no next plugin (SERVFAIL); we do not route that way, so it is
-// refused rather than ignored.
-func checkExcept(s *corefile.Server, f *corefile.Forward, all []*corefile.Server) error {
-	for _, z := range f.Except {
-		own := false
-		for _, o := range all {
-			for _, oz := range o.Zones {
-				if (z == oz || strings.HasSuffix(z, "."+oz)) && len(oz) > longestZoneOf(s, z) {
-					own = true
-				}
-			}
-		}
-		if !own {
-			return usage("%s: forward except %s: names under %s without a block of their own are not supported (CoreDNS answers them SERVFAIL); add a block for %s or drop the except", s.Pos, z, z, z)
-		}
-	}
-	return nil
-}
-
-// longestZoneOf is the length of s's longest zone holding name.
-func longestZoneOf(s *corefile.Server, name string) int {
-	n := -1
-	for _, z := range s.Zones {
-		if z == "." || name == z || strings.HasSuffix(name, "."+z) {
-			n = max(n, len(z))
-		}
-	}
-	return n
 }

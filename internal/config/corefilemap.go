@@ -192,11 +192,11 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		if f != nil {
 			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: the group's %s",
 				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent, forwardOptions(f, c.MaxInflight))
+			if len(f.Next) > 0 || f.NextOnNodata {
+				mapped(s, "forward next/next_on_nodata: the block has one forward, so the upstream's answer is returned as it is (CoreDNS hands it on only to a further forward)")
+			}
 			if len(f.Except) > 0 {
-				if err := checkExcept(s, f, srv); err != nil {
-					return err
-				}
-				mapped(s, "forward except %v: each has a block of its own, which CoreDNS picks for those names: no effect", f.Except)
+				mapped(s, "forward except %v: names there that this block answers are not forwarded: SERVFAIL, as CoreDNS without a plugin after forward (a zone with a block of its own is answered by that block)", f.Except)
 			}
 		}
 		// cache

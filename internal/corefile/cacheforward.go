@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // setupCache reads `cache` as CoreDNS 1.15's cache plugin does.
@@ -281,6 +283,22 @@ func setupForward(s *Server, d *Directive) error {
 				f.TLS = &ForwardTLS{}
 			}
 			f.TLS.ServerName = v
+		case "next":
+			if len(a) == 0 {
+				return badOpt(d, o, "next takes at least one rcode")
+			}
+			for _, v := range a {
+				rc, ok := dns.StringToRcode[strings.ToUpper(v)]
+				if !ok {
+					return badOpt(d, o, "next: %s is not a valid rcode", v)
+				}
+				f.Next = append(f.Next, rc)
+			}
+		case "next_on_nodata":
+			if len(a) != 0 {
+				return badOpt(d, o, "%s takes no arguments", o.Name)
+			}
+			f.NextOnNodata = true
 		case "failfast_all_unhealthy_upstreams":
 			if len(a) != 0 {
 				return badOpt(d, o, "%s takes no arguments", o.Name)

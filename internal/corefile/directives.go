@@ -60,7 +60,7 @@ func init() {
 		"debug":      {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
 		"dns64":      {setup: setupDNS64, forms: "dns64 [PREFIX] [{ prefix PREFIX; translate_all; allow_ipv4 }]"},
 		"errors":     {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
-		"forward":    {setup: setupForward, forms: "forward FROM TO... (TO: IP[:PORT], dns://, tls://, a resolv.conf) { tls [CERT KEY] [CA]; tls_servername NAME; force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N; failfast_all_unhealthy_upstreams }"},
+		"forward":    {setup: setupForward, forms: "forward FROM TO... (TO: IP[:PORT], dns://, tls://, a resolv.conf) { tls [CERT KEY] [CA]; tls_servername NAME; force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N; failfast_all_unhealthy_upstreams; next RCODE...; next_on_nodata }"},
 		"hosts":      {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
 		"health":     {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
 		"log":        {setup: setupLog, repeatable: true, forms: "log [NAME...] [FORMAT] [{ class all|success|denial|error... }]"},

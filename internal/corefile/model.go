@@ -145,6 +145,11 @@ type Forward struct {
 	// FailFast is failfast_all_unhealthy_upstreams: SERVFAIL at once when
 	// every upstream is down.
 	FailFast bool
+	// Next are next's rcodes and NextOnNodata next_on_nodata: with them
+	// CoreDNS hands such an answer to the next forward of the block;
+	// with one forward per block the answer is returned as it is.
+	Next         []int
+	NextOnNodata bool
 	// TLS is the tls option's files (CoreDNS's `tls [CERT KEY] [CA]`) and
 	// tls_servername, for the tls:// upstreams; nil when neither is given.
 	TLS *ForwardTLS

@@ -193,3 +193,38 @@ func TestForwardTLSToCoreDNS(t *testing.T) {
 		})
 	}
 }
+
+// TestForwardExceptAndNext: `except` for a zone without a block of its own
+// answers its names SERVFAIL (CoreDNS: no plugin after forward), the rest
+// forwarded; a zone with a block of its own is that block's; `next` with
+// one forward per block returns the upstream's answer as it is. Compared
+// with CoreDNS 1.15, misses and hits.
+func TestForwardExceptAndNext(t *testing.T) {
+	corefile := `corp.example:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    forward . %[3]s
+}
+.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite name exact www.moved.example www.example.org
+    forward . %[2]s {
+        except blocked.example corp.example www.example.org
+        next NXDOMAIN SERVFAIL
+    }
+}
+`
+	aOurs, aCore, _, _ := pair(t, corefile, true)
+	for range 2 {
+		for _, name := range []string{"www.blocked.example.", "blocked.example.", "a.corp.example.", "www.example.org.", "www.moved.example.", "nx.example.net.", "sf.example.net.", "www.example.net."} {
+			o, c := askFull(t, aOurs, name, dns.TypeA), askFull(t, aCore, name, dns.TypeA)
+			if o.String() != c.String() {
+				t.Errorf("%s: ours %s, coredns %s", name, o, c)
+			}
+			if want := strings.Contains(name, "blocked") || strings.HasPrefix(name, "sf.") || strings.Contains(name, "www.") && !strings.HasSuffix(name, ".net."); want != (o.rcode == "SERVFAIL") {
+				t.Errorf("%s: %s", name, o.rcode)
+			}
+		}
+	}
+}
