@@ -251,6 +251,24 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 			mapped(s, "log: CoreDNS's query log lines on stdout, for the queries this block answers: %s", strings.Join(rs, "; "))
 		}
+		if t := s.Timeouts; t != nil {
+			// One DNS server serves every block, as CoreDNS's blocks on one
+			// port share one: the last block's timeouts win, as there.
+			if t.Read > 0 {
+				c.DropIn.TCPReadTimeout = t.Read
+			}
+			if t.Write > 0 {
+				c.DropIn.TCPWriteTimeout = t.Write
+			}
+			if t.Idle > 0 {
+				if set["tcp-idle-timeout"] && c.TCPIdleTimeout != t.Idle {
+					flagWins("tcp-idle-timeout", "timeouts idle", t.Idle, c.TCPIdleTimeout)
+				} else {
+					c.TCPIdleTimeout = t.Idle
+				}
+			}
+			mapped(s, "timeouts read %v write %v idle %v: client TCP connections (0: unchanged)", t.Read, t.Write, t.Idle)
+		}
 		if s.Bufsize > 0 {
 			if set["max-udp-size"] && c.MaxUDPSize != s.Bufsize {
 				flagWins("max-udp-size", "bufsize", s.Bufsize, c.MaxUDPSize)

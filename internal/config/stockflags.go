@@ -37,6 +37,10 @@ type DropIn struct {
 	// KubeForward and NodeForward are the forward options of the blocks
 	// that go to kube-dns and of the "." block (corefileforward.go).
 	KubeForward, NodeForward *ForwardOptions
+	// TCPReadTimeout and TCPWriteTimeout are the Corefile's timeouts read
+	// and write for client TCP connections (0: the server's defaults);
+	// its idle sets Config.TCPIdleTimeout.
+	TCPReadTimeout, TCPWriteTimeout time.Duration
 	// KubeDNSAlso are the cluster domain forward's other servers, after
 	// KubeDNS (kubespray's coredns_dual: two kube-dns Services): the
 	// kube-dns group asks them by the block's policy, with failover.

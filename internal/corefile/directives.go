@@ -69,6 +69,7 @@ func init() {
 		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
 		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
 		"rewrite":    {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
+		"timeouts":   {setup: setupTimeouts, forms: "timeouts { read DURATION; write DURATION; idle DURATION } (1s to 24h)"},
 		"template":   {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
 }
@@ -187,6 +188,47 @@ func setupReload(s *Server, d *Directive) error {
 		return err
 	}
 	s.Reload = true
+	return nil
+}
+
+// setupTimeouts reads `timeouts` as CoreDNS 1.15's timeouts plugin does:
+// a block of read, write and idle, each a duration (a bare number is
+// seconds) between 1 s and 24 h, at least one.
+func setupTimeouts(s *Server, d *Directive) error {
+	if len(d.Args) > 0 {
+		return bad(d, "takes no arguments, got %q", d.Args[0].Text)
+	}
+	t := &Timeouts{}
+	for _, o := range d.Block {
+		if len(o.Args) != 1 || o.HasBlock {
+			return badOpt(d, o, "%s takes one duration", o.Name)
+		}
+		v := o.Args[0].Text
+		if _, err := strconv.Atoi(v); err == nil {
+			v += "s"
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil {
+			return badOpt(d, o, "%s: %q is not a duration", o.Name, o.Args[0].Text)
+		}
+		if dur < time.Second || dur > 24*time.Hour {
+			return badOpt(d, o, "%s: %v needs to be between 1 second and 24 hours", o.Name, dur)
+		}
+		switch o.Name {
+		case "read":
+			t.Read = dur
+		case "write":
+			t.Write = dur
+		case "idle":
+			t.Idle = dur
+		default:
+			return badOpt(d, o, "option %s is not supported (maxtcpqueries is not: our TCP connections are bounded by -max-tcp-conns and idle timeouts)", o.Name)
+		}
+	}
+	if len(d.Block) == 0 {
+		return bad(d, "a timeouts block with no timeouts")
+	}
+	s.Timeouts = t
 	return nil
 }
 

@@ -41,6 +41,8 @@ type Server struct {
 	Reload   bool
 	Loop     bool
 	Debug    bool
+	// Timeouts is the timeouts directive (nil when absent).
+	Timeouts *Timeouts
 
 	// Directives that answer on the fetch side of the cache (see
 	// internal/daemon/chain.go), in the order written where several.
@@ -185,6 +187,12 @@ func (u Upstream) String() string {
 		return "tls://" + u.Addr.String()
 	}
 	return u.Addr.String()
+}
+
+// Timeouts is the `timeouts` directive: the server's TCP read, write and
+// idle timeouts (0: not given).
+type Timeouts struct {
+	Read, Write, Idle time.Duration
 }
 
 // Health is the `health` directive.

@@ -222,6 +222,8 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		MaxClientUDPSize: uint16(cfg.MaxClientUDPSize),
 		MaxTCPConns:      cfg.MaxTCPConns,
 		TCPIdleTimeout:   cfg.TCPIdleTimeout,
+		TCPReadTimeout:   cfg.DropIn.TCPReadTimeout, // the Corefile's timeouts; 0: the server's default
+		TCPWriteTimeout:  cfg.DropIn.TCPWriteTimeout,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
 		BlockLog:         dnslog.NewTable(os.Stdout, cfg.DropIn.BlockLog), // the Corefile's log, on stdout as CoreDNS's

@@ -76,9 +76,12 @@ type Config struct {
 	// misses outstanding on one connection (defaults: Default*, defaults.go).
 	TCPIdleTimeout time.Duration
 	TCPReadTimeout time.Duration
-	MaxTCPConns    int
-	MaxTCPPipeline int
-	Logger         *slog.Logger
+	// TCPWriteTimeout bounds writing answers to a TCP client (default
+	// TCPReadTimeout).
+	TCPWriteTimeout time.Duration
+	MaxTCPConns     int
+	MaxTCPPipeline  int
+	Logger          *slog.Logger
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
@@ -113,6 +116,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.TCPReadTimeout <= 0 {
 		c.TCPReadTimeout = DefaultTCPReadTimeout
+	}
+	if c.TCPWriteTimeout <= 0 {
+		c.TCPWriteTimeout = c.TCPReadTimeout
 	}
 	if c.MaxTCPConns <= 0 {
 		c.MaxTCPConns = DefaultMaxTCPConns

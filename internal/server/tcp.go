@@ -47,7 +47,7 @@ func (s *Server) serveTCP(l *tcpListener) {
 		}
 		// Accepted during Shutdown: the client has sent, or is sending, its
 		// query; it is answered (the connection drains like the others).
-		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout}
+		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout, wtimeout: s.cfg.TCPWriteTimeout}
 		tc.idleSince.Store(time.Now().UnixNano())
 		if !s.addConn(tc) {
 			_ = c.Close()
@@ -149,8 +149,9 @@ type tcpConn struct {
 	wmu       sync.Mutex
 	pending   sync.WaitGroup
 	slots     chan struct{}
-	timeout   time.Duration
-	state     atomic.Int32 // connFirst, connIdle or connBusy
+	timeout   time.Duration // reading a query
+	wtimeout  time.Duration // writing answers
+	state     atomic.Int32  // connFirst, connIdle or connBusy
 }
 
 // States of a TCP connection, for draining.
@@ -453,7 +454,7 @@ func (tc *tcpConn) write(out []byte) bool {
 func (tc *tcpConn) writeRaw(out []byte) bool {
 	tc.wmu.Lock()
 	defer tc.wmu.Unlock()
-	_ = tc.c.SetWriteDeadline(time.Now().Add(tc.timeout))
+	_ = tc.c.SetWriteDeadline(time.Now().Add(tc.wtimeout))
 	_, err := tc.c.Write(out)
 	return err == nil
 }
