@@ -88,7 +88,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	var succCap, denCap int
-	haveCache, logs := false, false
+	haveCache, logs, shuffle := false, false, false
 	var metrics, health string
 	// A zone in several blocks (other binds): the first block fills the
 	// shared route table; the views (views.go) route the others.
@@ -251,6 +251,10 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 			mapped(s, "log: CoreDNS's query log lines on stdout, for the queries this block answers: %s", strings.Join(rs, "; "))
 		}
+		if s.Loadbalance {
+			shuffle = true
+			mapped(s, "loadbalance: the A, AAAA and MX records of every answer of this block shuffled (round_robin), cache hits too")
+		}
 		if t := s.Timeouts; t != nil {
 			// One DNS server serves every block, as CoreDNS's blocks on one
 			// port share one: the last block's timeouts win, as there.
@@ -325,6 +329,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	}
 	if logs {
 		c.DropIn.BlockLog = blockLog(srv, c.LocalIPs)
+	}
+	if shuffle {
+		c.DropIn.Shuffle = blockShuffle(srv, c.LocalIPs)
 	}
 	if err := checkDNS64(srv, c.LocalIPs); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 )
 
 // A view is what a query sees by the address it arrived on, as in CoreDNS:
@@ -228,6 +229,22 @@ func (v View) Sig(srv []*corefile.Server) any {
 		routes[i].From = ""
 	}
 	return []any{v.Addrs, zs, pols, routes, v.Refused}
+}
+
+// blockShuffle is what each listen address shuffles (and, as the zero
+// address, any other): for every zone, whether the block that serves its
+// names there has loadbalance.
+func blockShuffle(srv []*corefile.Server, addrs []netip.Addr) []loadbalance.Addr {
+	var out []loadbalance.Addr
+	for _, la := range blockLog(srv, addrs) {
+		a := loadbalance.Addr{Addr: la.Addr}
+		blocks := viewBlocks(srv, la.Addr)
+		for _, z := range la.Zones {
+			a.Zones = append(a.Zones, loadbalance.Zone{Name: z.Name, Shuffle: srv[pickBlock(srv, blocks, z.Name)].Loadbalance})
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // blockLog is what each listen address logs (and, as the zero address,

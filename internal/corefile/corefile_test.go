@@ -209,7 +209,7 @@ func TestImportGlobRelative(t *testing.T) {
 // directive and what is supported.
 func TestUnsupportedOneLineErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
-		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: timeouts, reload, bufsize, bind"},
+		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: timeouts, reload, bufsize, bind, debug, health, pprof, prometheus, errors, log, dns64, loadbalance"},
 		{"hosts /etc {\n}", ":2: hosts: hosts file \"/etc\" is a directory"},
 		{"hosts {\n bogus a.example\n}", ":3: hosts: \"bogus a.example\" is not an option nor an entry"},
 		{"hosts {\n ttl 0\n}", ":3: hosts: ttl takes"},
@@ -244,6 +244,9 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"log . {\n class\n}", ":3: log: class takes at least one"},
 		{"cache 0", ":2: cache: TTL 0: must be positive"},
 		{"timeouts", ":2: timeouts: a timeouts block with no timeouts"},
+		{"loadbalance weighted /w", ":2: loadbalance: the weighted policy is not supported"},
+		{"loadbalance random", ":2: loadbalance: unknown policy: random"},
+		{"loadbalance {\n prefer 10.0.0.0/8\n}", ":3: loadbalance: prefer is not supported"},
 		{"timeouts {\n read 500ms\n}", ":3: timeouts: read: 500ms needs to be between 1 second and 24 hours"},
 		{"timeouts {\n maxtcpqueries 5\n}", ":3: timeouts: option maxtcpqueries is not supported"},
 		{"prometheus 9253", ":2: prometheus: \"9253\": not HOST:PORT"},

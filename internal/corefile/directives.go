@@ -54,23 +54,24 @@ var directiveTable map[string]directive
 
 func init() {
 	directiveTable = map[string]directive{
-		"bind":       {setup: setupBind, repeatable: true, forms: "bind ADDRESS..."},
-		"bufsize":    {setup: setupBufsize, forms: "bufsize [SIZE]"},
-		"cache":      {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]; serve_stale_policy prefer_positive; servfail DURATION; disable success|denial; keepttl }"},
-		"debug":      {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
-		"dns64":      {setup: setupDNS64, forms: "dns64 [PREFIX] [{ prefix PREFIX; translate_all; allow_ipv4 }]"},
-		"errors":     {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
-		"forward":    {setup: setupForward, forms: "forward FROM TO... (TO: IP[:PORT], dns://, tls://, a resolv.conf) { tls [CERT KEY] [CA]; tls_servername NAME; force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N; failfast_all_unhealthy_upstreams; next RCODE...; next_on_nodata }"},
-		"hosts":      {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
-		"health":     {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
-		"log":        {setup: setupLog, repeatable: true, forms: "log [NAME...] [FORMAT] [{ class all|success|denial|error... }]"},
-		"loop":       {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
-		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
-		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
-		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
-		"rewrite":    {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
-		"timeouts":   {setup: setupTimeouts, forms: "timeouts { read DURATION; write DURATION; idle DURATION } (1s to 24h)"},
-		"template":   {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
+		"bind":        {setup: setupBind, repeatable: true, forms: "bind ADDRESS..."},
+		"bufsize":     {setup: setupBufsize, forms: "bufsize [SIZE]"},
+		"cache":       {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]; serve_stale_policy prefer_positive; servfail DURATION; disable success|denial; keepttl }"},
+		"debug":       {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
+		"dns64":       {setup: setupDNS64, forms: "dns64 [PREFIX] [{ prefix PREFIX; translate_all; allow_ipv4 }]"},
+		"errors":      {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
+		"forward":     {setup: setupForward, forms: "forward FROM TO... (TO: IP[:PORT], dns://, tls://, a resolv.conf) { tls [CERT KEY] [CA]; tls_servername NAME; force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N; failfast_all_unhealthy_upstreams; next RCODE...; next_on_nodata }"},
+		"hosts":       {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
+		"health":      {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
+		"log":         {setup: setupLog, repeatable: true, forms: "log [NAME...] [FORMAT] [{ class all|success|denial|error... }]"},
+		"loop":        {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
+		"pprof":       {setup: setupPProf, forms: "pprof [ADDRESS]"},
+		"prometheus":  {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
+		"reload":      {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
+		"rewrite":     {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
+		"loadbalance": {setup: setupLoadbalance, forms: "loadbalance [round_robin]"},
+		"timeouts":    {setup: setupTimeouts, forms: "timeouts { read DURATION; write DURATION; idle DURATION } (1s to 24h)"},
+		"template":    {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
 }
 
@@ -188,6 +189,28 @@ func setupReload(s *Server, d *Directive) error {
 		return err
 	}
 	s.Reload = true
+	return nil
+}
+
+// setupLoadbalance reads `loadbalance [round_robin]`. CoreDNS's weighted
+// policy (a weight file per name) and prefer (subnets first) are refused.
+func setupLoadbalance(s *Server, d *Directive) error {
+	switch {
+	case len(d.Args) > 0 && d.Args[0].Text == "weighted":
+		return bad(d, "the weighted policy is not supported (round_robin only)")
+	case len(d.Args) > 1:
+		return bad(d, "unknown property for %s", d.Args[0].Text)
+	case len(d.Args) == 1 && d.Args[0].Text != "round_robin":
+		return bad(d, "unknown policy: %s", d.Args[0].Text)
+	}
+	if len(d.Block) > 0 {
+		o := d.Block[0]
+		if o.Name == "prefer" {
+			return badOpt(d, o, "prefer is not supported (round_robin shuffles every address alike)")
+		}
+		return badOpt(d, o, "unknown property %q", o.Name)
+	}
+	s.Loadbalance = true
 	return nil
 }
 

@@ -41,6 +41,8 @@ type Server struct {
 	Reload   bool
 	Loop     bool
 	Debug    bool
+	// Loadbalance: loadbalance (round_robin) shuffles the block's answers.
+	Loadbalance bool
 	// Timeouts is the timeouts directive (nil when absent).
 	Timeouts *Timeouts
 

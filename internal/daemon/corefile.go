@@ -325,6 +325,7 @@ func restartFields(a, b *config.Config) []string {
 	cmp("pprof", a.PProf, b.PProf)
 	cmp("bufsize", a.MaxUDPSize, b.MaxUDPSize)
 	cmp("lameduck", a.LameDuck, b.LameDuck)
+	cmp("loadbalance", a.DropIn.Shuffle, b.DropIn.Shuffle)
 	cmp("timeouts", [3]time.Duration{a.TCPIdleTimeout, a.DropIn.TCPReadTimeout, a.DropIn.TCPWriteTimeout}, [3]time.Duration{b.TCPIdleTimeout, b.DropIn.TCPReadTimeout, b.DropIn.TCPWriteTimeout})
 	cmp("resolv.conf path", a.ResolvConf, b.ResolvConf)
 	return out

@@ -38,6 +38,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
@@ -227,6 +228,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
 		BlockLog:         dnslog.NewTable(os.Stdout, cfg.DropIn.BlockLog), // the Corefile's log, on stdout as CoreDNS's
+		Shuffle:          loadbalance.NewTable(cfg.DropIn.Shuffle),
 		CoreDNSZones:     coreDNSZones(cdBlocks),
 		Autopath:         ap,
 	})

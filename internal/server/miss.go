@@ -183,6 +183,15 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 // finishMiss logs the query and hands the answer to its transport, which
 // returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
+	if s.cfg.Shuffle != nil {
+		local, start := netip.Addr{}, 0
+		if m.tcp {
+			local, start = localAddr(m.tc.c), 2
+		} else {
+			local = m.l.local.Addr()
+		}
+		m.out = s.shuffled(m.out, start, local, &m.q)
+	}
 	if s.cd != nil && m.cdk.zone >= 0 {
 		resp := m.out
 		if m.tcp {

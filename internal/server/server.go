@@ -29,6 +29,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -89,6 +90,10 @@ type Config struct {
 	// query log lines for the queries of the blocks that log
 	// (internal/dnslog); nil costs one comparison.
 	BlockLog *dnslog.Table
+	// Shuffle, when set, is the Corefile's loadbalance: the answers of the
+	// blocks with it have their A, AAAA and MX records shuffled, hits
+	// too (internal/loadbalance); nil costs one comparison.
+	Shuffle *loadbalance.Table
 	// CoreDNSZones are the Corefile zones whose queries count under
 	// CoreDNS's metric names (the blocks with a prometheus directive);
 	// nil counts none (stats.go).

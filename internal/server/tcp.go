@@ -233,6 +233,9 @@ func (s *Server) serveConn(tc *tcpConn) {
 		case dropped:
 			continue
 		case answered:
+			if s.cfg.Shuffle != nil {
+				resp = s.shuffled(resp, start+2, localAddr(c), &req.q)
+			}
 			if len(resp)-start-2 > 0xFFFF {
 				return
 			}

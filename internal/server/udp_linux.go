@@ -327,6 +327,9 @@ func (s *Server) serveUDP(l *udpListener) {
 				}
 				continue
 			}
+			if s.cfg.Shuffle != nil {
+				out = s.shuffled(out, start, l.local.Addr(), &req.q)
+			}
 			if qlog {
 				s.logQuery(sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
 			}
