@@ -223,7 +223,7 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"template IN A {\n expr true\n}", ":3: template: option expr is not supported"},
 		{"template IN A {\n rcode FOO\n}", ":3: template: unknown rcode FOO"},
 		{"rewrite name a", ":2: rewrite: too few arguments for a name rule"},
-		{"rewrite type A AAAA", ":2: rewrite: type rules are not supported (name rules only)"},
+		{"rewrite ttl a 30", ":2: rewrite: ttl rules are not supported (name, type and class rules only)"},
 		{"rewrite name exact a b {\n answer auto\n}", ":3: rewrite: option answer is not supported"},
 		{"dns64 10.0.0.0/8", ":2: dns64: \"10.0.0.0/8\" is not an IPv6 prefix"},
 		{"dns64 {\n prefix 64:ff9b::/33\n}", ":3: dns64: invalid prefix length 33"},

@@ -340,6 +340,27 @@ func TestRewriteParityWithCoreDNS(t *testing.T) {
 	}, nil)
 }
 
+// TestRewriteTypeParityWithCoreDNS: type and class rules ask the
+// rewritten question; the answers are CoreDNS 1.15's (the question itself
+// is restored here, docs/migration.md).
+func TestRewriteTypeParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite continue type AAAA A
+    rewrite stop type MX TXT
+    rewrite class CH IN
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"www.example.org.", dns.TypeAAAA},
+		{"www.example.org.", dns.TypeMX},
+		{"nx.example.org.", dns.TypeAAAA},
+		{"www.example.org.", dns.TypeA},
+		{"sf.example.org.", dns.TypeAAAA},
+	}, nil)
+}
+
 func TestDNS64ParityWithCoreDNS(t *testing.T) {
 	runDirectiveParity(t, `.:%[1]d {
     bind 127.0.0.1
