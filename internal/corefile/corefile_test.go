@@ -244,6 +244,7 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"log . {\n class\n}", ":3: log: class takes at least one"},
 		{"cache 0", ":2: cache: TTL 0: must be positive"},
 		{"timeouts", ":2: timeouts: a timeouts block with no timeouts"},
+		{"trace zipkin localhost:9411", ":2: directive trace is not supported by nodelocaldns: nodelocaldns exports no spans"},
 		{"loadbalance weighted /w", ":2: loadbalance: the weighted policy is not supported"},
 		{"loadbalance random", ":2: loadbalance: unknown policy: random"},
 		{"loadbalance {\n prefer 10.0.0.0/8\n}", ":3: loadbalance: prefer is not supported"},

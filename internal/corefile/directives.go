@@ -75,6 +75,16 @@ func init() {
 	}
 }
 
+// refusedWhy says why a directive the stock node-cache compiles in
+// (`node-cache -plugins`) is refused: each would be accepted and ignored
+// otherwise, which a Corefile must never be.
+var refusedWhy = map[string]string{
+	"trace":    "nodelocaldns exports no spans (CoreDNS sends one per query to a zipkin or datadog collector); accepting it would drop them silently",
+	"dnstap":   "nodelocaldns streams no dnstap messages; accepting it would drop them silently",
+	"whoami":   "its answer is each client's own address and port, which the shared cache and the coalesced fetches do not carry",
+	"metadata": "no directive of nodelocaldns reads or sets metadata (the log's {/label} placeholders print -)",
+}
+
 // Supported lists the directives we read, in CoreDNS's order.
 func Supported() []string {
 	var out []string

@@ -289,6 +289,9 @@ func buildServer(b *Block, o Options) (*Server, error) {
 	for _, d := range b.Directives {
 		spec, ok := directiveTable[d.Name]
 		if !ok {
+			if why, ok := refusedWhy[d.Name]; ok {
+				return nil, errAt(d.Pos, "directive %s is not supported by nodelocaldns: %s; supported: %s", d.Name, why, supportedList())
+			}
 			if slices.Contains(coreDNSOrder, d.Name) {
 				return nil, errAt(d.Pos, "directive %s is not supported by nodelocaldns; supported: %s", d.Name, supportedList())
 			}
