@@ -78,7 +78,7 @@ func (q logQuery) ask(t *testing.T, addr string, id uint16) {
 }
 
 var (
-	logPort  = regexp.MustCompile(`(127\.0\.0\.1):\d+`)
+	logPort  = regexp.MustCompile(`^(\[INFO\] (?:\d+\.\d+\.\d+\.\d+|\[[0-9a-f:]+\])):\d+`)
 	logDur   = regexp.MustCompile(`\b\d+(\.\d+)?s\b`)
 	logFlags = regexp.MustCompile(`\bqr[a-z,]*`)
 )
@@ -185,5 +185,78 @@ example.net:%[1]d {
 	}
 	if len(c) < 10 {
 		t.Errorf("CoreDNS logged %d lines: the test asks too little", len(c))
+	}
+}
+
+var (
+	logID = regexp.MustCompile(` - \d+ "`)
+	// loopProbe is the stock's loop plugin asking itself HINFO of a
+	// random name at start; ours checks for loops another way.
+	loopProbe = regexp.MustCompile(`"HINFO IN \d+\.\d+\.`)
+)
+
+// TestLogParityWithStockNodeCache: the reference manifest's Corefile with
+// log lines (the lablabs chart's `log . {combined}` with classes in the
+// cluster block, a plain `log` in the "." block, none in in-addr.arpa), run
+// by the stock node-cache and by nodelocaldns in network namespaces: the
+// same query log lines (client port, ID and duration masked, AA and RA
+// apart).
+func TestLogParityWithStockNodeCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds our binary and runs two daemons")
+	}
+	stock := stockBinary(t)
+	ours := buildNodelocaldns(t)
+	corefile := referenceCorefile(t, false)
+	corefile = strings.Replace(corefile, "    errors\n", "    errors\n    log . {combined} {\n        class denial error\n    }\n", 1)
+	i := strings.Index(corefile, ".:53 {")
+	corefile = corefile[:i] + strings.Replace(corefile[i:], "    errors\n", "    errors\n    log\n", 1)
+	nsStock, _ := oracleNamespace(t)
+	nsOurs, _ := oracleNamespace(t)
+	ls := startReferenceCorefile(t, nsStock, stock, corefile, "-setupiptables=false")
+	lo := startReferenceCorefile(t, nsOurs, ours, corefile, "-setupiptables=false")
+	questions := []struct {
+		name  string
+		qtype uint16
+	}{
+		{"web.default.svc.cluster.local.", dns.TypeA},
+		{"web.default.svc.cluster.local.", dns.TypeAAAA},
+		{"nx.default.svc.cluster.local.", dns.TypeA},
+		{"10.0.96.10.in-addr.arpa.", dns.TypePTR},
+		{"www.example.org.", dns.TypeA},
+		{"nx.example.org.", dns.TypeA},
+		{"example.org.", dns.TypeMX},
+	}
+	for range 2 {
+		for _, q := range questions {
+			for _, v := range []variant{{name: "udp", net: "udp"}, {name: "do", net: "udp", edns: 1232, do: true}, {name: "tcp", net: "tcp"}} {
+				for _, ns := range []string{nsStock, nsOurs} {
+					if _, err := exchange(ns, q.name, q.qtype, v); err != nil {
+						t.Fatalf("%s %s %s: %v", q.name, dns.TypeToString[q.qtype], v.name, err)
+					}
+				}
+			}
+		}
+	}
+	mask := func(out string) []string {
+		var lines []string
+		for _, l := range queryLines(out) {
+			if loopProbe.MatchString(l) {
+				continue
+			}
+			l = logID.ReplaceAllString(l, " - ID \"")
+			lines = append(lines, l)
+		}
+		return lines
+	}
+	time.Sleep(300 * time.Millisecond)
+	s, o := mask(ls.String()), mask(lo.String())
+	slices.Sort(s)
+	slices.Sort(o)
+	if !slices.Equal(s, o) {
+		t.Errorf("query log lines differ:\nstock:\n%s\nours:\n%s", strings.Join(s, "\n"), strings.Join(o, "\n"))
+	}
+	if len(s) < 10 {
+		t.Errorf("the stock logged %d lines", len(s))
 	}
 }
