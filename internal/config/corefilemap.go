@@ -184,7 +184,13 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		if f != nil && f.UsesTLS() {
 			o := forwardOptions(f, c.MaxInflight)
 			if _, err := o.TLSConfig(); err != nil {
-				return usage("%s: %v", s.Pos, err)
+				pos := s.Pos
+				for _, p := range s.Plugins {
+					if p.Name == "forward" {
+						pos = p.Pos
+					}
+				}
+				return usage("%s: %v", pos, err)
 			}
 		} else if f != nil && f.TLS != nil {
 			mapped(s, "forward tls/tls_servername: no tls:// upstream, unused (as CoreDNS)")
