@@ -212,3 +212,19 @@ corp.example:53 {
 		t.Errorf("health_check domain: %v", err)
 	}
 }
+
+// `cache 30 ZONE...`: the zones inside the block get its policy, its own
+// zone passes uncached; a zone another block serves stays that block's.
+func TestCacheZonesPolicies(t *testing.T) {
+	c, err := corefileConfig(t, "other.example:53 {\n forward . 10.0.0.3\n}\n.:53 {\n cache 30 cached.example other.example x.other.example\n forward . 10.0.0.2\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, zp := range c.DropIn.Corefile.ZonePolicies {
+		got[zp.Zone] = !zp.TTL.Pass
+	}
+	if len(got) != 3 || !got["cached.example."] || got["."] || got["other.example."] {
+		t.Fatalf("zones cached: %v", got)
+	}
+}

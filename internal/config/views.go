@@ -163,7 +163,7 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 				v.Refused = append(v.Refused, z)
 				continue
 			}
-			zp, _ := c.zonePolicy(srv[p], z, set) // notes: given once by zonePolicies
+			zp, _ := c.zonePolicy(uncachedOutside(srv[p], z), z, set) // notes: given once by zonePolicies
 			zp.TTL.Tag = uint16(p + 1)
 			v.ZonePolicies = append(v.ZonePolicies, zp)
 			f, g := srv[p].Forward, srv[first[z]].Forward
@@ -178,6 +178,15 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 				return err
 			}
 			v.Routes = append(v.Routes, ZoneRoute{Zone: z, Servers: ns, ForceTCP: f.ForceTCP, Opts: forwardOptions(f, c.MaxInflight), From: srv[p].Pos.String()})
+		}
+		for _, p := range v.Blocks {
+			for _, z := range cacheZones(srv, v.Blocks, p) {
+				if !slices.ContainsFunc(v.ZonePolicies, func(zp ZonePolicy) bool { return zp.Zone == z }) {
+					zp, _ := c.zonePolicy(srv[p], z, set)
+					zp.TTL.Tag = uint16(p + 1)
+					v.ZonePolicies = append(v.ZonePolicies, zp)
+				}
+			}
 		}
 	}
 	cc.Views = views

@@ -31,8 +31,11 @@ func setupCache(s *Server, d *Directive) error {
 	}
 	for _, a := range args {
 		z, err := normalizeZone(a.Text)
-		if err != nil || !coversAny(z, s.Zones) {
-			return bad(d, "%q: caching only some of the block's zones is not supported", a.Text)
+		if err != nil {
+			return bad(d, "zone %q: %v", a.Text, err)
+		}
+		if !slices.Contains(c.Zones, z) {
+			c.Zones = append(c.Zones, z)
 		}
 	}
 	staleSet, policySet := false, false

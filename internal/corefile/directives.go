@@ -308,16 +308,6 @@ func setupLog(s *Server, d *Directive) error {
 	return nil
 }
 
-// coversAny reports whether z is "." or one of zones' ancestors or equal.
-func coversAny(z string, zones []string) bool {
-	for _, s := range zones {
-		if z == "." || z == s || strings.HasSuffix(s, "."+z) {
-			return true
-		}
-	}
-	return false
-}
-
 func setupAddr(d *Directive, def string) (string, error) {
 	if err := noBlock(d); err != nil {
 		return "", err

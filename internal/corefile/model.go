@@ -108,6 +108,24 @@ type Cache struct {
 	DisableSuccess          bool
 	DisableDenial           bool
 	KeepTTL                 bool
+	// Zones limits the cache to these zones (`cache [TTL] ZONE...`; nil:
+	// every name of the block, as without): the block's other names are
+	// not cached, as CoreDNS's cache passes them on.
+	Zones []string
+}
+
+// Covers reports whether the cache holds every name of the block zone z
+// (no zone limit, or a limit zone that is z or its ancestor).
+func (c *Cache) Covers(z string) bool {
+	if len(c.Zones) == 0 {
+		return true
+	}
+	for _, cz := range c.Zones {
+		if cz == "." || cz == z || strings.HasSuffix(z, "."+cz) {
+			return true
+		}
+	}
+	return false
 }
 
 // CoreDNS's cache defaults (plugin/cache): capacity per kind, TTL caps of

@@ -361,6 +361,29 @@ func TestRewriteTypeParityWithCoreDNS(t *testing.T) {
 	}, nil)
 }
 
+// TestCacheZonesParityWithCoreDNS: `cache 30 ZONE...` caches only the
+// names under those zones (TTLs capped at 30 s); the block's other names
+// pass uncached (the upstream's 300 s), and a zone of another block is
+// that block's, as in CoreDNS 1.15.
+func TestCacheZonesParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `other.example.org:%[1]d {
+    bind 127.0.0.1
+    forward . %[2]s
+}
+.:%[1]d {
+    bind 127.0.0.1
+    cache 30 cached.example.org x.other.example.org
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"www.cached.example.org.", dns.TypeA},
+		{"nx.cached.example.org.", dns.TypeA},
+		{"www.example.org.", dns.TypeA},
+		{"nx.example.org.", dns.TypeA},
+		{"www.x.other.example.org.", dns.TypeA},
+	}, nil)
+}
+
 func TestDNS64ParityWithCoreDNS(t *testing.T) {
 	runDirectiveParity(t, `.:%[1]d {
     bind 127.0.0.1
