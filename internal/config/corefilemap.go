@@ -339,8 +339,12 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	if shuffle {
 		c.DropIn.Shuffle = blockShuffle(srv, c.LocalIPs)
 	}
-	if err := checkDNS64(srv, c.LocalIPs); err != nil {
+	dropped, err := checkDNS64(srv, c.LocalIPs)
+	if err != nil {
 		return err
+	}
+	for _, s := range dropped {
+		mapped(s, "dns64 without allow_ipv4: every listen address %v is IPv4, so its clients are IPv4 and CoreDNS translates for none of them: no effect", c.LocalIPs)
 	}
 	if haveCache {
 		c.mapCacheTTLs(set, succCap, denCap)

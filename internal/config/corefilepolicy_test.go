@@ -4,9 +4,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 )
 
 func corefileConfig(t *testing.T, text string, more ...string) (*Config, error) {
@@ -226,5 +229,26 @@ func TestCacheZonesPolicies(t *testing.T) {
 	}
 	if len(got) != 3 || !got["cached.example."] || got["."] || got["other.example."] {
 		t.Fatalf("zones cached: %v", got)
+	}
+}
+
+// dns64 without allow_ipv4: dropped on IPv4 listen addresses (no client is
+// translated), kept on IPv6 ones, refused on both.
+func TestDNS64WithoutAllowIPv4ByFamily(t *testing.T) {
+	c, err := corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := c.DropIn.Corefile.Servers[0]; s.DNS64 != nil || slices.ContainsFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == "dns64" }) ||
+		!strings.Contains(strings.Join(c.DropIn.Corefile.Mapping, "\n"), "dns64 without allow_ipv4: every listen address") {
+		t.Errorf("IPv4: dns64 kept: %+v", s)
+	}
+	c, err = corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n", "-localip", "fd00::10")
+	if err != nil || c.DropIn.Corefile.Servers[0].DNS64 == nil {
+		t.Errorf("IPv6: %v", err)
+	}
+	_, err = corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n", "-localip", "169.254.20.10,fd00::10")
+	if err == nil || !strings.Contains(err.Error(), "IPv4 and IPv6") {
+		t.Errorf("both families: %v", err)
 	}
 }
