@@ -94,7 +94,11 @@ func BuildChains(env ChainEnv, servers []*corefile.Server, pick map[string]int, 
 		if pick != nil && len(b.zones) == 0 {
 			continue
 		}
-		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64}
+		var except []string
+		if s.Forward != nil {
+			except = s.Forward.Except
+		}
+		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64, except}
 		if err := b.build(env, s, c, next); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Pos, err)
 		}
@@ -120,6 +124,22 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 	}
 	env.Metrics = ce.Metrics
 	b.handlers = map[string]directive.Handler{}
+	except := false
+	if f := s.Forward; f != nil && len(f.Except) > 0 {
+		// forward's except: the excepted names go to the plugin after
+		// forward, which a node cache's block does not have: CoreDNS
+		// answers SERVFAIL ("no next plugin found"). Names with a block of
+		// their own never get here. Checked on the name forward would
+		// ask (after rewrite), as CoreDNS's forward does.
+		except = true
+		zones, fwd := f.Except, run
+		run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+			if len(r.Question) == 1 && underAny(strings.ToLower(r.Question[0].Name), zones) {
+				return nil, fmt.Errorf("%w: %s", ErrExcepted, r.Question[0].Name)
+			}
+			return fwd(ctx, r)
+		}
+	}
 	// Walk backwards so each link wraps the ones after it.
 	for i := len(s.Plugins) - 1; i >= 0; i-- {
 		name := s.Plugins[i].Name
@@ -138,10 +158,25 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 			return h.Serve(ctx, r, inner)
 		}
 	}
-	if len(b.handlers) > 0 {
+	if len(b.handlers) > 0 || except {
 		b.run = run
 	}
 	return nil
+}
+
+// ErrExcepted: the name is in an except zone of the block's forward and no
+// plugin follows forward (the fetch fails: SERVFAIL, as CoreDNS's).
+var ErrExcepted = errors.New("forward except: no plugin after forward")
+
+// underAny reports whether name (lower-case FQDN) is one of zones or
+// below one.
+func underAny(name string, zones []string) bool {
+	for _, z := range zones {
+		if z == "." || name == z || strings.HasSuffix(name, "."+z) {
+			return true
+		}
+	}
+	return false
 }
 
 // block returns the chain of the longest zone holding zone, when

@@ -56,8 +56,11 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				} else if !c.LocalMode {
 					c.KubeDNS, c.KubeDNSSource = kube[0], "Corefile "+s.Pos.String()
 				}
-				if len(kube) > 1 {
-					c.note("%s: the cluster domain forwards to %v; kube-dns is asked at %s only (one Service address; kube-proxy spreads it over the pods)", s.Pos, kube, c.KubeDNS)
+				if len(kube) > 1 && !set["kube-dns"] && !c.LocalMode {
+					c.DropIn.KubeDNSAlso = slices.Clone(kube[1:])
+					mapped(s, "forward . %v: the kube-dns group asks %v too, by the block's policy, with failover", kube, kube[1:])
+				} else if len(kube) > 1 {
+					c.note("%s: the cluster domain forwards to %v; kube-dns is asked at %s only (-kube-dns given)", s.Pos, kube, c.KubeDNS)
 				}
 			}
 			break
@@ -85,7 +88,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	var succCap, denCap int
-	haveCache := false
+	haveCache, logs, shuffle := false, false, false
 	var metrics, health string
 	// A zone in several blocks (other binds): the first block fills the
 	// shared route table; the views (views.go) route the others.
@@ -163,7 +166,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				mapped(s, "forward . %v: every other name goes to %v", upstreams(f), ns)
 			}
 			if f.ForceTCP {
-				c.note("%s: force_tcp on the \".\" forward: the node's resolvers are asked over UDP and re-asked over TCP when an answer is truncated", s.Pos)
+				mapped(s, "force_tcp: the node's resolvers are asked over TCP")
 			}
 		default:
 			ns, err := c.resolve(s, f)
@@ -178,14 +181,28 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 			mapped(s, "forward . %v: zones %v routed to their own group %v (like a stub domain)%s", upstreams(f), s.Zones, ns, map[bool]string{true: " over TCP", false: ""}[f.ForceTCP])
 		}
+		if f != nil && f.UsesTLS() {
+			o := forwardOptions(f, c.MaxInflight)
+			if _, err := o.TLSConfig(); err != nil {
+				pos := s.Pos
+				for _, p := range s.Plugins {
+					if p.Name == "forward" {
+						pos = p.Pos
+					}
+				}
+				return usage("%s: %v", pos, err)
+			}
+		} else if f != nil && f.TLS != nil {
+			mapped(s, "forward tls/tls_servername: no tls:// upstream, unused (as CoreDNS)")
+		}
 		if f != nil {
 			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: the group's %s",
 				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent, forwardOptions(f, c.MaxInflight))
+			if len(f.Next) > 0 || f.NextOnNodata {
+				mapped(s, "forward next/next_on_nodata: the block has one forward, so the upstream's answer is returned as it is (CoreDNS hands it on only to a further forward)")
+			}
 			if len(f.Except) > 0 {
-				if err := checkExcept(s, f, srv); err != nil {
-					return err
-				}
-				mapped(s, "forward except %v: each has a block of its own, which CoreDNS picks for those names: no effect", f.Except)
+				mapped(s, "forward except %v: names there that this block answers are not forwarded: SERVFAIL, as CoreDNS without a plugin after forward (a zone with a block of its own is answered by that block)", f.Except)
 			}
 		}
 		// cache
@@ -233,8 +250,34 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			mapped(s, "pprof %s: /debug/pprof/ on %s, a listener of its own", s.PProf, c.PProf)
 		}
 		if s.Log {
-			c.QueryLog = true
-			mapped(s, "log: one line per query (-querylog)")
+			logs = true
+			var rs []string
+			for _, r := range s.LogRules {
+				rs = append(rs, r.String())
+			}
+			mapped(s, "log: CoreDNS's query log lines on stdout, for the queries this block answers: %s", strings.Join(rs, "; "))
+		}
+		if s.Loadbalance {
+			shuffle = true
+			mapped(s, "loadbalance: the A, AAAA and MX records of every answer of this block shuffled (round_robin), cache hits too")
+		}
+		if t := s.Timeouts; t != nil {
+			// One DNS server serves every block, as CoreDNS's blocks on one
+			// port share one: the last block's timeouts win, as there.
+			if t.Read > 0 {
+				c.DropIn.TCPReadTimeout = t.Read
+			}
+			if t.Write > 0 {
+				c.DropIn.TCPWriteTimeout = t.Write
+			}
+			if t.Idle > 0 {
+				if set["tcp-idle-timeout"] && c.TCPIdleTimeout != t.Idle {
+					flagWins("tcp-idle-timeout", "timeouts idle", t.Idle, c.TCPIdleTimeout)
+				} else {
+					c.TCPIdleTimeout = t.Idle
+				}
+			}
+			mapped(s, "timeouts read %v write %v idle %v: client TCP connections (0: unchanged)", t.Read, t.Write, t.Idle)
 		}
 		if s.Bufsize > 0 {
 			if set["max-udp-size"] && c.MaxUDPSize != s.Bufsize {
@@ -290,8 +333,18 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
 	}
-	if err := checkDNS64(srv, c.LocalIPs); err != nil {
+	if logs {
+		c.DropIn.BlockLog = blockLog(srv, c.LocalIPs)
+	}
+	if shuffle {
+		c.DropIn.Shuffle = blockShuffle(srv, c.LocalIPs)
+	}
+	dropped, err := checkDNS64(srv, c.LocalIPs)
+	if err != nil {
 		return err
+	}
+	for _, s := range dropped {
+		mapped(s, "dns64 without allow_ipv4: every listen address %v is IPv4, so its clients are IPv4 and CoreDNS translates for none of them: no effect", c.LocalIPs)
 	}
 	if haveCache {
 		c.mapCacheTTLs(set, succCap, denCap)

@@ -56,7 +56,7 @@ func (c *Config) zonePolicies(cc *CorefileConfig, set map[string]bool) error {
 				continue
 			}
 			first[z] = true
-			zp, note := c.zonePolicy(s, z, set)
+			zp, note := c.zonePolicy(uncachedOutside(s, z), z, set)
 			zp.TTL.Tag = uint16(i + 1)
 			if note != "" {
 				c.note("%s", note)
@@ -64,7 +64,72 @@ func (c *Config) zonePolicies(cc *CorefileConfig, set map[string]bool) error {
 			cc.ZonePolicies = append(cc.ZonePolicies, zp)
 		}
 	}
+	// A cache limited to zones inside a block's zone: those zones get the
+	// block's cache policy (the rest of the block's names pass uncached).
+	all := make([]int, len(cc.Servers))
+	for i := range all {
+		all[i] = i
+	}
+	for i, s := range cc.Servers {
+		for _, z := range cacheZones(cc.Servers, all, i) {
+			if first[z] {
+				continue
+			}
+			first[z] = true
+			zp, _ := c.zonePolicy(s, z, set)
+			zp.TTL.Tag = uint16(i + 1)
+			cc.ZonePolicies = append(cc.ZonePolicies, zp)
+		}
+	}
 	return c.buildViews(cc, set)
+}
+
+// uncachedOutside is s as it serves its zone z: without its cache when the
+// cache is limited to zones that do not hold all of z (CoreDNS's cache
+// passes the other names on uncached).
+func uncachedOutside(s *corefile.Server, z string) *corefile.Server {
+	if s.Cache == nil || s.Cache.Covers(z) {
+		return s
+	}
+	cp := *s
+	cp.Cache = nil
+	return &cp
+}
+
+// cacheZones are the zones of block si's cache limit that hold names si
+// answers among blocks: each strictly inside one of si's zones that the
+// limit does not cover, and neither a zone of a block nor inside a block
+// zone longer than si's zone holding it (that block answers those names).
+func cacheZones(srv []*corefile.Server, blocks []int, si int) []string {
+	s := srv[si]
+	if s.Cache == nil || len(s.Cache.Zones) == 0 {
+		return nil
+	}
+	under := func(name, zone string) bool { return zone == "." || name == zone || strings.HasSuffix(name, "."+zone) }
+	var out []string
+	for _, cz := range s.Cache.Zones {
+		own := -1 // length of si's longest zone holding cz
+		for _, z := range s.Zones {
+			if under(cz, z) && cz != z && !s.Cache.Covers(z) {
+				own = max(own, len(z))
+			}
+		}
+		if own < 0 {
+			continue
+		}
+		taken := false
+		for _, b := range blocks {
+			for _, w := range srv[b].Zones {
+				if under(cz, w) && (cz == w || len(w) > own) {
+					taken = true
+				}
+			}
+		}
+		if !taken {
+			out = append(out, cz)
+		}
+	}
+	return out
 }
 
 func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (ZonePolicy, string) {

@@ -4,9 +4,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 )
 
 func corefileConfig(t *testing.T, text string, more ...string) (*Config, error) {
@@ -201,12 +204,51 @@ corp.example:53 {
 	if n := c.DropIn.NodeForward; n == nil || !n.Spread || n.MaxFails != 2 || n.ProbeInterval != 500*time.Millisecond || n.MaxInflight != c.MaxInflight {
 		t.Errorf(". options %+v", n)
 	}
-	_, err = corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  except corp.example\n }\n}\n")
-	if err == nil || !strings.Contains(err.Error(), "forward except corp.example.") || strings.Contains(err.Error(), "\n") {
+	// except without a block of its own: accepted, its names SERVFAIL
+	// (internal/blocks, TestForwardExceptAndNext in test/dropin).
+	c, err = corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  except corp.example\n  next NXDOMAIN\n }\n}\n")
+	if err != nil || !strings.Contains(strings.Join(c.DropIn.Corefile.Mapping, "\n"), "forward except [corp.example.]: names there") {
 		t.Errorf("except without a block: %v", err)
 	}
 	_, err = corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  health_check 1s domain example.org\n }\n}\n")
 	if err == nil || !strings.Contains(err.Error(), "domain is not supported") {
 		t.Errorf("health_check domain: %v", err)
+	}
+}
+
+// `cache 30 ZONE...`: the zones inside the block get its policy, its own
+// zone passes uncached; a zone another block serves stays that block's.
+func TestCacheZonesPolicies(t *testing.T) {
+	c, err := corefileConfig(t, "other.example:53 {\n forward . 10.0.0.3\n}\n.:53 {\n cache 30 cached.example other.example x.other.example\n forward . 10.0.0.2\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, zp := range c.DropIn.Corefile.ZonePolicies {
+		got[zp.Zone] = !zp.TTL.Pass
+	}
+	if len(got) != 3 || !got["cached.example."] || got["."] || got["other.example."] {
+		t.Fatalf("zones cached: %v", got)
+	}
+}
+
+// dns64 without allow_ipv4: dropped on IPv4 listen addresses (no client is
+// translated), kept on IPv6 ones, refused on both.
+func TestDNS64WithoutAllowIPv4ByFamily(t *testing.T) {
+	c, err := corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := c.DropIn.Corefile.Servers[0]; s.DNS64 != nil || slices.ContainsFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == "dns64" }) ||
+		!strings.Contains(strings.Join(c.DropIn.Corefile.Mapping, "\n"), "dns64 without allow_ipv4: every listen address") {
+		t.Errorf("IPv4: dns64 kept: %+v", s)
+	}
+	c, err = corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n", "-localip", "fd00::10")
+	if err != nil || c.DropIn.Corefile.Servers[0].DNS64 == nil {
+		t.Errorf("IPv6: %v", err)
+	}
+	_, err = corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n", "-localip", "169.254.20.10,fd00::10")
+	if err == nil || !strings.Contains(err.Error(), "IPv4 and IPv6") {
+		t.Errorf("both families: %v", err)
 	}
 }

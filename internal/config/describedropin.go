@@ -27,6 +27,9 @@ func describeDropIn(p func(string, ...any), c *Config) {
 		if o := c.DropIn.KubeForward; o != nil {
 			p("kube-dns group:   %s", o)
 		}
+		if len(c.DropIn.KubeDNSAlso) > 0 {
+			p("kube-dns also:    %v (after %s)", c.DropIn.KubeDNSAlso, c.KubeDNS)
+		}
 		if o := c.DropIn.NodeForward; o != nil {
 			p("node group:       %s", o)
 		}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 )
@@ -15,19 +16,31 @@ var fetchSide = map[string]string{
 	"dns64":    "on the fetch side of the cache, in plugin.cfg order (internal/dns64); one answer serves every client of the question",
 }
 
-// checkDNS64 refuses dns64 without allow_ipv4 when the daemon listens on
-// an IPv4 address: CoreDNS leaves an IPv4 client's answer alone, but
+// checkDNS64 maps dns64 without allow_ipv4 by the family of the listen
+// addresses: CoreDNS translates for IPv6 clients only, and a socket bound
+// to an IPv4 address has IPv4 clients only. Every address IPv4: no client
+// is translated, so the directive is dropped from the block (returned, for
+// a note); every address IPv6: translated as written; both: refused, as
 // behind our cache one answer serves every client of a question.
-func checkDNS64(servers []*corefile.Server, listen []netip.Addr) error {
-	for _, s := range servers {
-		if s.DNS64 == nil || s.DNS64.AllowIPv4 {
-			continue
-		}
-		for _, a := range listen {
-			if a.Unmap().Is4() {
-				return usage("%s: dns64 without allow_ipv4, and we listen on %s: CoreDNS leaves IPv4 clients' answers alone, but behind our cache one answer serves every client of a question; bind IPv6 addresses only, or add allow_ipv4", s.Pos, a)
-			}
+func checkDNS64(servers []*corefile.Server, listen []netip.Addr) (dropped []*corefile.Server, err error) {
+	v4, v6 := false, false
+	for _, a := range listen {
+		if a.Unmap().Is4() {
+			v4 = true
+		} else {
+			v6 = true
 		}
 	}
-	return nil
+	for _, s := range servers {
+		if s.DNS64 == nil || s.DNS64.AllowIPv4 || !v4 {
+			continue
+		}
+		if v6 {
+			return nil, usage("%s: dns64 without allow_ipv4, and we listen on IPv4 and IPv6 addresses %v: CoreDNS translates for the IPv6 clients only, but behind our cache one answer serves every client of a question; bind one family, or add allow_ipv4", s.Pos, listen)
+		}
+		s.DNS64 = nil
+		s.Plugins = slices.DeleteFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == "dns64" })
+		dropped = append(dropped, s)
+	}
+	return dropped, nil
 }

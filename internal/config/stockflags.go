@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 )
 
 // DropIn is what the stock image's flags and a Corefile add to Config:
@@ -36,11 +38,26 @@ type DropIn struct {
 	// KubeForward and NodeForward are the forward options of the blocks
 	// that go to kube-dns and of the "." block (corefileforward.go).
 	KubeForward, NodeForward *ForwardOptions
+	// TCPReadTimeout and TCPWriteTimeout are the Corefile's timeouts read
+	// and write for client TCP connections (0: the server's defaults);
+	// its idle sets Config.TCPIdleTimeout.
+	TCPReadTimeout, TCPWriteTimeout time.Duration
+	// KubeDNSAlso are the cluster domain forward's other servers, after
+	// KubeDNS (kubespray's coredns_dual: two kube-dns Services): the
+	// kube-dns group asks them by the block's policy, with failover.
+	KubeDNSAlso []netip.AddrPort
 	// NodeCacheMetricsAddr is node-cache's own metrics endpoint in Corefile
 	// mode (-metrics-listen-address, default 0.0.0.0:9353 as node-cache's),
 	// served besides the Corefile's prometheus address; "" when it is the
 	// same address or not in Corefile mode.
 	NodeCacheMetricsAddr string
+	// BlockLog is what each listen address logs in Corefile mode: the
+	// blocks it sees and their log rules (internal/dnslog); nil when no
+	// block has log.
+	BlockLog []dnslog.Addr
+	// Shuffle is what each listen address shuffles (loadbalance): the
+	// zones whose block has it; nil when no block has.
+	Shuffle []loadbalance.Addr
 	// Notes say where a flag and the Corefile disagree and which won, and
 	// what the Corefile says that we do another way. Logged at start and
 	// printed by -check-config.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 )
 
 func stockEnv() Env {
@@ -165,8 +167,13 @@ func TestCorefileAsIsAndFlagsWin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.KubeDNS != netip.MustParseAddrPort("10.233.0.3:53") || !c.QueryLog || c.HealthPort != 9254 {
+	if c.KubeDNS != netip.MustParseAddrPort("10.233.0.3:53") || c.QueryLog || c.HealthPort != 9254 {
 		t.Fatalf("%+v", c)
+	}
+	// log is the "." block's only: CoreDNS's lines for its names.
+	if bl := c.DropIn.BlockLog; len(bl) != 2 || bl[0].Addr != netip.MustParseAddr("169.254.25.10") || len(bl[0].Zones) != 3 ||
+		bl[0].Zones[0].Rules != nil || bl[0].Zones[2].Name != "." || len(bl[0].Zones[2].Rules) != 1 || bl[0].Zones[2].Rules[0].Format != dnslog.DefaultFormat {
+		t.Fatalf("block log %+v", bl)
 	}
 	if len(c.DropIn.Routes) != 1 || c.DropIn.Routes[0].Zone != "corp.example." || len(c.DropIn.Routes[0].Servers) != 2 {
 		t.Fatalf("routes %+v", c.DropIn.Routes)

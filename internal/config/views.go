@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 )
 
 // A view is what a query sees by the address it arrived on, as in CoreDNS:
@@ -161,7 +163,7 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 				v.Refused = append(v.Refused, z)
 				continue
 			}
-			zp, _ := c.zonePolicy(srv[p], z, set) // notes: given once by zonePolicies
+			zp, _ := c.zonePolicy(uncachedOutside(srv[p], z), z, set) // notes: given once by zonePolicies
 			zp.TTL.Tag = uint16(p + 1)
 			v.ZonePolicies = append(v.ZonePolicies, zp)
 			f, g := srv[p].Forward, srv[first[z]].Forward
@@ -176,6 +178,15 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 				return err
 			}
 			v.Routes = append(v.Routes, ZoneRoute{Zone: z, Servers: ns, ForceTCP: f.ForceTCP, Opts: forwardOptions(f, c.MaxInflight), From: srv[p].Pos.String()})
+		}
+		for _, p := range v.Blocks {
+			for _, z := range cacheZones(srv, v.Blocks, p) {
+				if !slices.ContainsFunc(v.ZonePolicies, func(zp ZonePolicy) bool { return zp.Zone == z }) {
+					zp, _ := c.zonePolicy(srv[p], z, set)
+					zp.TTL.Tag = uint16(p + 1)
+					v.ZonePolicies = append(v.ZonePolicies, zp)
+				}
+			}
 		}
 	}
 	cc.Views = views
@@ -227,4 +238,46 @@ func (v View) Sig(srv []*corefile.Server) any {
 		routes[i].From = ""
 	}
 	return []any{v.Addrs, zs, pols, routes, v.Refused}
+}
+
+// blockShuffle is what each listen address shuffles (and, as the zero
+// address, any other): for every zone, whether the block that serves its
+// names there has loadbalance.
+func blockShuffle(srv []*corefile.Server, addrs []netip.Addr) []loadbalance.Addr {
+	var out []loadbalance.Addr
+	for _, la := range blockLog(srv, addrs) {
+		a := loadbalance.Addr{Addr: la.Addr}
+		blocks := viewBlocks(srv, la.Addr)
+		for _, z := range la.Zones {
+			a.Zones = append(a.Zones, loadbalance.Zone{Name: z.Name, Shuffle: srv[pickBlock(srv, blocks, z.Name)].Loadbalance})
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// blockLog is what each listen address logs (and, as the zero address,
+// any other address: the blocks without bind): for every zone of the
+// Corefile, the log rules of the block that serves its names there.
+func blockLog(srv []*corefile.Server, addrs []netip.Addr) []dnslog.Addr {
+	var zones []string
+	for _, s := range srv {
+		for _, z := range s.Zones {
+			if !slices.Contains(zones, z) {
+				zones = append(zones, z)
+			}
+		}
+	}
+	var out []dnslog.Addr
+	for _, a := range append(slices.Clone(addrs), netip.Addr{}) {
+		blocks := viewBlocks(srv, a)
+		la := dnslog.Addr{Addr: a}
+		for _, z := range zones {
+			if i := pickBlock(srv, blocks, z); i >= 0 {
+				la.Zones = append(la.Zones, dnslog.Zone{Name: z, Rules: srv[i].LogRules})
+			}
+		}
+		out = append(out, la)
+	}
+	return out
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // setupCache reads `cache` as CoreDNS 1.15's cache plugin does.
@@ -29,8 +31,11 @@ func setupCache(s *Server, d *Directive) error {
 	}
 	for _, a := range args {
 		z, err := normalizeZone(a.Text)
-		if err != nil || !coversAny(z, s.Zones) {
-			return bad(d, "%q: caching only some of the block's zones is not supported", a.Text)
+		if err != nil {
+			return bad(d, "zone %q: %v", a.Text, err)
+		}
+		if !slices.Contains(c.Zones, z) {
+			c.Zones = append(c.Zones, z)
 		}
 	}
 	staleSet, policySet := false, false
@@ -256,6 +261,52 @@ func setupForward(s *Server, d *Directive) error {
 			return a[0], nil
 		}
 		switch o.Name {
+		case "tls":
+			// CoreDNS's pkg/tls: none, CA, CERT KEY, or CERT KEY CA.
+			if f.TLS == nil {
+				f.TLS = &ForwardTLS{}
+			}
+			switch len(a) {
+			case 0:
+			case 1:
+				f.TLS.CA = a[0]
+			case 2:
+				f.TLS.Cert, f.TLS.Key = a[0], a[1]
+			case 3:
+				f.TLS.Cert, f.TLS.Key, f.TLS.CA = a[0], a[1], a[2]
+			default:
+				return badOpt(d, o, "tls takes [CA], [CERT KEY] or [CERT KEY CA]")
+			}
+		case "tls_servername":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			if f.TLS == nil {
+				f.TLS = &ForwardTLS{}
+			}
+			f.TLS.ServerName = v
+		case "next":
+			if len(a) == 0 {
+				return badOpt(d, o, "next takes at least one rcode")
+			}
+			for _, v := range a {
+				rc, ok := dns.StringToRcode[strings.ToUpper(v)]
+				if !ok {
+					return badOpt(d, o, "next: %s is not a valid rcode", v)
+				}
+				f.Next = append(f.Next, rc)
+			}
+		case "next_on_nodata":
+			if len(a) != 0 {
+				return badOpt(d, o, "%s takes no arguments", o.Name)
+			}
+			f.NextOnNodata = true
+		case "failfast_all_unhealthy_upstreams":
+			if len(a) != 0 {
+				return badOpt(d, o, "%s takes no arguments", o.Name)
+			}
+			f.FailFast = true
 		case "force_tcp", "prefer_udp":
 			if len(a) != 0 {
 				return badOpt(d, o, "%s takes no arguments", o.Name)
@@ -325,6 +376,11 @@ func setupForward(s *Server, d *Directive) error {
 			return badOpt(d, o, "option %s is not supported", o.Name)
 		}
 	}
+	for _, u := range f.To[1:] {
+		if u.TLS != f.To[0].TLS {
+			return bad(d, "tls:// and plain upstreams in one forward are not supported (one transport per forward)")
+		}
+	}
 	if f.ForceTCP && f.PreferUDP {
 		return bad(d, "force_tcp and prefer_udp exclude each other")
 	}
@@ -336,14 +392,19 @@ func setupForward(s *Server, d *Directive) error {
 }
 
 // parseUpstream reads a forward target: IP, IP:port, [IPv6]:port, with an
-// optional dns:// scheme, or a path to a resolv.conf.
+// optional dns:// or tls:// scheme, or a path to a resolv.conf.
 func parseUpstream(t string) (Upstream, error) {
 	if strings.HasPrefix(t, "/") || strings.HasPrefix(t, ".") {
 		return Upstream{ResolvConf: t}, nil
 	}
+	tls := false
 	if i := strings.Index(t, "://"); i >= 0 {
-		if scheme := strings.ToLower(t[:i]); scheme != "dns" {
-			return Upstream{}, errf("transport %s:// is not supported (plain DNS only)", scheme)
+		switch scheme := strings.ToLower(t[:i]); scheme {
+		case "dns":
+		case "tls":
+			tls = true
+		default:
+			return Upstream{}, errf("transport %s:// is not supported (dns:// and tls:// only)", scheme)
 		}
 		t = t[i+3:]
 	}
@@ -351,13 +412,17 @@ func parseUpstream(t string) (Upstream, error) {
 		if ap.Port() == 0 || ap.Addr().Zone() != "" {
 			return Upstream{}, errf("not IP[:port]")
 		}
-		return Upstream{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
+		return Upstream{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), TLS: tls}, nil
 	}
 	a, err := netip.ParseAddr(t)
 	if err != nil || a.Zone() != "" {
 		return Upstream{}, errf("not IP[:port], [IPv6]:port or a resolv.conf path")
 	}
-	return Upstream{Addr: netip.AddrPortFrom(a.Unmap(), 53)}, nil
+	port := uint16(53)
+	if tls {
+		port = 853 // DNS over TLS (RFC 7858)
+	}
+	return Upstream{Addr: netip.AddrPortFrom(a.Unmap(), port), TLS: tls}, nil
 }
 
 type strErr string

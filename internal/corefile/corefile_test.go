@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -207,7 +209,7 @@ func TestImportGlobRelative(t *testing.T) {
 // directive and what is supported.
 func TestUnsupportedOneLineErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
-		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: reload, bufsize, bind"},
+		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: timeouts, reload, bufsize, bind, debug, health, pprof, prometheus, errors, log, dns64, loadbalance"},
 		{"hosts /etc {\n}", ":2: hosts: hosts file \"/etc\" is a directory"},
 		{"hosts {\n bogus a.example\n}", ":3: hosts: \"bogus a.example\" is not an option nor an entry"},
 		{"hosts {\n ttl 0\n}", ":3: hosts: ttl takes"},
@@ -221,27 +223,76 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"template IN A {\n expr true\n}", ":3: template: option expr is not supported"},
 		{"template IN A {\n rcode FOO\n}", ":3: template: unknown rcode FOO"},
 		{"rewrite name a", ":2: rewrite: too few arguments for a name rule"},
-		{"rewrite type A AAAA", ":2: rewrite: type rules are not supported (name rules only)"},
+		{"rewrite ttl a 30", ":2: rewrite: ttl rules are not supported (name, type and class rules only)"},
 		{"rewrite name exact a b {\n answer auto\n}", ":3: rewrite: option answer is not supported"},
 		{"dns64 10.0.0.0/8", ":2: dns64: \"10.0.0.0/8\" is not an IPv6 prefix"},
 		{"dns64 {\n prefix 64:ff9b::/33\n}", ":3: dns64: invalid prefix length 33"},
 		{"dns64 {\n frob\n}", ":3: dns64: unknown property frob"},
 		{"frobnicate", ":2: unknown directive frobnicate"},
-		{"forward . tls://1.1.1.1", ":2: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported"},
-		{"forward . 1.1.1.1 {\n tls_servername x\n}", ":3: forward: option tls_servername is not supported; supported: forward FROM TO..."},
+		{"forward . https://1.1.1.1", ":2: forward: TO \"https://1.1.1.1\": transport https:// is not supported"},
+		{"forward . tls://1.1.1.1 8.8.8.8", ":2: forward: tls:// and plain upstreams in one forward are not supported"},
+		{"forward . tls://1.1.1.1 {\n tls a b c d\n}", ":3: forward: tls takes [CA], [CERT KEY] or [CERT KEY CA]"},
+		{"forward . tls://1.1.1.1 {\n tls_servername\n}", ":3: forward: tls_servername takes one argument"},
+		{"forward . 1.1.1.1 {\n frob x\n}", ":3: forward: option frob is not supported; supported: forward FROM TO..."},
 		{"cache {\n serve_stale 1h verify 5s 30 1m\n}", ":3: cache: serve_stale response TTL \"30\" is not a duration"},
 		{"cache {\n serve_stale_policy prefer_positive\n}", ":2: cache: serve_stale_policy requires serve_stale"},
 		{"cache {\n disable success example.org\n}", ":3: cache: disable takes success or denial"},
 		{"health {\n  frob\n}", ":3: health: option frob is not supported"},
 		{"bind eth0", ":2: bind: \"eth0\" is not an IP address"},
-		{"log . {\n class denial\n}", ":3: log: option class is not supported"},
+		{"log . {\n class denial frob\n}", ":3: log: class: invalid class \"frob\""},
+		{"log . {\n classes denial\n}", ":3: log: unknown property \"classes\""},
+		{"log . {\n class\n}", ":3: log: class takes at least one"},
 		{"cache 0", ":2: cache: TTL 0: must be positive"},
+		{"timeouts", ":2: timeouts: a timeouts block with no timeouts"},
+		{"trace zipkin localhost:9411", ":2: directive trace is not supported by nodelocaldns: nodelocaldns exports no spans"},
+		{"loadbalance weighted /w", ":2: loadbalance: the weighted policy is not supported"},
+		{"loadbalance random", ":2: loadbalance: unknown policy: random"},
+		{"loadbalance {\n prefer 10.0.0.0/8\n}", ":3: loadbalance: prefer is not supported"},
+		{"timeouts {\n read 500ms\n}", ":3: timeouts: read: 500ms needs to be between 1 second and 24 hours"},
+		{"timeouts {\n maxtcpqueries 5\n}", ":3: timeouts: option maxtcpqueries is not supported"},
 		{"prometheus 9253", ":2: prometheus: \"9253\": not HOST:PORT"},
 	} {
 		_, err := load(t, ".:53 {\n"+tc.body+"\n}\n")
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "/Corefile:") {
 			t.Errorf("%q: got %v, want one line containing %q", tc.body, err, tc.want)
 		}
+	}
+}
+
+// TestForwardTLS: tls:// upstreams (port 853 by default) with tls and
+// tls_servername.
+func TestForwardTLS(t *testing.T) {
+	srv, err := load(t, ".:53 {\nforward . tls://1.1.1.1 tls://[2606:4700::1111]:8853 {\n tls /ca.pem\n tls_servername cloudflare-dns.com\n failfast_all_unhealthy_upstreams\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := srv[0].Forward
+	if len(f.To) != 2 || f.To[0].String() != "tls://1.1.1.1:853" || f.To[1].String() != "tls://[2606:4700::1111]:8853" || !f.UsesTLS() ||
+		*f.TLS != (ForwardTLS{CA: "/ca.pem", ServerName: "cloudflare-dns.com"}) || !f.FailFast {
+		t.Fatalf("%+v %+v", f, f.TLS)
+	}
+}
+
+// TestLogForms: the log lines CoreDNS's log setup reads, into rules.
+func TestLogForms(t *testing.T) {
+	srv, err := load(t, ".:53 {\nlog\nlog example.org\nlog a.example b.example \"{remote} {combined}\" {\n class denial\n class error\n}\nlog {common}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range srv[0].LogRules {
+		got = append(got, r.String())
+	}
+	want := []string{
+		`. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
+		`example.org. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
+		`a.example. class denial,error format "{remote} ` + strings.ReplaceAll(dnslog.CombinedFormat, `"`, `\"`) + `"`,
+		`b.example. class denial,error format "{remote} ` + strings.ReplaceAll(dnslog.CombinedFormat, `"`, `\"`) + `"`,
+		// One argument is a name, as in CoreDNS, even with a brace.
+		`{common}. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rules\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

@@ -8,6 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 )
 
 // coreDNSOrder is CoreDNS 1.15's plugin.cfg: the order in which a block's
@@ -50,23 +54,35 @@ var directiveTable map[string]directive
 
 func init() {
 	directiveTable = map[string]directive{
-		"bind":       {setup: setupBind, repeatable: true, forms: "bind ADDRESS..."},
-		"bufsize":    {setup: setupBufsize, forms: "bufsize [SIZE]"},
-		"cache":      {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]; serve_stale_policy prefer_positive; servfail DURATION; disable success|denial; keepttl }"},
-		"debug":      {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
-		"dns64":      {setup: setupDNS64, forms: "dns64 [PREFIX] [{ prefix PREFIX; translate_all; allow_ipv4 }]"},
-		"errors":     {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
-		"forward":    {setup: setupForward, forms: "forward FROM TO... { force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N }"},
-		"hosts":      {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
-		"health":     {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
-		"log":        {setup: setupLog, forms: "log [ZONE...] (the block's zones)"},
-		"loop":       {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
-		"pprof":      {setup: setupPProf, forms: "pprof [ADDRESS]"},
-		"prometheus": {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
-		"reload":     {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
-		"rewrite":    {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
-		"template":   {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
+		"bind":        {setup: setupBind, repeatable: true, forms: "bind ADDRESS..."},
+		"bufsize":     {setup: setupBufsize, forms: "bufsize [SIZE]"},
+		"cache":       {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]; serve_stale_policy prefer_positive; servfail DURATION; disable success|denial; keepttl }"},
+		"debug":       {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
+		"dns64":       {setup: setupDNS64, forms: "dns64 [PREFIX] [{ prefix PREFIX; translate_all; allow_ipv4 }]"},
+		"errors":      {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
+		"forward":     {setup: setupForward, forms: "forward FROM TO... (TO: IP[:PORT], dns://, tls://, a resolv.conf) { tls [CERT KEY] [CA]; tls_servername NAME; force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N; failfast_all_unhealthy_upstreams; next RCODE...; next_on_nodata }"},
+		"hosts":       {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
+		"health":      {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
+		"log":         {setup: setupLog, repeatable: true, forms: "log [NAME...] [FORMAT] [{ class all|success|denial|error... }]"},
+		"loop":        {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
+		"pprof":       {setup: setupPProf, forms: "pprof [ADDRESS]"},
+		"prometheus":  {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
+		"reload":      {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
+		"rewrite":     {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
+		"loadbalance": {setup: setupLoadbalance, forms: "loadbalance [round_robin]"},
+		"timeouts":    {setup: setupTimeouts, forms: "timeouts { read DURATION; write DURATION; idle DURATION } (1s to 24h)"},
+		"template":    {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
+}
+
+// refusedWhy says why a directive the stock node-cache compiles in
+// (`node-cache -plugins`) is refused: each would be accepted and ignored
+// otherwise, which a Corefile must never be.
+var refusedWhy = map[string]string{
+	"trace":    "nodelocaldns exports no spans (CoreDNS sends one per query to a zipkin or datadog collector); accepting it would drop them silently",
+	"dnstap":   "nodelocaldns streams no dnstap messages; accepting it would drop them silently",
+	"whoami":   "its answer is each client's own address and port, which the shared cache and the coalesced fetches do not carry",
+	"metadata": "no directive of nodelocaldns reads or sets metadata (the log's {/label} placeholders print -)",
 }
 
 // Supported lists the directives we read, in CoreDNS's order.
@@ -186,28 +202,110 @@ func setupReload(s *Server, d *Directive) error {
 	return nil
 }
 
-func setupLog(s *Server, d *Directive) error {
-	if err := noBlock(d); err != nil {
-		return err
+// setupLoadbalance reads `loadbalance [round_robin]`. CoreDNS's weighted
+// policy (a weight file per name) and prefer (subnets first) are refused.
+func setupLoadbalance(s *Server, d *Directive) error {
+	switch {
+	case len(d.Args) > 0 && d.Args[0].Text == "weighted":
+		return bad(d, "the weighted policy is not supported (round_robin only)")
+	case len(d.Args) > 1:
+		return bad(d, "unknown property for %s", d.Args[0].Text)
+	case len(d.Args) == 1 && d.Args[0].Text != "round_robin":
+		return bad(d, "unknown policy: %s", d.Args[0].Text)
 	}
-	for _, a := range d.Args {
-		z, err := normalizeZone(a.Text)
-		if err != nil || !coversAny(z, s.Zones) {
-			return bad(d, "%q: logging a subset of the block's zones or a custom format is not supported", a.Text)
+	if len(d.Block) > 0 {
+		o := d.Block[0]
+		if o.Name == "prefer" {
+			return badOpt(d, o, "prefer is not supported (round_robin shuffles every address alike)")
 		}
+		return badOpt(d, o, "unknown property %q", o.Name)
 	}
-	s.Log = true
+	s.Loadbalance = true
 	return nil
 }
 
-// coversAny reports whether z is "." or one of zones' ancestors or equal.
-func coversAny(z string, zones []string) bool {
-	for _, s := range zones {
-		if z == "." || z == s || strings.HasSuffix(s, "."+z) {
-			return true
+// setupTimeouts reads `timeouts` as CoreDNS 1.15's timeouts plugin does:
+// a block of read, write and idle, each a duration (a bare number is
+// seconds) between 1 s and 24 h, at least one.
+func setupTimeouts(s *Server, d *Directive) error {
+	if len(d.Args) > 0 {
+		return bad(d, "takes no arguments, got %q", d.Args[0].Text)
+	}
+	t := &Timeouts{}
+	for _, o := range d.Block {
+		if len(o.Args) != 1 || o.HasBlock {
+			return badOpt(d, o, "%s takes one duration", o.Name)
+		}
+		v := o.Args[0].Text
+		if _, err := strconv.Atoi(v); err == nil {
+			v += "s"
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil {
+			return badOpt(d, o, "%s: %q is not a duration", o.Name, o.Args[0].Text)
+		}
+		if dur < time.Second || dur > 24*time.Hour {
+			return badOpt(d, o, "%s: %v needs to be between 1 second and 24 hours", o.Name, dur)
+		}
+		switch o.Name {
+		case "read":
+			t.Read = dur
+		case "write":
+			t.Write = dur
+		case "idle":
+			t.Idle = dur
+		default:
+			return badOpt(d, o, "option %s is not supported (maxtcpqueries is not: our TCP connections are bounded by -max-tcp-conns and idle timeouts)", o.Name)
 		}
 	}
-	return false
+	if len(d.Block) == 0 {
+		return bad(d, "a timeouts block with no timeouts")
+	}
+	s.Timeouts = t
+	return nil
+}
+
+// setupLog reads `log` as CoreDNS's log plugin does: `log`, `log NAME`,
+// `log NAME... FORMAT` (the last argument is the format when there are
+// several and it holds a '{'), each name a rule of its own, with an
+// optional block of `class CLASS...` lines for all of the line's rules.
+func setupLog(s *Server, d *Directive) error {
+	args := d.ArgStrings()
+	format := dnslog.DefaultFormat
+	if len(args) > 1 && strings.Contains(args[len(args)-1], "{") {
+		format = dnslog.ExpandFormat(args[len(args)-1])
+		args = args[:len(args)-1]
+	}
+	if len(args) == 0 {
+		args = []string{"."}
+	}
+	var classes dnslog.Class
+	for _, o := range d.Block {
+		if o.Name != "class" {
+			return badOpt(d, o, "unknown property %q", o.Name)
+		}
+		if o.HasBlock {
+			return badOpt(d, o, "class takes no block")
+		}
+		if len(o.Args) == 0 {
+			return badOpt(d, o, "class takes at least one of all, success, denial, error")
+		}
+		for _, a := range o.Args {
+			c, err := dnslog.ParseClass(a.Text)
+			if err != nil {
+				return badOpt(d, o, "class: %v", err)
+			}
+			classes |= c
+		}
+	}
+	if classes == 0 {
+		classes = dnslog.All
+	}
+	for _, a := range args {
+		s.LogRules = append(s.LogRules, dnslog.Rule{Scope: dns.Fqdn(a), Classes: classes, Format: format})
+	}
+	s.Log = true
+	return nil
 }
 
 func setupAddr(d *Directive, def string) (string, error) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
@@ -33,10 +34,17 @@ type Server struct {
 	PProf      string // listen address; "" when absent
 	Bufsize    int    // 0 when absent
 	Log        bool
-	Errors     bool
-	Reload     bool
-	Loop       bool
-	Debug      bool
+	// LogRules are the block's log lines' rules, in the order written
+	// (internal/dnslog); Log says there is at least one.
+	LogRules []dnslog.Rule
+	Errors   bool
+	Reload   bool
+	Loop     bool
+	Debug    bool
+	// Loadbalance: loadbalance (round_robin) shuffles the block's answers.
+	Loadbalance bool
+	// Timeouts is the timeouts directive (nil when absent).
+	Timeouts *Timeouts
 
 	// Directives that answer on the fetch side of the cache (see
 	// internal/daemon/chain.go), in the order written where several.
@@ -100,6 +108,24 @@ type Cache struct {
 	DisableSuccess          bool
 	DisableDenial           bool
 	KeepTTL                 bool
+	// Zones limits the cache to these zones (`cache [TTL] ZONE...`; nil:
+	// every name of the block, as without): the block's other names are
+	// not cached, as CoreDNS's cache passes them on.
+	Zones []string
+}
+
+// Covers reports whether the cache holds every name of the block zone z
+// (no zone limit, or a limit zone that is z or its ancestor).
+func (c *Cache) Covers(z string) bool {
+	if len(c.Zones) == 0 {
+		return true
+	}
+	for _, cz := range c.Zones {
+		if cz == "." || cz == z || strings.HasSuffix(z, "."+cz) {
+			return true
+		}
+	}
+	return false
 }
 
 // CoreDNS's cache defaults (plugin/cache): capacity per kind, TTL caps of
@@ -138,6 +164,31 @@ type Forward struct {
 	Expire        time.Duration
 	HealthCheck   time.Duration
 	MaxConcurrent int
+	// FailFast is failfast_all_unhealthy_upstreams: SERVFAIL at once when
+	// every upstream is down.
+	FailFast bool
+	// Next are next's rcodes and NextOnNodata next_on_nodata: with them
+	// CoreDNS hands such an answer to the next forward of the block;
+	// with one forward per block the answer is returned as it is.
+	Next         []int
+	NextOnNodata bool
+	// TLS is the tls option's files (CoreDNS's `tls [CERT KEY] [CA]`) and
+	// tls_servername, for the tls:// upstreams; nil when neither is given.
+	TLS *ForwardTLS
+}
+
+// ForwardTLS is how a forward's tls:// upstreams are asked: the client
+// certificate and key ("" none), the CA file that verifies the server (""
+// the system's), the name its certificate must hold ("" none: CoreDNS's
+// default, which Go then refuses for an IP address without an IP SAN).
+type ForwardTLS struct {
+	Cert, Key, CA string
+	ServerName    string
+}
+
+// UsesTLS reports whether the forward's upstreams are tls:// ones.
+func (f *Forward) UsesTLS() bool {
+	return len(f.To) > 0 && f.To[0].TLS
 }
 
 // Upstream is one forward target: an address, or a resolv.conf path whose
@@ -145,13 +196,23 @@ type Forward struct {
 type Upstream struct {
 	Addr       netip.AddrPort
 	ResolvConf string
+	TLS        bool // tls://: DNS over TLS (RFC 7858), port 853 by default
 }
 
 func (u Upstream) String() string {
 	if u.ResolvConf != "" {
 		return u.ResolvConf
 	}
+	if u.TLS {
+		return "tls://" + u.Addr.String()
+	}
 	return u.Addr.String()
+}
+
+// Timeouts is the `timeouts` directive: the server's TCP read, write and
+// idle timeouts (0: not given).
+type Timeouts struct {
+	Read, Write, Idle time.Duration
 }
 
 // Health is the `health` directive.
@@ -246,6 +307,9 @@ func buildServer(b *Block, o Options) (*Server, error) {
 	for _, d := range b.Directives {
 		spec, ok := directiveTable[d.Name]
 		if !ok {
+			if why, ok := refusedWhy[d.Name]; ok {
+				return nil, errAt(d.Pos, "directive %s is not supported by nodelocaldns: %s; supported: %s", d.Name, why, supportedList())
+			}
 			if slices.Contains(coreDNSOrder, d.Name) {
 				return nil, errAt(d.Pos, "directive %s is not supported by nodelocaldns; supported: %s", d.Name, supportedList())
 			}

@@ -39,6 +39,8 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
@@ -133,10 +135,14 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		MaxClientUDPSize: uint16(cfg.MaxClientUDPSize),
 		MaxTCPConns:      cfg.MaxTCPConns,
 		TCPIdleTimeout:   cfg.TCPIdleTimeout,
+		TCPReadTimeout:   cfg.DropIn.TCPReadTimeout, // the Corefile's timeouts; 0: the server's default
+		TCPWriteTimeout:  cfg.DropIn.TCPWriteTimeout,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
 		CoreDNSZones:     running.CoreDNSZones(cdBlocks),
-		CoreDNSZone:      running.CoreDNSZone, // the label of the block the table holds
+		CoreDNSZone:      running.CoreDNSZone,                             // the label of the block the table holds
+		BlockLog:         dnslog.NewTable(os.Stdout, cfg.DropIn.BlockLog), // the Corefile's log, on stdout as CoreDNS's
+		Shuffle:          loadbalance.NewTable(cfg.DropIn.Shuffle),
 		Autopath:         ap,
 	})
 	if err != nil {

@@ -19,6 +19,9 @@ var (
 	ErrNoAnswer = errors.New("no valid answer from any upstream")
 	// ErrBadQuery: the query is not a DNS message with exactly one question.
 	ErrBadQuery = errors.New("malformed query")
+	// ErrAllDown: every server is marked down and the group fails fast
+	// (GroupConfig.FailFast); wrapped in ErrNoAnswer.
+	ErrAllDown = errors.New("every upstream is down (failfast_all_unhealthy_upstreams)")
 	// ErrClosed: the group was closed.
 	ErrClosed = errors.New("group closed")
 )

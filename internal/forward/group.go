@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -83,6 +84,12 @@ type GroupConfig struct {
 	// Spread starts each query at the next server in turn (CoreDNS's policy random or
 	// round_robin) instead of the first healthy one in order (sequential).
 	Spread bool
+	// TLS, when set, makes the TCP connections DNS over TLS (RFC 7858) with this client
+	// configuration (CoreDNS's tls:// upstreams, tls and tls_servername); Proto must be TCP.
+	TLS *tls.Config
+	// FailFast fails a query at once (ErrAllDown) when every server is marked down,
+	// instead of asking one of them (CoreDNS's failfast_all_unhealthy_upstreams).
+	FailFast bool
 }
 
 // Group forwards queries to a list of equivalent upstream servers with health tracking and
@@ -162,6 +169,9 @@ func (c *GroupConfig) validate() error {
 	}
 	if c.Proto != UDP && c.Proto != TCP {
 		return fmt.Errorf("unknown protocol %v", c.Proto)
+	}
+	if c.TLS != nil && c.Proto != TCP {
+		return errors.New("TLS needs the TCP protocol")
 	}
 	if c.PoolSize < 0 || c.MaxPerConn < 0 || c.MaxQueriesPerConn < 0 || c.MaxInflight < 0 ||
 		c.IdleTimeout < 0 || c.TryTimeout < 0 {
@@ -295,7 +305,12 @@ func (g *Group) nextServer(w *walk) *upstream {
 				return nil
 			}
 			// Every server is marked down. Failing with nothing sent would make the
-			// down-marking an outage of its own; ask one, in turn, once.
+			// down-marking an outage of its own; ask one, in turn, once (unless
+			// FailFast: the operator asked for exactly that outage).
+			if g.cfg.FailFast {
+				w.lastErr = ErrAllDown
+				return nil
+			}
 			w.allDown, w.last = true, -1
 			return g.ups[int(g.next.Add(1)-1)%n]
 		}

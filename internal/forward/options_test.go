@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -74,3 +75,36 @@ func TestMaxFails(t *testing.T) {
 		}
 	}
 }
+
+// FailFast (failfast_all_unhealthy_upstreams): with every server down, a
+// query fails at once with ErrAllDown and nothing is sent; without it one
+// server is still tried (TestAllDownFailsFast).
+func TestFailFastAllUnhealthy(t *testing.T) {
+	dead := deadAddr(t)
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{dead}, Proto: TCP, FailFast: true}, rec)
+	for range 2 {
+		g.Exchange(context.Background(), query(t, "a.example.", 1))
+	}
+	if !g.ups[0].down.Load() {
+		t.Fatal("not down")
+	}
+	tried := rec.failuresOf(dead.String(), KindRefused)
+	_, err := g.Exchange(context.Background(), query(t, "b.example.", 2))
+	if !errors.Is(err, ErrNoAnswer) || !errors.Is(err, ErrAllDown) {
+		t.Fatalf("err %v, want ErrNoAnswer and ErrAllDown", err)
+	}
+	done := make(doneChan, 1)
+	g.ExchangeAsync(query(t, "c.example.", 3), time.Second, done)
+	if err := <-done; !errors.Is(err, ErrAllDown) {
+		t.Fatalf("async: err %v, want ErrAllDown", err)
+	}
+	if n := rec.failuresOf(dead.String(), KindRefused); n != tried {
+		t.Errorf("%d tries while all down with FailFast, want 0", n-tried)
+	}
+}
+
+// doneChan is a Done that sends the error.
+type doneChan chan error
+
+func (d doneChan) ExchangeDone(_ []byte, err error) { d <- err }

@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -53,6 +54,7 @@ type tcpPool struct {
 	maxQueries int
 	idle       time.Duration
 	try        time.Duration
+	tls        *tls.Config // nil: plain TCP
 	clk        clock.Clock
 	obs        Observer
 	log        *slog.Logger
@@ -151,6 +153,7 @@ func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, clk clock.Clock, obs Obse
 		maxQueries: cfg.MaxQueriesPerConn,
 		idle:       cfg.IdleTimeout,
 		try:        cfg.TryTimeout,
+		tls:        cfg.TLS,
 		clk:        clk,
 		obs:        obs,
 		log:        log,
@@ -303,7 +306,14 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 	p.dialing++
 	p.mu.Unlock()
 	d := net.Dialer{Timeout: p.try}
-	nc, err := d.DialContext(ctx, "tcp", p.upstream)
+	var nc net.Conn
+	var err error
+	if p.tls != nil {
+		// The handshake is part of the dial, within the same timeout.
+		nc, err = (&tls.Dialer{NetDialer: &d, Config: p.tls}).DialContext(ctx, "tcp", p.upstream)
+	} else {
+		nc, err = d.DialContext(ctx, "tcp", p.upstream)
+	}
 	p.mu.Lock()
 	p.dialing--
 	p.wake()
@@ -322,7 +332,11 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 		p.log.Info("reconnected to upstream", "upstream", p.upstream, "failed_dials", p.dialFails)
 	}
 	p.dialFails, p.dialErr, p.heldErr, p.nextDial = 0, nil, nil, time.Time{}
-	rc, err := nc.(syscall.Conn).SyscallConn()
+	raw := nc
+	if tc, ok := nc.(*tls.Conn); ok {
+		raw = tc.NetConn()
+	}
+	rc, err := raw.(syscall.Conn).SyscallConn()
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("dial %s: %w", p.upstream, err)
@@ -556,6 +570,9 @@ func (p *tcpPool) wake() {
 // the frames of concurrent callers. A write error closes the connection, which fails every
 // query pending on it, this one included.
 func (c *tcpConn) writeQuery(query []byte, id uint16, inline bool) {
+	if c.pool.tls != nil {
+		inline = false // TLS records are written by the writer goroutine (nc.Write), never raw
+	}
 	c.wmu.Lock()
 	start := len(c.wbuf)
 	c.wbuf = binary.BigEndian.AppendUint16(c.wbuf, uint16(len(query)))

@@ -16,8 +16,14 @@
 // question, which clients reject; here the question is always restored
 // (the cache keys and checks it).
 //
-// Rules other than `name` (class, type, edns0, ttl, cname, rcode) and the
-// `metadata` form are refused by the Corefile reader.
+// `type` and `class` rules (`rewrite [continue|stop] type FROM TO`) change
+// the question's type or class before it is asked, as CoreDNS's; the
+// client gets the answer to the rewritten question under the question it
+// asked (CoreDNS leaves the rewritten one in it, which clients reject; as
+// for name rules, it is restored here).
+//
+// Rules other than `name`, `type` and `class` (edns0, ttl, cname, rcode)
+// and the `metadata` form are refused by the Corefile reader.
 package rewrite
 
 import (
@@ -145,15 +151,20 @@ func valueOf(r dns.RR) *string {
 	return nil
 }
 
-// Rule is one `rewrite ... name ...` line.
+// Rule is one `rewrite ... name ...`, `... type ...` or `... class ...`
+// line.
 type Rule struct {
-	stop        bool
-	match       string
-	from, to    string
-	pattern     *regexp.Regexp
-	auto        bool
-	static      []responseRule
-	description string
+	// kind is name, type or class; a type or class rule rewrites the
+	// question's type (class) fromType to toType.
+	kind             string
+	fromType, toType uint16
+	stop             bool
+	match            string
+	from, to         string
+	pattern          *regexp.Regexp
+	auto             bool
+	static           []responseRule
+	description      string
 }
 
 // String is the rule as written (for errors and logs).
@@ -168,7 +179,7 @@ func ParseRule(args []string) (*Rule, error) {
 	if len(args) == 0 {
 		return nil, errors.New("no rule type specified")
 	}
-	r := &Rule{stop: true, description: strings.Join(args, " ")}
+	r := &Rule{kind: "name", stop: true, description: strings.Join(args, " ")}
 	switch strings.ToLower(args[0]) {
 	case "continue":
 		r.stop = false
@@ -183,8 +194,28 @@ func ParseRule(args []string) (*Rule, error) {
 	case "name":
 	case "answer":
 		return nil, errors.New("response rewrites must begin with a name rule")
-	case "class", "type", "edns0", "ttl", "cname", "rcode":
-		return nil, fmt.Errorf("%s rules are not supported (name rules only)", t)
+	case "type", "class":
+		// CoreDNS's typeRule and classRule: the question's type (class)
+		// FROM becomes TO; nothing of the answer is rewritten back.
+		if len(args) != 3 {
+			return nil, fmt.Errorf("%s rules must have exactly two arguments", t)
+		}
+		names := dns.StringToType
+		if t == "class" {
+			names = dns.StringToClass
+		}
+		from, ok1 := names[strings.ToUpper(args[1])]
+		to, ok2 := names[strings.ToUpper(args[2])]
+		switch {
+		case !ok1:
+			return nil, fmt.Errorf("invalid %s %q", t, strings.ToUpper(args[1]))
+		case !ok2:
+			return nil, fmt.Errorf("invalid %s %q", t, strings.ToUpper(args[2]))
+		}
+		r.kind, r.fromType, r.toType = t, from, to
+		return r, nil
+	case "edns0", "ttl", "cname", "rcode":
+		return nil, fmt.Errorf("%s rules are not supported (name, type and class rules only)", t)
 	default:
 		return nil, fmt.Errorf("invalid rule type %q", args[0])
 	}
@@ -354,6 +385,20 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 	var back []responseRule
 	done := false
 	for _, rule := range h.rules {
+		if rule.kind != "name" {
+			q := &r.Question[0].Qtype
+			if rule.kind == "class" {
+				q = &r.Question[0].Qclass
+			}
+			if *q != rule.fromType {
+				continue
+			}
+			*q, done = rule.toType, true
+			if rule.stop {
+				break
+			}
+			continue
+		}
 		cur := strings.ToLower(r.Question[0].Name)
 		n, ok := rule.apply(cur)
 		if !ok {

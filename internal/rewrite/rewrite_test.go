@@ -72,12 +72,49 @@ func TestServe(t *testing.T) {
 
 func TestParseRuleRefuses(t *testing.T) {
 	for _, s := range []string{
-		"", "stop", "answer name a b", "type A AAAA", "name a", "name frob a b",
+		"", "stop", "answer name a b", "type A", "edns0 local set 0xffee abc", "name a", "name frob a b",
 		"name regex ( a", "name regex ^a$ {1}", "name exact a b answer", "name exact a b answer auto answer name x y",
 		"name regex (.*) {1} metadata", "name exact a b answer frob x y",
 	} {
 		if _, err := ParseRule(strings.Fields(s)); err == nil {
 			t.Errorf("%q parsed", s)
+		}
+	}
+}
+
+// A type rule asks the rewritten type and answers under the question
+// asked; a class rule likewise; other types pass unchanged.
+func TestTypeRule(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		qtype     uint16
+		wantAsked uint16
+	}{
+		{[]string{"type", "ANY", "HINFO"}, dns.TypeANY, dns.TypeHINFO},
+		{[]string{"stop", "type", "aaaa", "a"}, dns.TypeAAAA, dns.TypeA},
+		{[]string{"type", "ANY", "HINFO"}, dns.TypeA, dns.TypeA},
+	} {
+		r, err := ParseRule(tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := New([]*Rule{r})
+		q := new(dns.Msg)
+		q.SetQuestion("www.example.org.", tc.qtype)
+		var asked uint16
+		m, err := h.Serve(context.Background(), q, func(_ context.Context, r *dns.Msg) (*dns.Msg, error) {
+			asked = r.Question[0].Qtype
+			a := new(dns.Msg)
+			a.SetReply(r)
+			return a, nil
+		})
+		if err != nil || asked != tc.wantAsked || m.Question[0].Qtype != tc.qtype {
+			t.Errorf("%v: asked %d, answered question %v, err %v", tc.args, asked, m.Question, err)
+		}
+	}
+	for _, bad := range [][]string{{"type", "A"}, {"type", "FOO", "A"}, {"class", "IN", "XX"}, {"ttl", "a", "1"}} {
+		if _, err := ParseRule(bad); err == nil {
+			t.Errorf("%v accepted", bad)
 		}
 	}
 }

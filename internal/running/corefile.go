@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
@@ -184,7 +185,7 @@ func (d *State) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
 		}
 	}
 	if r.kube != nil && n.KubeDNS != d.kubeAddr() {
-		if e.kube, err = d.kubeGroup(n.KubeDNS); err != nil {
+		if e.kube, err = d.kubeGroup(n.KubeDNS, n.DropIn.KubeDNSAlso); err != nil {
 			return e, fmt.Errorf("kube-dns group: %w", err)
 		}
 	}
@@ -313,16 +314,19 @@ func restartFields(a, b *config.Config) []string {
 	// the recheck interval do not.
 	cmp("cache sizes", [4]int64{int64(a.Cache.SuccessCapacity), int64(a.Cache.DenialCapacity), a.Cache.MaxBytes, int64(a.Cache.StaleRecheck)},
 		[4]int64{int64(b.Cache.SuccessCapacity), int64(b.Cache.DenialCapacity), b.Cache.MaxBytes, int64(b.Cache.StaleRecheck)})
+	cmp("the cluster domain's other kube-dns servers", a.DropIn.KubeDNSAlso, b.DropIn.KubeDNSAlso)
 	cmp("forward options of the kube-dns and . blocks", [2]any{a.DropIn.KubeForward, a.DropIn.NodeForward}, [2]any{b.DropIn.KubeForward, b.DropIn.NodeForward})
 	if a.DropIn.Corefile != nil && b.DropIn.Corefile != nil {
 		cmp("the . block's literal targets (upstreamNameservers apply or not)", a.DropIn.Corefile.RootLiteral, b.DropIn.Corefile.RootLiteral)
 	}
 	cmp("health address", a.HealthAddr, b.HealthAddr)
 	cmp("metrics address (prometheus)", a.MetricsAddr, b.MetricsAddr)
-	cmp("log", a.QueryLog, b.QueryLog)
+	cmp("log", []any{a.QueryLog, a.DropIn.BlockLog}, []any{b.QueryLog, b.DropIn.BlockLog})
 	cmp("pprof", a.PProf, b.PProf)
 	cmp("bufsize", a.MaxUDPSize, b.MaxUDPSize)
 	cmp("lameduck", a.LameDuck, b.LameDuck)
+	cmp("loadbalance", a.DropIn.Shuffle, b.DropIn.Shuffle)
+	cmp("timeouts", [3]time.Duration{a.TCPIdleTimeout, a.DropIn.TCPReadTimeout, a.DropIn.TCPWriteTimeout}, [3]time.Duration{b.TCPIdleTimeout, b.DropIn.TCPReadTimeout, b.DropIn.TCPWriteTimeout})
 	cmp("resolv.conf path", a.ResolvConf, b.ResolvConf)
 	return out
 }
@@ -332,20 +336,26 @@ func (d *State) routeGroup(zr config.ZoneRoute) (*forward.Group, error) {
 	if zr.ForceTCP {
 		cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
 	}
-	withOptions(&cfg, &zr.Opts)
+	if err := withOptions(&cfg, &zr.Opts); err != nil {
+		return nil, err
+	}
 	return forward.NewGroup(cfg, d.Metrics)
 }
 
-func (d *State) kubeGroup(addr netip.AddrPort) (*forward.Group, error) {
+// kubeGroup is the kube-dns group: addr, then also (the cluster domain
+// forward's other servers).
+func (d *State) kubeGroup(addr netip.AddrPort, also []netip.AddrPort) (*forward.Group, error) {
 	cfg := forward.GroupConfig{
 		Name:        "kube-dns",
-		Servers:     []netip.AddrPort{addr},
+		Servers:     append([]netip.AddrPort{addr}, also...),
 		Proto:       forward.TCP,
 		PoolSize:    d.cfg.TCPPoolSize,
 		MaxInflight: d.cfg.MaxInflight,
 		Logger:      d.log.With("group", "kube-dns"),
 	}
-	withOptions(&cfg, d.cfg.DropIn.KubeForward)
+	if err := withOptions(&cfg, d.cfg.DropIn.KubeForward); err != nil {
+		return nil, err
+	}
 	return forward.NewGroup(cfg, d.Metrics)
 }
 

@@ -84,15 +84,26 @@ func (d *State) rewriteCorefile() {
 
 // withOptions applies a Corefile forward's options to a group's config
 // (nil: not in Corefile mode, or no such block).
-func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) {
+func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) error {
 	if o == nil {
-		return
+		return nil
 	}
-	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread = o.MaxFails, o.ProbeInterval, o.Spread
+	if o.TLS {
+		t, err := o.TLSConfig()
+		if err != nil {
+			return err
+		}
+		cfg.TLS, cfg.Proto = t, forward.TCP
+		if cfg.PoolSize == 0 {
+			cfg.PoolSize = forward.DefaultPoolSize
+		}
+	}
+	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread, cfg.FailFast = o.MaxFails, o.ProbeInterval, o.Spread, o.FailFast
 	if o.MaxInflight > 0 {
 		cfg.MaxInflight = o.MaxInflight
 	}
 	if o.IdleTimeout > 0 {
 		cfg.IdleTimeout = o.IdleTimeout
 	}
+	return nil
 }

@@ -99,7 +99,7 @@ func (d *State) buildRoutes() error {
 	if !d.cfg.LocalMode {
 		// A group can carry every flight the resolver admits: one bound,
 		// -max-inflight, not 1024 here and 1000 there (kubeGroup).
-		kube, err := d.kubeGroup(d.cfg.KubeDNS)
+		kube, err := d.kubeGroup(d.cfg.KubeDNS, d.cfg.DropIn.KubeDNSAlso)
 		if err != nil {
 			return fmt.Errorf("kube-dns: %w", err)
 		}
@@ -398,8 +398,13 @@ func (d *State) udpGroup(name string, servers []netip.AddrPort) (*forward.Group,
 		MaxInflight: d.cfg.MaxInflight, // as the kube-dns group
 		Logger:      d.log.With("group", name),
 	}
-	if name == "node" {
-		withOptions(&cfg, d.cfg.DropIn.NodeForward) // the Corefile's "." block
+	if o := d.cfg.DropIn.NodeForward; name == "node" && o != nil {
+		if o.TCP {
+			cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
+		}
+		if err := withOptions(&cfg, o); err != nil { // the Corefile's "." block
+			return nil, err
+		}
 	}
 	return forward.NewGroup(cfg, d.Metrics)
 }

@@ -183,6 +183,15 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 // finishMiss logs the query and hands the answer to its transport, which
 // returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
+	if s.cfg.Shuffle != nil {
+		local, start := netip.Addr{}, 0
+		if m.tcp {
+			local, start = localAddr(m.tc.c), 2
+		} else {
+			local = m.l.local.Addr()
+		}
+		m.out = s.shuffled(m.out, start, local, &m.q)
+	}
 	if s.cd != nil && m.cdk.zone >= 0 {
 		resp := m.out
 		if m.tcp {
@@ -195,12 +204,16 @@ func (s *Server) finishMiss(m *missReq) {
 			s.cd.response(m.cdk, int(resp[3]&0xF), !m.cdSelf, len(resp), s.cfg.Clock.Now().Sub(m.t0).Nanoseconds())
 		}
 	}
-	if s.cfg.QueryLog != nil {
+	if s.logOn() {
 		resp := m.out
+		local := netip.Addr{}
 		if m.tcp {
 			resp = resp[2:]
+			local = localAddr(m.tc.c)
+		} else {
+			local = m.l.local.Addr()
 		}
-		s.logQuery(m.client(), m.tcp, &m.q, resp, m.source, m.t0)
+		s.logQuery(m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
 	}
 	if m.tcp {
 		s.deliverTCP(m)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -21,9 +22,21 @@ const (
 	fromAutopath = "autopath" // answered (or dropped) by autopath (autopath.go)
 )
 
-// logQuery writes one query log line. It is only called when
-// Config.QueryLog is set: the serving path pays a nil check otherwise.
-func (s *Server) logQuery(client netip.AddrPort, tcp bool, q *wire.Query, resp []byte, source string, start time.Time) {
+// logOn reports whether answered queries are logged (-querylog or the
+// Corefile's log): the serving path calls logQuery only then.
+func (s *Server) logOn() bool { return s.cfg.QueryLog != nil || s.cfg.BlockLog != nil }
+
+// logQuery writes the query log lines of one answered query: -querylog's
+// and the Corefile's log (dnslog). local is the address it arrived on,
+// query the query as received. It is only called when logOn: the serving path pays
+// two nil checks otherwise.
+func (s *Server) logQuery(client netip.AddrPort, local netip.Addr, tcp bool, q *wire.Query, query []byte, resp []byte, source string, start time.Time) {
+	if s.cfg.BlockLog != nil && !(source == fromCache && wire.EqualNameFold(q.Name, healthName)) {
+		s.cfg.BlockLog.Log(&dnslog.Entry{Remote: client, Local: local, TCP: tcp, Q: q, Query: query, Resp: resp, Duration: s.cfg.Clock.Now().Sub(start)})
+	}
+	if s.cfg.QueryLog == nil {
+		return
+	}
 	proto := "udp"
 	if tcp {
 		proto = "tcp"

@@ -27,7 +27,9 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -75,12 +77,23 @@ type Config struct {
 	// misses outstanding on one connection (defaults: Default*, defaults.go).
 	TCPIdleTimeout time.Duration
 	TCPReadTimeout time.Duration
-	MaxTCPConns    int
-	MaxTCPPipeline int
-	Logger         *slog.Logger
+	// TCPWriteTimeout bounds writing answers to a TCP client (default
+	// TCPReadTimeout).
+	TCPWriteTimeout time.Duration
+	MaxTCPConns     int
+	MaxTCPPipeline  int
+	Logger          *slog.Logger
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
+	// BlockLog, when set, is the Corefile's log directive: CoreDNS's
+	// query log lines for the queries of the blocks that log
+	// (internal/dnslog); nil costs one comparison.
+	BlockLog *dnslog.Table
+	// Shuffle, when set, is the Corefile's loadbalance: the answers of the
+	// blocks with it have their A, AAAA and MX records shuffled, hits
+	// too (internal/loadbalance); nil costs one comparison.
+	Shuffle *loadbalance.Table
 	// CoreDNSZones are the Corefile zones whose queries count under
 	// CoreDNS's metric names (the blocks with a prometheus directive);
 	// nil counts none (stats.go).
@@ -114,6 +127,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.TCPReadTimeout <= 0 {
 		c.TCPReadTimeout = DefaultTCPReadTimeout
+	}
+	if c.TCPWriteTimeout <= 0 {
+		c.TCPWriteTimeout = c.TCPReadTimeout
 	}
 	if c.MaxTCPConns <= 0 {
 		c.MaxTCPConns = DefaultMaxTCPConns

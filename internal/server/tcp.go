@@ -47,7 +47,7 @@ func (s *Server) serveTCP(l *tcpListener) {
 		}
 		// Accepted during Shutdown: the client has sent, or is sending, its
 		// query; it is answered (the connection drains like the others).
-		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout}
+		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout, wtimeout: s.cfg.TCPWriteTimeout}
 		tc.idleSince.Store(time.Now().UnixNano())
 		if !s.addConn(tc) {
 			_ = c.Close()
@@ -149,8 +149,9 @@ type tcpConn struct {
 	wmu       sync.Mutex
 	pending   sync.WaitGroup
 	slots     chan struct{}
-	timeout   time.Duration
-	state     atomic.Int32 // connFirst, connIdle or connBusy
+	timeout   time.Duration // reading a query
+	wtimeout  time.Duration // writing answers
+	state     atomic.Int32  // connFirst, connIdle or connBusy
 }
 
 // States of a TCP connection, for draining.
@@ -232,13 +233,16 @@ func (s *Server) serveConn(tc *tcpConn) {
 		case dropped:
 			continue
 		case answered:
+			if s.cfg.Shuffle != nil {
+				resp = s.shuffled(resp, start+2, localAddr(c), &req.q)
+			}
 			if len(resp)-start-2 > 0xFFFF {
 				return
 			}
 			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
 			pend = resp
-			if s.cfg.QueryLog != nil {
-				s.logQuery(remoteAddrPort(c), true, &req.q, pend[start+2:], fromCache, t)
+			if s.logOn() {
+				s.logQuery(remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
 			}
 			if len(pend) >= 16<<10 && !tc.flush(&pend) {
 				return
@@ -412,6 +416,14 @@ func (tc *tcpConn) flush(pend *[]byte) bool {
 }
 
 // remoteAddrPort is the client's address of a TCP connection.
+// localAddr is the address a connection arrived on.
+func localAddr(c net.Conn) netip.Addr {
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
 func remoteAddrPort(c net.Conn) netip.AddrPort {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		ap := a.AddrPort()
@@ -445,7 +457,7 @@ func (tc *tcpConn) write(out []byte) bool {
 func (tc *tcpConn) writeRaw(out []byte) bool {
 	tc.wmu.Lock()
 	defer tc.wmu.Unlock()
-	_ = tc.c.SetWriteDeadline(time.Now().Add(tc.timeout))
+	_ = tc.c.SetWriteDeadline(time.Now().Add(tc.wtimeout))
 	_, err := tc.c.Write(out)
 	return err == nil
 }

@@ -284,7 +284,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		}
 		t := s.cfg.Clock.Now()
 		now := t.UnixNano()
-		qlog := s.cfg.QueryLog != nil
+		qlog := s.logOn()
 		askers := s.askers.Load()
 		var from netip.Addr
 		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
@@ -327,8 +327,11 @@ func (s *Server) serveUDP(l *udpListener) {
 				}
 				continue
 			}
+			if s.cfg.Shuffle != nil {
+				out = s.shuffled(out, start, l.local.Addr(), &req.q)
+			}
 			if qlog {
-				s.logQuery(sockaddrAddrPort(name), false, &req.q, out[start:], fromCache, t)
+				s.logQuery(sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]

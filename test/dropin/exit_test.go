@@ -21,7 +21,9 @@ func TestCorefileExitCodes(t *testing.T) {
 		{"kubernetes cluster.local", ":3: directive kubernetes is not supported by nodelocaldns; supported: "},
 		{"template IN AAAA {\n    answer \"x. IN TXT {{ .Var.x }}\"\n  }", ":3: template: answer: \"x. IN TXT {{ .Var.x }}\" uses .Var"},
 		{"hosts {\n    bogus a.example\n  }", ":4: hosts: \"bogus a.example\" is not an option nor an entry ADDRESS NAME..."},
-		{"forward . tls://1.1.1.1", ":3: forward: TO \"tls://1.1.1.1\": transport tls:// is not supported (plain DNS only); supported: forward FROM TO..."},
+		{"forward . https://1.1.1.1", ":3: forward: TO \"https://1.1.1.1\": transport https:// is not supported (dns:// and tls:// only); supported: forward FROM TO..."},
+		{"forward . tls://1.1.1.1 {\n    tls /nonexistent/ca.pem\n  }", ":3: forward tls: open /nonexistent/ca.pem: no such file or directory"},
+		{"trace", ":3: directive trace is not supported by nodelocaldns: nodelocaldns exports no spans"},
 	} {
 		text := ".:53 {\n  bind 169.254.20.10\n  " + tc.directive + "\n}\n"
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {

@@ -275,6 +275,13 @@ func oracleNamespace(t *testing.T) (string, func(args ...string) *exec.Cmd) {
 // args.
 func startReference(t *testing.T, ns, bin string, extra ...string) {
 	t.Helper()
+	startReferenceCorefile(t, ns, bin, referenceCorefile(t, false), extra...)
+}
+
+// startReferenceCorefile is startReference with corefile as the ConfigMap;
+// it returns the daemon's output.
+func startReferenceCorefile(t *testing.T, ns, bin, corefile string, extra ...string) *testhost.SyncBuffer {
+	t.Helper()
 	dir := t.TempDir()
 	etcUp, tmpUp := filepath.Join(dir, "etc-up"), filepath.Join(dir, "tmp-up")
 	for _, d := range []string{etcUp + "/coredns", tmpUp, dir + "/etc-work", dir + "/tmp-work"} {
@@ -283,7 +290,7 @@ func startReference(t *testing.T, ns, bin string, extra ...string) {
 		}
 	}
 	for p, s := range map[string]string{
-		etcUp + "/coredns/Corefile.base": referenceCorefile(t, false),
+		etcUp + "/coredns/Corefile.base": corefile,
 		etcUp + "/resolv.conf":           "nameserver " + oracleNodeDNS + "\n",
 	} {
 		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
@@ -320,7 +327,7 @@ func startReference(t *testing.T, ns, bin string, extra ...string) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, err := exchange(ns, "web.default.svc.cluster.local.", dns.TypeA, variant{name: "udp"}); err == nil {
-			return
+			return logs
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s in %s does not answer on %s within 30s:\n%s", filepath.Base(bin), ns, oracleLocal, logs)

@@ -1,0 +1,328 @@
+// Package loadbalance is the Corefile's `loadbalance` directive (the
+// round_robin policy, its default): each NOERROR answer of a block with it
+// has its A, AAAA and MX records shuffled, as CoreDNS's loadbalance plugin
+// shuffles them. CoreDNS's plugin.cfg puts loadbalance before cache, so
+// every answer is shuffled, cache hits too: the server applies it to every
+// answer it sends (Table.Apply), by the block that answers the query (the
+// longest zone of the blocks its listen address sees).
+//
+// The common answers (a section of A or AAAA records, maybe after CNAMEs,
+// whose owner names are compression pointers) are shuffled in place, with
+// no allocation; anything else is unpacked, shuffled as CoreDNS's
+// roundRobin does (CNAMEs, other records, addresses, MX) and packed again.
+// It opens no sockets; a nil *Table costs the server one comparison.
+package loadbalance
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+
+	"github.com/miekg/dns"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+)
+
+// Addr is what one listen address sees: the zones whose block (the one
+// that serves their names there) has loadbalance. The zero Addr is every
+// other address.
+type Addr struct {
+	Addr  netip.Addr
+	Zones []Zone
+}
+
+// Zone is one zone of an address and whether its block shuffles.
+type Zone struct {
+	Name    string // lower-case FQDN
+	Shuffle bool
+}
+
+// Table says which answers are shuffled. Built once; safe for concurrent
+// use.
+type Table struct {
+	addrs []addrTable
+	def   *addrTable
+}
+
+type addrTable struct {
+	addr  netip.Addr
+	zones []zone // longest first
+}
+
+type zone struct {
+	wire    []byte
+	shuffle bool
+}
+
+// NewTable builds the table; nil when no block shuffles.
+func NewTable(addrs []Addr) *Table {
+	t := &Table{}
+	any := false
+	for _, a := range addrs {
+		at := addrTable{addr: a.Addr.Unmap()}
+		for _, z := range a.Zones {
+			w, ok := wire.AppendNameWire(nil, z.Name)
+			if !ok {
+				continue
+			}
+			at.zones = append(at.zones, zone{wire: wire.AppendLower(nil, w), shuffle: z.Shuffle})
+			any = any || z.Shuffle
+		}
+		slices.SortStableFunc(at.zones, func(x, y zone) int { return len(y.wire) - len(x.wire) })
+		t.addrs = append(t.addrs, at)
+	}
+	if !any {
+		return nil
+	}
+	for i := range t.addrs {
+		if !t.addrs[i].addr.IsValid() {
+			t.def = &t.addrs[i]
+		}
+	}
+	return t
+}
+
+// Apply shuffles resp, the answer to a query for name (wire form) that
+// arrived on local, when the block answering it has loadbalance. It
+// returns resp (shuffled in place or unchanged) or a new answer of
+// possibly another length.
+func (t *Table) Apply(local netip.Addr, name, resp []byte) []byte {
+	if !t.shuffles(local, name) {
+		return resp
+	}
+	return Shuffle(resp)
+}
+
+func (t *Table) shuffles(local netip.Addr, name []byte) bool {
+	local = local.Unmap()
+	at := t.def
+	for i := range t.addrs {
+		if t.addrs[i].addr == local {
+			at = &t.addrs[i]
+			break
+		}
+	}
+	if at == nil {
+		return false
+	}
+	for _, z := range at.zones {
+		if inZone(name, z.wire) {
+			return z.shuffle
+		}
+	}
+	return false
+}
+
+// inZone reports whether the wire name ends with zone at a label boundary.
+func inZone(name, zone []byte) bool {
+	p := len(name) - len(zone)
+	if p < 0 || !wire.EqualNameFold(name[p:], zone) {
+		return false
+	}
+	off := 0
+	for off < p {
+		l := int(name[off])
+		if l == 0 || l&0xC0 != 0 {
+			return false
+		}
+		off += l + 1
+	}
+	return off == p
+}
+
+// Shuffle shuffles the A, AAAA and MX records of each section of a NOERROR
+// answer as CoreDNS's round_robin does.
+func Shuffle(resp []byte) []byte {
+	if len(resp) < wire.HeaderLen || resp[3]&0xF != 0 || resp[2]&0x78 != 0 { // NOERROR, opcode QUERY
+		return resp
+	}
+	if ok, done := shuffleInPlace(resp); ok {
+		return resp
+	} else if done {
+		return resp // not an answer worth shuffling (a zone transfer, nothing to move)
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(resp); err != nil || len(m.Question) == 0 {
+		return resp
+	}
+	if q := m.Question[0].Qtype; q == dns.TypeAXFR || q == dns.TypeIXFR {
+		return resp
+	}
+	// CoreDNS adds the OPT record after loadbalance: it stays last.
+	var opt []dns.RR
+	m.Extra = slices.DeleteFunc(m.Extra, func(rr dns.RR) bool {
+		if rr.Header().Rrtype == dns.TypeOPT {
+			opt = append(opt, rr)
+			return true
+		}
+		return false
+	})
+	m.Answer, m.Ns, m.Extra = roundRobin(m.Answer), roundRobin(m.Ns), append(roundRobin(m.Extra), opt...)
+	m.Compress = true
+	out, err := m.Pack()
+	if err != nil {
+		return resp
+	}
+	return out
+}
+
+// rec is one record's place in a message.
+type rec struct {
+	start, end int
+	typ        uint16
+	ptrOwner   bool
+}
+
+// shuffleInPlace shuffles a message whose every section with more than
+// one record is CNAMEs then A or AAAA records with pointer owners (the
+// records moved are then pointed to by nothing). ok: done in place; done
+// without ok: nothing to do (AXFR/IXFR); neither: the caller repacks.
+func shuffleInPlace(b []byte) (ok, done bool) {
+	off := wire.HeaderLen
+	qd := int(binary.BigEndian.Uint16(b[4:]))
+	if qd != 1 {
+		return false, false
+	}
+	var err error
+	if off, err = wire.SkipName(b, off); err != nil || off+4 > len(b) {
+		return false, false
+	}
+	if qt := binary.BigEndian.Uint16(b[off:]); qt == dns.TypeAXFR || qt == dns.TypeIXFR {
+		return false, true
+	}
+	off += 4
+	var recs [64]rec
+	for s := 0; s < 3; s++ {
+		n := int(binary.BigEndian.Uint16(b[6+2*s:]))
+		if n > len(recs) {
+			return false, false
+		}
+		rs := recs[:0]
+		for range n {
+			r := rec{start: off}
+			r.ptrOwner = off+2 <= len(b) && b[off]&0xC0 == 0xC0
+			if off, err = wire.SkipName(b, off); err != nil || off+10 > len(b) {
+				return false, false
+			}
+			r.typ = binary.BigEndian.Uint16(b[off:])
+			off += 10 + int(binary.BigEndian.Uint16(b[off+8:]))
+			if off > len(b) {
+				return false, false
+			}
+			r.end = off
+			rs = append(rs, r)
+		}
+		if !shuffleSection(b, rs) {
+			return false, false
+		}
+	}
+	return true, true
+}
+
+// shuffleSection shuffles the records of one section in place when they
+// are already in the order CoreDNS's roundRobin puts them (CNAMEs, other
+// records, addresses), the addresses all of one type with pointer owners,
+// and no MX; false: the caller must repack. An OPT record at the end is
+// left there (CoreDNS adds it after loadbalance).
+func shuffleSection(b []byte, rs []rec) bool {
+	if n := len(rs); n > 0 && rs[n-1].typ == dns.TypeOPT {
+		rs = rs[:n-1]
+	}
+	if len(rs) <= 1 {
+		return true
+	}
+	first, rank := -1, 0 // the first address record; the category reached
+	for i, r := range rs {
+		k := 1 // other records
+		switch r.typ {
+		case dns.TypeCNAME:
+			k = 0
+		case dns.TypeA, dns.TypeAAAA:
+			k = 2
+			if first < 0 {
+				first = i
+			}
+			if !r.ptrOwner || r.typ != rs[first].typ || r.end-r.start != rs[first].end-rs[first].start {
+				return false
+			}
+		case dns.TypeMX, dns.TypeOPT:
+			return false
+		}
+		if k < rank {
+			return false
+		}
+		rank = k
+	}
+	if first < 0 {
+		return true
+	}
+	addrs := rs[first:]
+	size := addrs[0].end - addrs[0].start
+	base := addrs[0].start
+	var tmp [2 + 10 + 16]byte
+	// CoreDNS's roundRobinShuffle: two records swap half the time; more
+	// are walked with a random swap at each place.
+	swap := func(i, j int) {
+		if i == j {
+			return
+		}
+		a, c := b[base+i*size:base+(i+1)*size], b[base+j*size:base+(j+1)*size]
+		copy(tmp[:size], a)
+		copy(a, c)
+		copy(c, tmp[:size])
+	}
+	switch l := len(addrs); l {
+	case 1:
+	case 2:
+		if rand.IntN(2) == 0 {
+			swap(0, 1)
+		}
+	default:
+		for j := range l {
+			swap(j, j+rand.IntN(l-j))
+		}
+	}
+	return true
+}
+
+// roundRobin is CoreDNS's: CNAMEs, the other records, the addresses
+// shuffled, the MX records shuffled.
+func roundRobin(in []dns.RR) []dns.RR {
+	if len(in) <= 1 {
+		return in
+	}
+	var cname, address, mx, rest []dns.RR
+	for _, r := range in {
+		switch r.Header().Rrtype {
+		case dns.TypeCNAME:
+			cname = append(cname, r)
+		case dns.TypeA, dns.TypeAAAA:
+			address = append(address, r)
+		case dns.TypeMX:
+			mx = append(mx, r)
+		default:
+			rest = append(rest, r)
+		}
+	}
+	shuffle(address)
+	shuffle(mx)
+	out := append(cname, rest...)
+	out = append(out, address...)
+	return append(out, mx...)
+}
+
+func shuffle(rs []dns.RR) {
+	switch l := len(rs); l {
+	case 0, 1:
+	case 2:
+		if rand.IntN(2) == 0 {
+			rs[0], rs[1] = rs[1], rs[0]
+		}
+	default:
+		for j := range l {
+			p := j + rand.IntN(l-j)
+			rs[j], rs[p] = rs[p], rs[j]
+		}
+	}
+}
