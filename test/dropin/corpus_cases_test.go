@@ -175,6 +175,32 @@ func corpusCases(t *testing.T) []corpusCase {
 			oursRefuses: "log: option class is not supported",
 			needs:       "log formats and classes (issue 29, wave3-29a)",
 		},
+		{
+			// RKE1's NodelocalTemplateV115: force_tcp on the "." forward
+			// too (to the node's resolvers). Ours asks them over UDP and
+			// re-asks over TCP when truncated (issue 29: force_tcp
+			// wherever CoreDNS honours it, wave3-29a); the answers agree.
+			name:   "rke1-v115-force_tcp",
+			source: "rancher/kontainer-driver-metadata@dc022571 pkg/rke/templates/nodelocal.go (NodelocalTemplateV115)",
+			base:   strings.Replace(ref, "forward . __PILLAR__UPSTREAM__SERVERS__", "forward . __PILLAR__UPSTREAM__SERVERS__ {\n            force_tcp\n    }", 1),
+			args:   stockArgs,
+		},
+		{
+			name:   "rke1-v121",
+			source: "rancher/kontainer-driver-metadata@dc022571 pkg/rke/templates/nodelocal.go (NodelocalTemplateV121, the reference manifest's Corefile)",
+			base:   ref,
+			args:   stockArgs,
+		},
+		{
+			// Gardener's Corefile with its defaults (force_tcp to the
+			// cluster DNS and to the upstream servers, health on 8099) and
+			// the imports of the node-local-dns-custom ConfigMap's
+			// *.override and *.server files, none given here.
+			name:   "gardener",
+			source: "gardener/gardener@bde2b1da pkg/component/networking/nodelocaldns/resources.go, nodelocaldns.go (constants)",
+			base:   gardenerCorefile(),
+			args:   []string{"-localip", "169.254.20.10,10.96.0.10", "-conf", "CONF", "-upstreamsvc", "kube-dns-upstream", "-health-port", "8099", "-setupiptables=false"},
+		},
 	}
 }
 
@@ -279,4 +305,16 @@ func lablabsCorefile(cilium bool) string {
 			"\n  forward . __PILLAR__UPSTREAM__SERVERS__ {\n  }\n  prometheus :9253\n  " + health + "\n}\n")
 	}
 	return b.String()
+}
+
+// gardenerCorefile is Gardener's generated Corefile: bindIP the link-local
+// address and the kube-dns ClusterIP (iptables mode), the cluster DNS as
+// __PILLAR__CLUSTER__DNS__ (the stand-in), force_tcp both ways.
+func gardenerCorefile() string {
+	bind := "bind 169.254.20.10 10.96.0.10"
+	fwd := "forward . __PILLAR__CLUSTER__DNS__ {\n            force_tcp\n    }"
+	return "cluster.local:53 {\n    errors\n    cache {\n            success 9984 30\n            denial 9984 5\n    }\n    reload\n    loop\n    import custom/*.override\n    " + bind + "\n    " + fwd + "\n    prometheus :9253\n    health 169.254.20.10:8099\n    }\n" +
+		"in-addr.arpa:53 {\n    errors\n    cache 30\n    reload\n    loop\n    " + bind + "\n    " + fwd + "\n    prometheus :9253\n    }\n" +
+		"ip6.arpa:53 {\n    errors\n    cache 30\n    reload\n    loop\n    " + bind + "\n    " + fwd + "\n    prometheus :9253\n    }\n" +
+		".:53 {\n    errors\n    cache 30\n    reload\n    loop\n    import custom/*.override\n    " + bind + "\n    forward . __PILLAR__UPSTREAM__SERVERS__ {\n            force_tcp\n    }\n    prometheus :9253\n    }\n    import custom/*.server\n"
 }

@@ -175,14 +175,16 @@ func (c corpusCase) run(t *testing.T, bin string) outcome {
 		}
 	}
 	for round := range 2 {
-		for _, q := range corpusQuestions {
-			key := fmt.Sprintf("round %d %s %s", round, q.name, dns.TypeToString[q.qtype])
-			r, err := askAt(ns, o.addrs[0], port, q.name, q.qtype, 3*time.Second)
-			if err != nil {
-				o.replies[key] = reply{rcode: "error: " + err.Error()}
-				continue
+		for _, a := range o.addrs {
+			for _, q := range corpusQuestions {
+				key := fmt.Sprintf("round %d %s %s at %s", round, q.name, dns.TypeToString[q.qtype], a)
+				r, err := askAt(ns, a, port, q.name, q.qtype, 3*time.Second)
+				if err != nil {
+					o.replies[key] = reply{rcode: "error: " + err.Error()}
+					continue
+				}
+				o.replies[key] = readReply(r)
 			}
-			o.replies[key] = readReply(r)
 		}
 	}
 	o.logs = d.logs.String()
@@ -265,7 +267,10 @@ func TestDistributionCorpus(t *testing.T) {
 			}
 			same := 0
 			for k, s := range so.replies {
-				o := oo.replies[k]
+				o, ok := oo.replies[k]
+				if !ok {
+					continue // an address ours does not answer on (addrDiff)
+				}
 				switch {
 				case s.rcode != o.rcode || s.tc != o.tc || strings.Join(s.rrs, "\n") != strings.Join(o.rrs, "\n"):
 					t.Errorf("%s: stock %s %v, ours %s %v", k, s.rcode, s.rrs, o.rcode, o.rrs)

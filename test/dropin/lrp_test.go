@@ -1,0 +1,139 @@
+package dropin
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// lrpManifest reads deploy/lrp/nodelocaldns-lrp.yaml: the ConfigMap's
+// Corefile (the cluster domain token filled) and the container's args.
+func lrpManifest(t *testing.T) (corefile string, args []string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "lrp", "nodelocaldns-lrp.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		var tm struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatal(err)
+		}
+		switch tm.Kind {
+		case "ConfigMap":
+			var cm corev1.ConfigMap
+			if err := yaml.Unmarshal(doc, &cm); err != nil {
+				t.Fatal(err)
+			}
+			corefile = strings.ReplaceAll(cm.Data["Corefile"], "__PILLAR__DNS__DOMAIN__", "cluster.local")
+		case "DaemonSet":
+			var ds appsv1.DaemonSet
+			if err := yaml.Unmarshal(doc, &ds); err != nil {
+				t.Fatal(err)
+			}
+			args = ds.Spec.Template.Spec.Containers[0].Args
+		}
+	}
+	if corefile == "" || len(args) == 0 {
+		t.Fatal("deploy/lrp/nodelocaldns-lrp.yaml: no Corefile or no args")
+	}
+	return corefile, args
+}
+
+// The LRP manifest's own configuration, run as the kubelet runs it in a pod
+// network namespace (its Corefile as /etc/coredns/Corefile.base, its args,
+// the kubelet's *_SERVICE_HOST environment): it starts, answers on every
+// address of the pod (what Cilium redirects to is the pod's IP), and
+// serves /health on the pod's IP (the Corefile's health without address).
+func TestLRPManifestInPodNamespace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds our binary")
+	}
+	corefile, args := lrpManifest(t)
+	ours := buildNodelocaldns(t)
+	ns := podNamespace(t)
+	d := startIn(t, ns, ours, map[string]string{"coredns/Corefile.base": corefile}, args)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := askAt(ns, podIPv4, 53, "web.default.svc.cluster.local.", dns.TypeA, 700*time.Millisecond); err == nil {
+			break
+		}
+		select {
+		case <-d.done:
+			t.Fatalf("exited: %v\n%s", d.err, d.logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer on the pod's IP within 20 s:\n%s", d.logs)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, a := range []string{podIPv4, podIPv6, "127.0.0.1", "::1"} {
+		for _, q := range []struct {
+			name string
+			want string
+		}{{"web.default.svc.cluster.local.", "10.96.1.1"}, {"www.example.org.", "93.184.216.34"}} {
+			r, err := askAt(ns, a, 53, q.name, dns.TypeA, 3*time.Second)
+			if err != nil || len(r.Answer) != 1 || !strings.Contains(r.Answer[0].String(), q.want) {
+				t.Errorf("%s at %s: %v %v", q.name, a, r, err)
+			}
+		}
+	}
+	for _, a := range []string{oracleLocal, kubeDNSClust} {
+		if _, err := askAt(ns, a, 53, "web.default.svc.cluster.local.", dns.TypeA, 500*time.Millisecond); err == nil {
+			t.Errorf("answers on %s, which the pod does not have", a)
+		}
+	}
+	for _, url := range []string{"http://" + podIPv4 + ":8080/health", "http://" + podIPv4 + ":9253/metrics"} {
+		var code int
+		err := inNetns(ns, func() error {
+			// The transport dials on goroutines of its own: each dial
+			// enters the namespace itself.
+			dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+				err = inNetns(ns, func() (err error) {
+					c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+					return err
+				})
+				return c, err
+			}
+			c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial}}
+			resp, err := c.Get(url)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			_, _ = io.Copy(io.Discard, resp.Body)
+			code = resp.StatusCode
+			return nil
+		})
+		if err != nil || code != http.StatusOK {
+			t.Errorf("%s: %d %v", url, code, err)
+		}
+	}
+	if t.Failed() {
+		t.Logf("logs:\n%s", d.logs)
+	}
+}
