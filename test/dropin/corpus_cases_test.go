@@ -201,6 +201,18 @@ func corpusCases(t *testing.T) []corpusCase {
 			base:   gardenerCorefile(),
 			args:   []string{"-localip", "169.254.20.10,10.96.0.10", "-conf", "CONF", "-upstreamsvc", "kube-dns-upstream", "-health-port", "8099", "-setupiptables=false"},
 		},
+		{
+			// Issue 29's report: the reference Corefile (bind the link-local
+			// address and the ClusterIP) with the LRP mode's arguments in a
+			// pod namespace. Neither starts: nothing creates the addresses
+			// (-check-config says so now: TestCheckConfigInPodNamespace).
+			name:         "k8s-reference-lrp-args",
+			source:       "kubernetes/kubernetes nodelocaldns.yaml's Corefile with cilium/cilium examples/kubernetes-local-redirect/node-local-dns.yaml's args",
+			base:         ref,
+			args:         lrpArgs,
+			stockRefuses: "cannot assign requested address",
+			oursRefuses:  "cannot assign requested address",
+		},
 	}
 }
 

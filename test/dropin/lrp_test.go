@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -135,5 +136,54 @@ func TestLRPManifestInPodNamespace(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("logs:\n%s", d.logs)
+	}
+}
+
+// Issue 29's report: the stock's reference Corefile (bind 169.254.20.10
+// 10.96.0.10) with the LRP mode's arguments in a pod network namespace
+// cannot start (cannot assign requested address), and -check-config said
+// it was valid. Now it says which addresses are missing and exits 2; the
+// LRP Corefile (bind 0.0.0.0) is valid there.
+func TestCheckConfigInPodNamespace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds our binary")
+	}
+	ours := buildNodelocaldns(t)
+	ns := podNamespace(t)
+	lrp, args := lrpManifest(t)
+	for _, tc := range []struct {
+		name, corefile string
+		code           int
+		want           string
+	}{
+		{"reference Corefile", referenceCorefile(t, false), 2, "cannot listen: not addresses of this host: dns 10.96.0.10 (cannot assign requested address), dns 169.254.20.10"},
+		{"LRP Corefile", lrp, 0, "configuration is valid"},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "Corefile.base"), []byte(tc.corefile), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		a := []string{"netns", "exec", ns, ours, "-basecorefile", filepath.Join(dir, "Corefile.base"), "-resolv-conf", "/etc/resolv.conf"}
+		for _, x := range args {
+			if strings.HasPrefix(x, "-conf=") {
+				x = "-conf=" + filepath.Join(dir, "Corefile")
+			}
+			if strings.HasPrefix(x, "-state-dir=") || strings.HasPrefix(x, "-kubednscm=") {
+				continue
+			}
+			a = append(a, x)
+		}
+		cmd := exec.Command("ip", append(a, "-check-config")...)
+		cmd.Env = append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+oracleKubeDNS, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53")
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.code || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%s: exit %d, want %d with %q:\n%s", tc.name, code, tc.code, tc.want, out)
+		}
 	}
 }
