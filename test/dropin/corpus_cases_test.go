@@ -105,6 +105,17 @@ func corpusCases(t *testing.T) []corpusCase {
 			args:   kubesprayArgs,
 		},
 		{
+			// coredns_dual with the first coredns Service not answering
+			// (nothing routes 10.96.0.13): the stock fails over to the
+			// second; ours asks the first only (issue 29, item 3).
+			name:         "kubespray-coredns_dual-first-down",
+			source:       "kubernetes-sigs/kubespray@46dbdd39 roles/kubernetes-apps/ansible/tasks/main.yml (forwardTarget), the first Service down",
+			conf:         kubesprayCorefile("10.96.0.13 "+kubeDNSTwo, ""),
+			args:         kubesprayArgs,
+			clusterRcode: "SERVFAIL",
+			needs:        "several kube-dns servers in a forward with failover (issue 29, wave3-29a)",
+		},
+		{
 			// nodelocaldns_external_zones, the inventory sample's first
 			// and third zones (nameservers: the stand-ins): a key on port
 			// 1053, a rewrite, log in those blocks only.
