@@ -16,10 +16,11 @@ import (
 // MaxWildcardAddrs bounds what bind 0.0.0.0 expands to. CoreDNS opens one
 // wildcard socket; we open sockets per address (the UDP loop answers from
 // the socket's own address), so a node whose interfaces carry hundreds of
-// addresses (kube-proxy's IPVS mode puts every ClusterIP on kube-ipvs0)
-// would get hundreds of sockets: past the bound the start is refused,
-// naming the addresses to bind instead. 64: a node's own addresses, a pod's
-// (eth0, lo, IPv4 and IPv6) are a handful.
+// addresses would get hundreds of sockets: past the bound the start is
+// refused, naming the count. 64: a node's own addresses, a pod's (eth0, lo,
+// IPv4 and IPv6) are a handful. Interfaces that are down are left out:
+// kube-proxy's IPVS mode puts every ClusterIP on kube-ipvs0, a dummy link it
+// never sets up.
 const MaxWildcardAddrs = 64
 
 // ifaceAddrs lists an interface's addresses, IPv6 link-local ones with
