@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -185,5 +186,46 @@ func TestCheckConfigInPodNamespace(t *testing.T) {
 		if code != tc.code || !strings.Contains(string(out), tc.want) {
 			t.Errorf("%s: exit %d, want %d with %q:\n%s", tc.name, code, tc.code, tc.want, out)
 		}
+	}
+}
+
+// bind 0.0.0.0 on a node in kube-proxy's IPVS mode: kube-ipvs0, a link
+// that stays down, carries every ClusterIP. Its addresses are left out (a
+// socket each would be hundreds); up, they pass MaxWildcardAddrs and the
+// start is refused with the count.
+func TestWildcardLeavesDownLinksOut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds our binary")
+	}
+	ours := buildNodelocaldns(t)
+	ns, in := netns(t)
+	mustRun(t, in("ip", "link", "add", "kube-ipvs0", "type", "veth", "peer", "name", "ipvs-peer"))
+	for i := range 100 {
+		mustRun(t, in("ip", "addr", "add", fmt.Sprintf("10.96.1.%d/32", i+1), "dev", "kube-ipvs0"))
+	}
+	lrp, _ := lrpManifest(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "Corefile.base"), []byte(lrp), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check := func() (int, string) {
+		cmd := exec.Command("ip", "netns", "exec", ns, ours, "-basecorefile", filepath.Join(dir, "Corefile.base"), "-conf", filepath.Join(dir, "Corefile"),
+			"-upstreamsvc", "kube-dns-upstream", "-setupinterface=false", "-setupiptables=false", "-resolv-conf", "/etc/resolv.conf", "-check-config")
+		cmd.Env = append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+oracleKubeDNS, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53")
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), string(out)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return 0, string(out)
+	}
+	code, out := check()
+	if code != 0 || strings.Contains(out, "10.96.1.1") || !strings.Contains(out, "listen:           [127.0.0.1") {
+		t.Errorf("kube-ipvs0 down: exit %d, want 0 and lo's addresses only:\n%s", code, out)
+	}
+	mustRun(t, in("ip", "link", "set", "kube-ipvs0", "up"))
+	if code, out := check(); code != 2 || !strings.Contains(out, "this host has 10") || !strings.Contains(out, "more than 64") {
+		t.Errorf("kube-ipvs0 up: exit %d, want 2 naming the count:\n%s", code, out)
 	}
 }
