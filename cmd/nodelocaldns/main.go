@@ -89,6 +89,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	log := slog.New(h)
 	if cfg.CheckConfig {
+		// Valid only if it can start: every listen address exists or
+		// -setupinterface creates it.
+		if err := cfg.CheckListen(); err != nil {
+			fmt.Fprintf(stderr, "nodelocaldns: %v\n", err)
+			return exitUsage
+		}
 		config.Describe(stdout, cfg)
 		return exitOK
 	}

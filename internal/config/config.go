@@ -29,8 +29,13 @@ import (
 
 // Config is everything the daemon needs to start.
 type Config struct {
+	// LocalIPs are the DNS listen addresses.
 	LocalIPs []netip.Addr
-	Port     int
+	// InterfaceIPs are the addresses -setupinterface puts on the interface
+	// and the rules name; nil: LocalIPs. A Corefile's bind 0.0.0.0 or bind
+	// IFACE listens on addresses the host already has, which are not.
+	InterfaceIPs []netip.Addr
+	Port         int
 
 	// KubeDNS is the cluster DNS service that answers the cluster domain
 	// and the reverse zones; invalid (zero) in local mode.

@@ -118,7 +118,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 	if err != nil {
 		return usage("%v", err)
 	}
-	if cc.Servers, err = corefile.Build(path, bs, corefile.Options{DefaultPort: c.Port}); err != nil {
+	if cc.Servers, err = corefile.Build(path, bs, corefile.Options{DefaultPort: c.Port, Interface: c.bindInterface}); err != nil {
 		return usage("%v", err)
 	}
 	c.DropIn.Corefile = cc

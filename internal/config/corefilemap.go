@@ -81,10 +81,19 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		return true
 	}
 
-	var listen []netip.Addr
+	var listen, created []netip.Addr
 	addListen := func(a netip.Addr) {
 		if !slices.Contains(listen, a) {
 			listen = append(listen, a)
+		}
+	}
+	// created: the listen addresses that are the interface's (-localip, and
+	// explicit binds, as before): the ones -setupinterface puts on it and
+	// the rules name. Addresses found on the host (the wildcard's, an
+	// interface's) are neither.
+	addCreated := func(a netip.Addr) {
+		if !slices.Contains(created, a) {
+			created = append(created, a)
 		}
 	}
 	var succCap, denCap int
@@ -105,18 +114,34 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		if len(s.Bind) == 0 {
 			for _, a := range c.LocalIPs {
 				addListen(a)
+				addCreated(a)
 			}
 			mapped(s, "bind: none: serving on -localip %v", c.LocalIPs)
 		}
 		for _, a := range s.Bind {
 			if a.IsUnspecified() {
-				for _, l := range c.LocalIPs {
+				w, err := c.wildcard(a)
+				if err != nil {
+					return fmt.Errorf("%w: %s: %v", ErrUsage, s.Pos, err)
+				}
+				for _, l := range w {
 					addListen(l)
 				}
-				mapped(s, "bind %s: serving on -localip %v (the wildcard would also take the node's own port 53)", a, c.LocalIPs)
+				if c.SetupInterface {
+					for _, l := range c.LocalIPs {
+						addCreated(l)
+					}
+				}
+				mapped(s, "bind %s: every address of this host when it starts %v, as CoreDNS's wildcard socket (an address added later is served after a restart)", a, w)
 				continue
 			}
 			addListen(a)
+			if !c.foundOnHost(s, a) {
+				addCreated(a)
+			}
+		}
+		for name, addrs := range s.BindIfaces {
+			mapped(s, "bind %s: the interface's addresses %v", name, addrs)
 		}
 		if len(s.Bind) > 0 {
 			mapped(s, "bind %v: listen addresses", s.Bind)
@@ -300,7 +325,18 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		if set["localip"] && !slices.Equal(listen, c.LocalIPs) {
 			c.note("the Corefile's binds %v are the listen addresses; -localip %v only fills blocks without bind and names the interface's addresses in node-cache", listen, c.LocalIPs)
 		}
+		// The health and metrics addresses derived from -localip follow
+		// the listen addresses when -localip is not among them (bind
+		// 0.0.0.0 without -setupinterface: a pod's own addresses).
+		if old := c.LocalIPs[0]; !slices.Contains(listen, old) {
+			for flag, hp := range map[string]*string{"health-listen-address": &c.HealthAddr, "metrics-listen-address": &c.MetricsAddr} {
+				if ap, err := netip.ParseAddrPort(*hp); err == nil && ap.Addr() == old && !set[flag] {
+					*hp = netip.AddrPortFrom(listen[0], ap.Port()).String()
+				}
+			}
+		}
 		c.LocalIPs = listen
+		c.InterfaceIPs = created
 	}
 	if health != "" {
 		if set["health-listen-address"] {

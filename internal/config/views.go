@@ -69,7 +69,11 @@ func viewBlocks(srv []*corefile.Server, a netip.Addr) []int {
 			switch {
 			case b == a:
 				exact = true
-			case b.IsUnspecified() && (b.Is6() || a.Is4()):
+			case b.IsUnspecified():
+				// CoreDNS listens on "udp"/"tcp" 0.0.0.0 or ::, which Go
+				// opens dual-stack ([::], IPV6_V6ONLY off: `ss -lnu` shows
+				// the stock node-cache's *:53): either one is every
+				// address of both families.
 				any = true
 			}
 		}

@@ -54,7 +54,7 @@ var directiveTable map[string]directive
 
 func init() {
 	directiveTable = map[string]directive{
-		"bind":        {setup: setupBind, repeatable: true, forms: "bind ADDRESS..."},
+		"bind":        {setup: setupBind, repeatable: true, forms: "bind ADDRESS|IFACE... [{ except ADDRESS|IFACE... }]"},
 		"bufsize":     {setup: setupBufsize, forms: "bufsize [SIZE]"},
 		"cache":       {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]; serve_stale_policy prefer_positive; servfail DURATION; disable success|denial; keepttl }"},
 		"debug":       {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
@@ -132,20 +132,45 @@ func boolDirective(set func(*Server)) func(*Server, *Directive) error {
 
 func setupBind(s *Server, d *Directive) error {
 	if len(d.Args) == 0 {
-		return bad(d, "an address is required")
+		return bad(d, "an address or interface name is required")
 	}
-	if err := noBlock(d); err != nil {
-		return err
-	}
+	b := bindSpec{pos: d.Pos}
 	for _, a := range d.Args {
-		ip, err := netip.ParseAddr(a.Text)
-		if err != nil || ip.Zone() != "" {
-			return bad(d, "%q is not an IP address (interface names and except are not supported)", a.Text)
+		if err := checkBindArg(a.Text); err != nil {
+			return bad(d, "%v", err)
 		}
-		ip = ip.Unmap()
-		if !slices.Contains(s.Bind, ip) {
-			s.Bind = append(s.Bind, ip)
+		b.args = append(b.args, a.Text)
+	}
+	for _, o := range d.Block {
+		if o.Name != "except" {
+			return badOpt(d, o, "option %s is not supported", o.Name)
 		}
+		if len(o.Args) == 0 {
+			return badOpt(d, o, "except: an address or interface name is required")
+		}
+		for _, a := range o.Args {
+			if err := checkBindArg(a.Text); err != nil {
+				return badOpt(d, o, "except: %v", err)
+			}
+			b.except = append(b.except, a.Text)
+		}
+	}
+	s.binds = append(s.binds, b)
+	return nil
+}
+
+// checkBindArg refuses what is neither an IP address nor a possible
+// interface name (Linux's: 1-15 bytes, no '/', ':' or space). Which
+// interfaces exist is Build's question (Options.Interface).
+func checkBindArg(a string) error {
+	if ip, err := netip.ParseAddr(a); err == nil {
+		if ip.Zone() != "" {
+			return fmt.Errorf("%q: an address with a zone is not supported (bind the interface by name)", a)
+		}
+		return nil
+	}
+	if len(a) > 15 || strings.ContainsAny(a, "/: \t") {
+		return fmt.Errorf("%q is not a valid IP address or interface name", a)
 	}
 	return nil
 }

@@ -23,9 +23,15 @@ type Server struct {
 	Keys  []string // as written
 	Zones []string // lower-case FQDNs ("." for the root)
 	Port  int
-	// Bind lists the addresses of `bind`; empty means every address (as
-	// CoreDNS without bind).
+	// Bind lists the addresses of `bind`: interface names resolved to
+	// their addresses (Options.Interface) and except's taken out, as
+	// CoreDNS's bind does; empty means every address (as CoreDNS without
+	// bind). The unspecified address (0.0.0.0, ::) stays as written: it
+	// is every address of the host (the caller expands it).
 	Bind []netip.Addr
+	// BindIfaces names the interfaces bind resolved, and what to.
+	BindIfaces map[string][]netip.Addr
+	binds      []bindSpec // bind directives as written, resolved by Build
 
 	Cache      *Cache
 	Forward    *Forward
@@ -225,6 +231,82 @@ type Health struct {
 type Options struct {
 	// DefaultPort is the port of a key without one (-dns.port, 53).
 	DefaultPort int
+	// Interface gives the addresses of the host interface name (IPv6
+	// link-local ones with the interface as their zone), and whether there
+	// is one: bind takes interface names. Nil: no interface exists (every
+	// bind argument must be an address).
+	Interface func(name string) ([]netip.Addr, bool)
+}
+
+// bindSpec is one bind directive as written.
+type bindSpec struct {
+	pos          Pos
+	args, except []string
+}
+
+// resolveBinds fills s.Bind from its bind directives as CoreDNS's bind
+// does: each argument is an address, or an interface name standing for
+// every address of the interface (the stock node-cache, CoreDNS 1.13.2,
+// binds its IPv6 link-local ones too, with the interface as their zone);
+// except takes addresses out of its own directive only; the directives add
+// up. CoreDNS starts a block whose except leaves nothing, listening
+// nowhere; we refuse it.
+func resolveBinds(s *Server, o Options) error {
+	list := func(b bindSpec, args []string) ([]netip.Addr, error) {
+		var out []netip.Addr
+		for _, a := range args {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				out = append(out, ip.Unmap())
+				continue
+			}
+			var addrs []netip.Addr
+			ok := false
+			if o.Interface != nil {
+				addrs, ok = o.Interface(a)
+			}
+			if !ok {
+				return nil, errAt(b.pos, "bind: %q is not an IP address or the name of an interface of this host", a)
+			}
+			if s.BindIfaces == nil {
+				s.BindIfaces = map[string][]netip.Addr{}
+			}
+			s.BindIfaces[a] = addrs
+			out = append(out, addrs...)
+		}
+		return out, nil
+	}
+	for _, b := range s.binds {
+		addrs, err := list(b, b.args)
+		if err != nil {
+			return err
+		}
+		except, err := list(b, b.except)
+		if err != nil {
+			return err
+		}
+		for _, ip := range addrs {
+			if !slices.Contains(except, ip) && !slices.Contains(s.Bind, ip) {
+				s.Bind = append(s.Bind, ip)
+			}
+		}
+	}
+	if len(s.binds) > 0 && len(s.Bind) == 0 {
+		return errAt(s.binds[0].pos, "bind: %s leaves no address to listen on", bindWritten(s.binds))
+	}
+	return nil
+}
+
+// bindWritten renders bind directives as written, for errors.
+func bindWritten(bs []bindSpec) string {
+	var parts []string
+	for _, b := range bs {
+		p := strings.Join(b.args, " ")
+		if len(b.except) > 0 {
+			p += " except " + strings.Join(b.except, " ")
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // Load parses the Corefile at path and types it. Every error names the
@@ -250,6 +332,9 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 	for _, b := range bs {
 		s, err := buildServer(b, o)
 		if err != nil {
+			return nil, err
+		}
+		if err := resolveBinds(s, o); err != nil {
 			return nil, err
 		}
 		// CoreDNS refuses the same zone and port in two blocks unless their

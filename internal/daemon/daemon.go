@@ -160,9 +160,15 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	})
 
 	if cfg.SetupInterface || cfg.SetupIPTables {
+		// The interface's addresses: a Corefile's bind 0.0.0.0 or bind
+		// IFACE also listens on addresses the host has, which are not.
+		ifAddrs := cfg.InterfaceIPs
+		if ifAddrs == nil {
+			ifAddrs = cfg.LocalIPs
+		}
 		d.net, err = netsetup.New(netsetup.Config{
 			InterfaceName:  cfg.InterfaceName,
-			Addrs:          cfg.LocalIPs,
+			Addrs:          ifAddrs,
 			Port:           cfg.Port,
 			HealthPort:     cfg.HealthPort,
 			SetupInterface: cfg.SetupInterface,

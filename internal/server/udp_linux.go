@@ -111,7 +111,15 @@ func listenUDP(ap netip.AddrPort) (*udpListener, error) {
 		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.Unmap().As4()}
 	} else {
 		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
+		sa6 := &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
+		if z := a.Zone(); z != "" { // a link-local address (bind IFACE)
+			ifi, err := net.InterfaceByName(z)
+			if err != nil {
+				return nil, fmt.Errorf("zone of %s: %w", a, err)
+			}
+			sa6.ZoneId = uint32(ifi.Index)
+		}
+		sa = sa6
 	}
 	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
 	if err != nil {
@@ -150,7 +158,13 @@ func newUDPListener(fd int) (*udpListener, error) {
 	case *unix.SockaddrInet4:
 		l.local = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
 	case *unix.SockaddrInet6:
-		l.local = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+		a := netip.AddrFrom16(sa.Addr).Unmap()
+		if sa.ZoneId != 0 { // link-local: the zone names the interface, as in the listen address
+			if ifi, err := net.InterfaceByIndex(int(sa.ZoneId)); err == nil {
+				a = a.WithZone(ifi.Name)
+			}
+		}
+		l.local = netip.AddrPortFrom(a, uint16(sa.Port))
 	default:
 		unix.Close(fd)
 		return nil, fmt.Errorf("not an IP socket")

@@ -120,6 +120,8 @@ func decodeObjects(data []byte) ([]any, error) {
 			obj = &rbacv1.ClusterRole{}
 		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 			obj = &rbacv1.ClusterRoleBinding{}
+		case "cilium.io/v2 CiliumLocalRedirectPolicy":
+			obj = &ciliumLRP{}
 		default:
 			return nil, fmt.Errorf("document %d: apiVersion %q kind %q is not a kind this test knows", i, tm.APIVersion, tm.Kind)
 		}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -47,7 +48,15 @@ func TestCorefileExitCodes(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// 169.254.20.10 is on no interface of this host: without
+	// -setupinterface the start would fail, so -check-config says so.
 	out, err := exec.Command(bin, append(base, "-check-config", "-lameduck", "3s")...).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "cannot listen: not addresses of this host: dns 169.254.20.10") {
+		t.Errorf("-setupinterface=false, 169.254.20.10 nowhere: %v\n%s", err, out)
+	}
+	// -setupinterface creates it: valid.
+	withIface := append(slices.DeleteFunc(slices.Clone(base), func(a string) bool { return a == "-setupinterface=false" }), "-check-config", "-lameduck", "3s")
+	out, err = exec.Command(bin, withIface...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

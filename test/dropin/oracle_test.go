@@ -282,6 +282,36 @@ func startReference(t *testing.T, ns, bin string, extra ...string) {
 // it returns the daemon's output.
 func startReferenceCorefile(t *testing.T, ns, bin, corefile string, extra ...string) *testhost.SyncBuffer {
 	t.Helper()
+	args := append([]string{"-localip", oracleLocal + ",10.96.0.10", "-conf", "/etc/Corefile", "-upstreamsvc", "kube-dns-upstream"}, extra...)
+	d := startIn(t, ns, bin, map[string]string{"coredns/Corefile.base": corefile}, args)
+	// Ready when it answers on the local address.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := exchange(ns, "web.default.svc.cluster.local.", dns.TypeA, variant{name: "udp"}); err == nil {
+			return d.logs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s in %s does not answer on %s within 30s:\n%s", filepath.Base(bin), ns, oracleLocal, d.logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// daemonRun is a daemon started by startIn.
+type daemonRun struct {
+	logs *testhost.SyncBuffer
+	done chan struct{} // closed when it has exited
+	err  error         // its exit, once done
+}
+
+// startIn runs bin with args in ns as the kubelet would run the container:
+// etc's files (paths under /etc, e.g. "coredns/Corefile.base"; resolv.conf
+// names the node's resolver unless given) over an overlay of /etc, /tmp an
+// overlay and /run a tmpfs private to it (a mount namespace), the
+// *_SERVICE_HOST environment of the stand-ins. It is stopped, with every
+// process under it, when the test ends.
+func startIn(t *testing.T, ns, bin string, etc map[string]string, args []string) *daemonRun {
+	t.Helper()
 	dir := t.TempDir()
 	etcUp, tmpUp := filepath.Join(dir, "etc-up"), filepath.Join(dir, "tmp-up")
 	for _, d := range []string{etcUp + "/coredns", tmpUp, dir + "/etc-work", dir + "/tmp-work"} {
@@ -289,15 +319,16 @@ func startReferenceCorefile(t *testing.T, ns, bin, corefile string, extra ...str
 			t.Fatal(err)
 		}
 	}
-	for p, s := range map[string]string{
-		etcUp + "/coredns/Corefile.base": corefile,
-		etcUp + "/resolv.conf":           "nameserver " + oracleNodeDNS + "\n",
-	} {
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+	files := map[string]string{"resolv.conf": "nameserver " + oracleNodeDNS + "\n"}
+	maps.Copy(files, etc)
+	for p, s := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(etcUp, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(etcUp, p), []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	args := append([]string{"-localip", oracleLocal + ",10.96.0.10", "-conf", "/etc/Corefile", "-upstreamsvc", "kube-dns-upstream"}, extra...)
 	script := fmt.Sprintf("mount -t overlay overlay -o lowerdir=/etc,upperdir=%s,workdir=%s/etc-work /etc && "+
 		"mount -t overlay overlay -o lowerdir=/tmp,upperdir=%s,workdir=%s/tmp-work /tmp && "+
 		"mount -t tmpfs tmpfs /run && exec \"$@\"", etcUp, dir, tmpUp, dir)
@@ -308,32 +339,23 @@ func startReferenceCorefile(t *testing.T, ns, bin, corefile string, extra ...str
 	// Killed with the test process, however it ends (ip netns exec,
 	// unshare and sh exec the daemon, so this process is the daemon).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	logs := new(testhost.SyncBuffer)
-	cmd.Stdout, cmd.Stderr = logs, logs
+	d := &daemonRun{logs: new(testhost.SyncBuffer), done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = d.logs, d.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	go func() { d.err = cmd.Wait(); close(d.done) }()
 	t.Cleanup(func() {
 		// The daemon is under ip netns exec / unshare / sh (exec'd): the
 		// namespace's deletion does not stop it, so signal the whole tree.
 		_ = cmd.Process.Signal(os.Interrupt)
 		killTree(cmd.Process.Pid)
-		_ = cmd.Wait()
+		<-d.done
 		if t.Failed() {
-			t.Logf("%s:\n%s", filepath.Base(bin), logs)
+			t.Logf("%s:\n%s", filepath.Base(bin), d.logs)
 		}
 	})
-	// Ready when it answers on the local address.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := exchange(ns, "web.default.svc.cluster.local.", dns.TypeA, variant{name: "udp"}); err == nil {
-			return logs
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s in %s does not answer on %s within 30s:\n%s", filepath.Base(bin), ns, oracleLocal, logs)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return d
 }
 
 // killTree kills pid and every descendant.

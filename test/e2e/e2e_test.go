@@ -283,6 +283,54 @@ func TestQueriesReachTheCacheNotKubeDNS(t *testing.T) {
 	}
 }
 
+// In iptables mode the cache also serves the kube-dns ClusterIP: a pod
+// asking it directly reaches the cache, not kube-dns, whatever kube-proxy's
+// mode (its DNAT, iptables or nftables, never sees the NOTRACK'ed packets:
+// untracked packets skip NAT). Asked over UDP and TCP.
+func TestClusterIPQueriesReachTheCache(t *testing.T) {
+	kubeDNSPod := mustKubectl(t, "-n", "kube-system", "get", "pod", "-l", "k8s-app=kube-dns", "-o", "jsonpath={.items[0].status.podIP}")
+	nldURL := "http://127.0.0.1:9253/metrics"
+	kdURL := "http://" + kubeDNSPod + ":9153/metrics"
+	const lookups = 20
+	name := "hello.default.svc.cluster.local"
+	want := serviceIP(t, "default", "hello")
+	ask := func(proto string) error {
+		out, err := inClient("dig", "+short", "+timeout=2", "+tries=1", proto, "@"+kubeDNSIP, name)
+		if err != nil || strings.TrimSpace(out) != want {
+			return fmt.Errorf("dig %s @%s %s: %q %v, want %s", proto, kubeDNSIP, name, out, err, want)
+		}
+		return nil
+	}
+	if err := ask("+notcp"); err != nil { // cached from here on
+		t.Fatal(err)
+	}
+	nld0, err := metric(nldURL, "nodelocaldns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd0, err := metric(kdURL, "coredns_dns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range lookups {
+		if err := ask([]string{"+notcp", "+tcp"}[i%2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nld1, err := metric(nldURL, "nodelocaldns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd1, err := metric(kdURL, "coredns_dns_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d lookups at the ClusterIP %s (UDP and TCP): nodelocaldns requests +%v, kube-dns requests +%v", lookups, kubeDNSIP, nld1-nld0, kd1-kd0)
+	if nld1-nld0 < lookups || kd1-kd0 >= lookups {
+		t.Errorf("the ClusterIP's lookups went to kube-dns, not the cache")
+	}
+}
+
 // nldPods returns the names of the DaemonSet's pods.
 func nldPods(t *testing.T) []string {
 	t.Helper()

@@ -22,7 +22,8 @@
 #
 # Environment: NLD_E2E_KEEP=1 keeps the cluster up after the tests (until
 # Enter); NLD_E2E_RUN=REGEXP is passed to go test -run (the migration runs
-# when it matches TestMigrationFromStock).
+# when it matches TestMigrationFromStock); NLD_E2E_PROXY_MODE=nftables runs
+# kube-proxy in its nftables mode instead of iptables (docs/e2e.md).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -30,8 +31,16 @@ t0=$(date +%s)
 log() { echo "e2e: [$(($(date +%s) - t0))s] $*" >&2; }
 [ "$(id -u)" = 0 ] || { echo "e2e: must run as root (namespaces, cgroups, iptables)" >&2; exit 1; }
 
+proxy_mode=${NLD_E2E_PROXY_MODE:-iptables}
+case $proxy_mode in
+iptables | nftables) ;;
+*) echo "e2e: NLD_E2E_PROXY_MODE=$proxy_mode: iptables or nftables" >&2; exit 2 ;;
+esac
+
 # What Debian provides (the CI machine starts bare).
 need=()
+# kube-proxy's nftables mode runs the nft binary.
+[ "$proxy_mode" = nftables ] && { command -v nft >/dev/null || need+=(nftables); }
 for tool in etcd:etcd-server containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins \
 	buildah:buildah debootstrap:debootstrap iptables:iptables conntrack:conntrack openssl:openssl \
 	curl:curl dig:dnsutils; do
@@ -325,7 +334,7 @@ EOC
 cat >"$work/kube-proxy.yaml" <<EOC
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: iptables
+mode: $proxy_mode
 clientConnection: {kubeconfig: $work/kube-proxy.kubeconfig}
 hostnameOverride: $NODE_NAME
 clusterCIDR: $POD_CIDR
@@ -336,7 +345,7 @@ metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 EOC
 
-log "node up (etcd, control plane, containerd, kubelet, kube-proxy)"
+log "node up (etcd, control plane, containerd, kubelet, kube-proxy in $proxy_mode mode)"
 nsenter --net="/run/netns/$node_ns" unshare --mount --propagation slave \
 	env -u NOTIFY_SOCKET test/e2e/node.sh "$work" "$bin" >"$work/logs/node.log" 2>&1 &
 node_pid=$!
