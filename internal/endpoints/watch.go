@@ -33,8 +33,8 @@ const (
 	Synced
 	// Lost: the last list or watch failed; the last known endpoints stay in use.
 	Lost
-	// Forbidden: the API server refused the list (no RBAC for endpointslices); the watch
-	// stopped and the ClusterIP is used.
+	// Forbidden: the API server refused the first list (no RBAC for endpointslices); the
+	// watch stopped and the ClusterIP is used.
 	Forbidden
 )
 
@@ -64,6 +64,10 @@ const (
 	maxSliceEndpoints = 1000
 	// maxSlicePorts: the API allows 100 ports in a slice.
 	maxSlicePorts = 100
+	// maxStored bounds the endpoints kept over all the Service's slices (~200 bytes each once
+	// trimmed: 1 MiB); a kube-dns of more pods is not one any cluster runs. Those beyond are
+	// counted as over_max.
+	maxStored = 5000
 	// dnsTCPPort is the port name kube-dns' Service (and the manifests' kube-dns-upstream)
 	// gives its TCP port.
 	dnsTCPPort = "dns-tcp"
@@ -102,10 +106,11 @@ type Watch struct {
 	// everSynced: only after the first sync may a successful call turn Lost into Synced.
 	everSynced atomic.Bool
 
-	mu     sync.Mutex
-	slices map[string]*discoveryv1.EndpointSlice // by name, trimmed
-	view   View
-	sent   bool // OnChange called at least once
+	mu      sync.Mutex
+	slices  map[string]*discoveryv1.EndpointSlice // by name, trimmed
+	dropped map[string]int                        // endpoints of a slice beyond maxStored
+	view    View
+	sent    bool // OnChange called at least once
 
 	metrics *watchMetrics
 }
@@ -114,8 +119,8 @@ type Watch struct {
 type View struct {
 	// InUse are the endpoints asked, sorted.
 	InUse []netip.AddrPort
-	// NotReady counts endpoints not ready or terminating; OverMax ready ones beyond Max;
-	// NoPort slices without a usable TCP port.
+	// NotReady counts endpoints not ready or terminating; OverMax ready ones beyond Max, and
+	// any beyond the 5000 kept; NoPort slices without a usable TCP port.
 	NotReady, OverMax, NoPort int
 }
 
@@ -140,7 +145,7 @@ func New(cfg Config) (*Watch, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Watch{cfg: cfg, slices: map[string]*discoveryv1.EndpointSlice{},
+	w := &Watch{cfg: cfg, slices: map[string]*discoveryv1.EndpointSlice{}, dropped: map[string]int{},
 		log: cfg.Logger.With("component", "kube-dns-endpoints", "service", cfg.Namespace+"/"+cfg.Service)}
 	w.metrics = newWatchMetrics(w)
 	sel := discoveryv1.LabelServiceName + "=" + cfg.Service
@@ -254,6 +259,17 @@ func (w *Watch) update(obj any) {
 		return
 	}
 	w.mu.Lock()
+	others := 0
+	for name, o := range w.slices {
+		if name != s.Name {
+			others += len(o.Endpoints)
+		}
+	}
+	delete(w.dropped, s.Name)
+	if room := max(maxStored-others, 0); len(s.Endpoints) > room {
+		w.dropped[s.Name] = len(s.Endpoints) - room
+		s.Endpoints = s.Endpoints[:room:room]
+	}
 	w.slices[s.Name] = s
 	w.mu.Unlock()
 	w.publish(false)
@@ -269,6 +285,7 @@ func (w *Watch) remove(obj any) {
 	}
 	w.mu.Lock()
 	delete(w.slices, s.Name)
+	delete(w.dropped, s.Name)
 	w.mu.Unlock()
 	w.publish(false)
 }
@@ -278,6 +295,9 @@ func (w *Watch) remove(obj any) {
 func (w *Watch) publish(synced bool) {
 	w.mu.Lock()
 	v := compute(w.slices, &w.cfg)
+	for _, n := range w.dropped {
+		v.OverMax += n
+	}
 	changed := !slices.Equal(v.InUse, w.view.InUse)
 	if v.NoPort > w.view.NoPort {
 		w.log.Warn("kube-dns endpoints: a slice has no TCP port named dns-tcp (nor one TCP port, nor the Service's port): its endpoints are not used", "slices", v.NoPort)
@@ -453,7 +473,9 @@ func (s *stateListWatch) note(err error) {
 			return
 		}
 		w.metrics.errors.Inc()
-		if apierrors.IsForbidden(err) {
+		if apierrors.IsForbidden(err) && !w.everSynced.Load() {
+			// No RBAC for endpointslices. Once synced, a 403 is a restarting API server
+			// whose authorizer is not ready yet: lost, and retried.
 			w.setState(Forbidden, err)
 			if c := w.cancel.Load(); c != nil {
 				(*c)()

@@ -410,11 +410,15 @@ func (g *Group) attempt(ctx context.Context, u *upstream, query []byte, q questi
 			return nil, fmt.Errorf("%w: %w", errAbandoned, err)
 		}
 		kind := failureKind(err)
-		g.obs.Failure(g.name, u.name, kind)
+		if !u.gone.Load() { // a removed endpoint's series are gone (Remover)
+			g.obs.Failure(g.name, u.name, kind)
+		}
 		g.failed(u, kind, seen)
 		return nil, err
 	}
-	g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(start))
+	if !u.gone.Load() {
+		g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(start))
+	}
 	g.answered(u)
 	return ans, nil
 }

@@ -69,6 +69,7 @@ type tcpPool struct {
 	// one is closed.
 	retiring  bool
 	gone      func()
+	open      int       // connections dialled and not yet shut (Observer.Conns' count)
 	dialFails int       // consecutive failed dials
 	nextDial  time.Time // no dial before this (on clk)
 	dialErr   error
@@ -350,6 +351,7 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 	c.writeFn = c.writeSome
 	c.draining = p.retiring // dialled for a query taken before the retirement: that one only
 	p.conns = append(p.conns, c)
+	p.open++
 	p.obs.Conns(p.group, p.upstream, 1)
 	p.wg.Add(2)
 	go c.readLoop()
@@ -550,6 +552,9 @@ func (p *tcpPool) retireLocked(c *tcpConn) bool {
 func (c *tcpConn) shut() {
 	c.nc.Close()
 	c.pool.obs.Conns(c.pool.group, c.pool.upstream, -1)
+	c.pool.mu.Lock()
+	c.pool.open--
+	c.pool.mu.Unlock()
 	c.pool.goneIfEmpty()
 }
 
@@ -586,7 +591,7 @@ func (p *tcpPool) retire(gone func()) {
 func (p *tcpPool) goneIfEmpty() {
 	p.mu.Lock()
 	var gone func()
-	if p.retiring && len(p.conns) == 0 && p.dialing == 0 {
+	if p.retiring && p.open == 0 && p.dialing == 0 {
 		gone, p.gone = p.gone, nil
 	}
 	p.mu.Unlock()

@@ -258,6 +258,10 @@ const (
 	// (internal/metrics, httpMaxConns).
 	httpListenerHeap = 256 * 17 << 10
 	baseHeap         = 8 << 20 // runtime, metrics, routes, upstream pools
+	// kube-dns' pods asked directly: endpoints.DefaultMax (16) x -tcp-pool-size (2)
+	// connections x ~110 KiB (reader buffer up to a 64 KiB frame, two goroutines, the
+	// write queue), and the slices' store (at most 5000 endpoints, ~1 MiB).
+	kubeDNSEndpointsHeap = 5 << 20
 	// A client TCP connection's kernel buffers, fixed (server.tcpSndBuf
 	// and tcpRcvBuf, doubled by the kernel).
 	perTCPConnKernel = 24 << 10
@@ -606,7 +610,7 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 		listeners++
 	}
 	live := cfg.Cache.MaxBytes + sockets*udpSocketHeap + int64(cfg.MaxInflight)*(perMissHeap+perWaitingHeap) +
-		int64(cfg.MaxTCPConns)*perTCPConnHeap + tcpAnswersHeap + listeners*httpListenerHeap + baseHeap
+		int64(cfg.MaxTCPConns)*perTCPConnHeap + tcpAnswersHeap + listeners*httpListenerHeap + baseHeap + kubeDNSEndpointsHeap
 	if float64(live) > (1-minGarbage)*float64(gml) {
 		fail("memory: live heap %d MiB (cache %d MiB + overhead) leaves less than %.0f%% of GOMEMLIMIT %d MiB for garbage",
 			live>>20, cfg.Cache.MaxBytes>>20, minGarbage*100, gml>>20)
