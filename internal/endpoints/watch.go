@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -196,7 +197,11 @@ func (w *Watch) Run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w.cancel.Store(&cancel)
+	// client-go's own lines (each failed list or watch, with backoff) are not logged: the
+	// state changes are, one line each (setState).
+	quiet := logr.Discard()
 	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
+		Logger:        &quiet,
 		ListerWatcher: w.lw,
 		ObjectType:    &discoveryv1.EndpointSlice{},
 		ResyncPeriod:  w.cfg.Resync,
