@@ -261,3 +261,31 @@ func TestSetEndpointsRefuses(t *testing.T) {
 		t.Error("closed group took endpoints")
 	}
 }
+
+// BenchmarkExchangeAsyncTCPEndpoints is BenchmarkExchangeAsyncTCP with three endpoints in
+// front of the configured server (kube-dns' pods in front of its ClusterIP): the turn among
+// them costs an atomic add and no allocation.
+func BenchmarkExchangeAsyncTCPEndpoints(b *testing.B) {
+	g := newGroup(b, GroupConfig{Name: "bench", Servers: []netip.AddrPort{echoTCP(b)}, Proto: TCP}, nil)
+	if err := g.SetEndpoints([]netip.AddrPort{echoTCP(b), echoTCP(b), echoTCP(b)}); err != nil {
+		b.Fatal(err)
+	}
+	q := query(b, "kubernetes.default.svc.cluster.local.", 1)
+	for range 3 { // a connection open to each endpoint
+		if _, err := g.Exchange(context.Background(), q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		d := make(chanDone, 1)
+		for pb.Next() {
+			g.ExchangeAsync(q, 5*time.Second, d)
+			if err := <-d; err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
