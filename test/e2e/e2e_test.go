@@ -737,8 +737,8 @@ func TestKubeDNSLoadSpreadOverItsPods(t *testing.T) {
 		out := map[string]float64{}
 		for name, ip := range pods {
 			v, err := metric("http://"+ip+":9153/metrics", "coredns_dns_requests_total")
-			if err != nil {
-				t.Fatal(err)
+			if err != nil && !strings.Contains(err.Error(), "no coredns_dns_requests_total") {
+				t.Fatal(err) // a new pod has the series from its first request on: 0 until then
 			}
 			out[name] = v
 		}
