@@ -399,8 +399,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
 		}
 	}
+	d.startKubeEndpoints() // before the reload goroutine, which hands it a replaced kube-dns group
 	d.startReload()
-	d.startKubeEndpoints()
 	if err := d.startPodWatch(); err != nil {
 		// DNS never depends on the API server: serve without autopath.
 		d.log.Error("autopath off", "err", err)
