@@ -14,6 +14,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 )
 
@@ -229,4 +230,36 @@ func TestKubeDNSPodsAskedDirectly(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Errorf("shutdown: %v", err)
 	}
+}
+
+// TestKubeEndpointsFollowTheGroup: the endpoints go to a kube-dns group that replaces the
+// first for the same ClusterIP (a Corefile edit), never to one for another address.
+func TestKubeEndpointsFollowTheGroup(t *testing.T) {
+	at := netip.MustParseAddrPort("10.96.0.11:53")
+	group := func(addr netip.AddrPort) *forward.Group {
+		g, err := forward.NewGroup(forward.GroupConfig{Name: "kube-dns", Servers: []netip.AddrPort{addr}, Proto: forward.TCP}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		return g
+	}
+	g1, g2, other := group(at), group(at), group(netip.MustParseAddrPort("10.96.0.99:53"))
+	eps := []netip.AddrPort{netip.MustParseAddrPort("10.244.0.2:53"), netip.MustParseAddrPort("10.244.0.3:53")}
+	k := &kubeEndpoints{at: at, group: g1}
+	k.set(eps)
+	if got := g1.Endpoints(); len(got) != 2 {
+		t.Fatalf("first group: %v", got)
+	}
+	k.setGroup(g2, at)
+	if got := g2.Endpoints(); len(got) != 2 {
+		t.Errorf("replacing group for the same address: %v", got)
+	}
+	k.setGroup(other, netip.MustParseAddrPort("10.96.0.99:53"))
+	k.set(eps[:1])
+	if got := other.Endpoints(); len(got) != 0 {
+		t.Errorf("a group for another address got endpoints %v", got)
+	}
+	var nilK *kubeEndpoints
+	nilK.setGroup(g1, at) // no watch: nothing to do
 }
