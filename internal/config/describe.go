@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
 )
 
 // Describe prints what a start with c would do, for -check-config.
@@ -80,8 +82,8 @@ func describeKubeDNSPods(c *Config) string {
 	if c.KubeDNSService == "" {
 		return fmt.Sprintf("the ClusterIP only: %s is not the ClusterIP of -upstreamsvc's Service ($NAME_SERVICE_HOST), so its EndpointSlices are unknown", c.KubeDNS)
 	}
-	follow := fmt.Sprintf("the ready endpoints of Service %s (its EndpointSlices, port dns-tcp; at most 16 per node), each query to the next in turn, pool %d each; %s as fallback",
-		c.KubeDNSService, c.TCPPoolSize, c.KubeDNS)
+	follow := fmt.Sprintf("the ready endpoints of Service %s (its EndpointSlices, port dns-tcp; at most %d per node), each query to the next in turn, pool %d each; %s as fallback",
+		c.KubeDNSService, endpoints.DefaultMax, c.TCPPoolSize, c.KubeDNS)
 	if _, err := os.Stat(ServiceAccountDir + "/token"); err != nil || os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
 		return "the ClusterIP only: no API server credentials here (token not mounted, or not in a pod); in a pod with them: " + follow
 	}
