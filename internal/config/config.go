@@ -42,9 +42,14 @@ type Config struct {
 	KubeDNS netip.AddrPort
 	// KubeDNSSource says where KubeDNS came from, for logs.
 	KubeDNSSource string
-	LocalMode     bool
-	ClusterDomain string // FQDN with trailing dot, lower case
-	ResolvConf    string
+	// KubeDNSService names the Service whose ClusterIP KubeDNS is (-upstreamsvc, when
+	// KubeDNS is its $NAME_SERVICE_HOST, as node-cache renders __PILLAR__CLUSTER__DNS__):
+	// the daemon follows its EndpointSlices to ask kube-dns' pods directly. "" when
+	// kube-dns' address is not known to be that Service's (then the ClusterIP only).
+	KubeDNSService string
+	LocalMode      bool
+	ClusterDomain  string // FQDN with trailing dot, lower case
+	ResolvConf     string
 	// Nameservers are the node's resolvers read from ResolvConf (after
 	// following systemd-resolved's stub and dropping our own addresses).
 	Nameservers []netip.AddrPort
@@ -354,6 +359,14 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	}
 	if kubeErr != nil && !c.KubeDNS.IsValid() {
 		return nil, kubeErr
+	}
+	if !c.LocalMode && upstreamSvc != "" {
+		// The kubelet sets $NAME_SERVICE_HOST to the Service's ClusterIP in the pod's
+		// namespace: kube-dns' address is that Service's when they are equal.
+		host := env(strings.ToUpper(strings.ReplaceAll(upstreamSvc, "-", "_")) + "_SERVICE_HOST")
+		if a, err := netip.ParseAddr(host); err == nil && a.Unmap() == c.KubeDNS.Addr() {
+			c.KubeDNSService = upstreamSvc
+		}
 	}
 	if c.ResolvConf != "" {
 		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {

@@ -5,6 +5,9 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
 )
 
 // Describe prints what a start with c would do, for -check-config.
@@ -17,6 +20,7 @@ func Describe(w io.Writer, c *Config) {
 		p("kube-dns:         none (local mode): every name goes to the node's resolvers")
 	} else {
 		p("kube-dns:         %s (from %s) over TCP, pool %d: %s, in-addr.arpa., ip6.arpa.", c.KubeDNS, c.KubeDNSSource, c.TCPPoolSize, c.ClusterDomain)
+		p("kube-dns pods:    %s", describeKubeDNSPods(c))
 	}
 	p("node resolvers:   %v (from %s)", c.Nameservers, c.ResolvConf)
 	if c.KubeDNSConfigMap == "" {
@@ -67,4 +71,21 @@ func Describe(w io.Writer, c *Config) {
 		p("autopath:         off")
 	}
 	describeDropIn(p, c) // drop-in: the Corefile block by block, and the notes
+}
+
+// ServiceAccountDir is where the kubelet mounts the pod's service account token and namespace.
+const ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// describeKubeDNSPods says whether kube-dns' pods are asked directly (docs/design.md,
+// "kube-dns endpoints"). It reads the environment and the token's files, and asks nothing.
+func describeKubeDNSPods(c *Config) string {
+	if c.KubeDNSService == "" {
+		return fmt.Sprintf("the ClusterIP only: %s is not the ClusterIP of -upstreamsvc's Service ($NAME_SERVICE_HOST), so its EndpointSlices are unknown", c.KubeDNS)
+	}
+	follow := fmt.Sprintf("the ready endpoints of Service %s (its EndpointSlices, port dns-tcp; at most %d per node), each query to the next in turn, pool %d each; %s as fallback",
+		c.KubeDNSService, endpoints.DefaultMax, c.TCPPoolSize, c.KubeDNS)
+	if _, err := os.Stat(ServiceAccountDir + "/token"); err != nil || os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return "the ClusterIP only: no API server credentials here (token not mounted, or not in a pod); in a pod with them: " + follow
+	}
+	return follow + " (live shares: nodelocaldns_upstream_request_duration_seconds_count{group=\"kube-dns\"} per upstream)"
 }

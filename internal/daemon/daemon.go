@@ -40,6 +40,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
 	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
@@ -78,6 +79,11 @@ type Daemon struct {
 	PodWatch     *podwatch.Watch
 	stopPodWatch context.CancelFunc
 	autopath     *autopath.Hook
+
+	// kube-dns' endpoints (kubeendpoints.go): nil without the API server.
+	KubeEndpoints *endpoints.Watch
+	kubeEP        *kubeEndpoints
+	stopKubeEP    context.CancelFunc
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -92,8 +98,11 @@ type Options struct {
 	// -pidfile there, as CoreDNS writes it once serving).
 	OnReady func()
 	// KubeConfig reaches the API server for -autopath instead of the
-	// in-cluster credentials (tests).
+	// in-cluster credentials (tests), and for following kube-dns' endpoints.
 	KubeConfig *rest.Config
+	// KubeNamespace is the pod's namespace, where -upstreamsvc's Service is; the service
+	// account's namespace file when "".
+	KubeNamespace string
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -294,6 +303,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
 		}
 	}
+	d.startKubeEndpoints() // before the reload goroutine, which hands it a replaced kube-dns group
 	d.run.Start()
 	if err := d.startPodWatch(); err != nil {
 		// DNS never depends on the API server: serve without autopath.
@@ -456,6 +466,9 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	}
 	if d.stopPodWatch != nil {
 		d.stopPodWatch()
+	}
+	if d.stopKubeEP != nil {
+		d.stopKubeEP()
 	}
 	d.bg.Wait()
 	if d.control != nil {

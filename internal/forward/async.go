@@ -134,10 +134,14 @@ func (a *asyncExchange) accounted(ans []byte, err error, canceled bool) error {
 		return fmt.Errorf("%w: %w", errAbandoned, err)
 	case err != nil:
 		kind := failureKind(err)
-		g.obs.Failure(g.name, u.name, kind)
+		if !u.gone.Load() { // a removed endpoint's series are gone (Remover)
+			g.obs.Failure(g.name, u.name, kind)
+		}
 		g.failed(u, kind, a.seen)
 	default:
-		g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
+		if !u.gone.Load() {
+			g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(a.start))
+		}
 		g.answered(u)
 	}
 	return err

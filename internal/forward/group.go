@@ -95,20 +95,26 @@ type GroupConfig struct {
 // Group forwards queries to a list of equivalent upstream servers with health tracking and
 // failover. It is safe for concurrent use.
 type Group struct {
-	cfg      GroupConfig
-	clk      clock.Clock
-	name     string
-	obs      Observer
-	log      *slog.Logger
-	ups      []*upstream
+	cfg  GroupConfig
+	clk  clock.Clock
+	name string
+	obs  Observer
+	log  *slog.Logger
+	ups  []*upstream // GroupConfig.Servers: after the endpoints, the fallback
+	// eps are the endpoints (SetEndpoints): asked first, each query starting at the next one in
+	// turn (epTurn). Replaced whole; a walk keeps the list it began with.
+	eps      atomic.Pointer[[]*upstream]
+	epTurn   atomic.Uint32
 	inflight atomic.Int64
 	next     atomic.Uint32 // turns among the servers when all are down
 	turn     atomic.Uint32 // GroupConfig.Spread: the next query's first server
 
 	ctx    context.Context // cancelled by Close; parent of health probes
 	cancel context.CancelFunc
-	mu     sync.Mutex // orders probe start (wg.Add) against Close
+	mu     sync.Mutex // orders probe start (wg.Add) against Close; guards retired, SetEndpoints
 	wg     sync.WaitGroup
+	// retired: endpoints removed whose pools may still hold connections (closed by Close).
+	retired []*upstream
 }
 
 // upstream is one server of a group.
@@ -123,6 +129,9 @@ type upstream struct {
 	// towards down only if the server answered nothing else while the try waited.
 	answers atomic.Uint64
 	probing atomic.Bool // a probe goroutine runs for it
+	// gone: an endpoint SetEndpoints removed. It takes no new query, its probe ends, and its
+	// pool closes its connections as their queries end (tcpPool.retire).
+	gone atomic.Bool
 }
 
 // NewGroup validates cfg, fills in defaults and returns a group whose upstreams all start healthy.
@@ -261,8 +270,10 @@ func (g *Group) leave() {
 // server is down. Exchange goes through it in one goroutine; ExchangeAsync makes its first try
 // without one and hands the rest of the walk to a goroutine only when that try did not answer.
 type walk struct {
-	pass, start, k int // pass number, its first server, the next position in it
-	tried          int // servers tried in this pass
+	eps            []*upstream // the endpoints when the walk began (asked before g.ups)
+	epStart        int         // the endpoint the passes start at
+	pass, start, k int         // pass number, its first server, the next position in it
+	tried          int         // servers tried in this pass
 	allDown        bool
 	last           int // position (in the pass) of the server tried last; -1: the all-down try
 	fallback       []byte
@@ -273,6 +284,20 @@ type walk struct {
 func (g *Group) begin(w *walk) {
 	*w = walk{}
 	w.start = g.passStart()
+	if eps := g.eps.Load(); eps != nil && len(*eps) > 0 {
+		w.eps = *eps
+		w.epStart = int(g.epTurn.Add(1)-1) % len(w.eps)
+	}
+}
+
+// at is the server at position k of w's pass: the endpoints first, from the one in turn, then
+// the configured servers from the pass's start.
+func (g *Group) at(w *walk, k int) *upstream {
+	if m := len(w.eps); k < m {
+		return w.eps[(w.epStart+k)%m]
+	}
+	k -= len(w.eps)
+	return g.ups[(w.start+k)%len(g.ups)]
 }
 
 // passStart is the first server of a pass.
@@ -286,12 +311,12 @@ func (g *Group) passStart() int {
 // nextServer returns the server w tries next, or nil when the walk is over (its result is then
 // end's).
 func (g *Group) nextServer(w *walk) *upstream {
-	n := len(g.ups)
+	n := len(w.eps) + len(g.ups)
 	for w.pass < maxPasses && !w.allDown {
 		for w.k < n {
 			k := w.k
 			w.k++
-			if u := g.ups[(w.start+k)%n]; !u.down.Load() {
+			if u := g.at(w, k); !u.down.Load() && !u.gone.Load() {
 				w.tried++
 				w.last = k
 				return u
@@ -312,7 +337,7 @@ func (g *Group) nextServer(w *walk) *upstream {
 				return nil
 			}
 			w.allDown, w.last = true, -1
-			return g.ups[int(g.next.Add(1)-1)%n]
+			return g.at(w, int(g.next.Add(1)-1)%n)
 		}
 		w.pass++
 		w.k, w.tried = 0, 0
@@ -334,7 +359,7 @@ func (g *Group) take(w *walk, q question, ans []byte, err error) (final bool, _ 
 		}
 		return false, nil, nil
 	}
-	if rc := wire.Rcode(ans); !w.allDown && (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(w.start, w.last) {
+	if rc := wire.Rcode(ans); !w.allDown && (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(w, w.last) {
 		w.fallback = ans
 		return false, nil, nil
 	}
@@ -393,15 +418,22 @@ func (g *Group) attempt(ctx context.Context, u *upstream, query []byte, q questi
 		ans, err = g.try(ctx, u, query, q, false)
 	}
 	if err != nil {
+		if errors.Is(err, errRetired) {
+			return nil, err // taken out meanwhile: not its failure, the walk moves on
+		}
 		if errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed) {
 			return nil, fmt.Errorf("%w: %w", errAbandoned, err)
 		}
 		kind := failureKind(err)
-		g.obs.Failure(g.name, u.name, kind)
+		if !u.gone.Load() { // a removed endpoint's series are gone (Remover)
+			g.obs.Failure(g.name, u.name, kind)
+		}
 		g.failed(u, kind, seen)
 		return nil, err
 	}
-	g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(start))
+	if !u.gone.Load() {
+		g.obs.Exchange(g.name, u.name, wire.Rcode(ans), g.clk.Now().Sub(start))
+	}
 	g.answered(u)
 	return ans, nil
 }
@@ -454,10 +486,10 @@ func release(cancel context.CancelCauseFunc, t clock.Timer) {
 	}
 }
 
-// healthyAfter reports whether a server after the k-th of this pass (which began at start) is up.
-func (g *Group) healthyAfter(start, k int) bool {
-	for j := k + 1; j < len(g.ups); j++ {
-		if !g.ups[(start+j)%len(g.ups)].down.Load() {
+// healthyAfter reports whether a server after the k-th of w's pass is up.
+func (g *Group) healthyAfter(w *walk, k int) bool {
+	for j := k + 1; j < len(w.eps)+len(g.ups); j++ {
+		if u := g.at(w, j); !u.down.Load() && !u.gone.Load() {
 			return true
 		}
 	}
@@ -474,7 +506,14 @@ func (g *Group) Close() error {
 	g.cancel()
 	g.mu.Unlock()
 	g.wg.Wait()
-	for _, u := range g.ups {
+	g.mu.Lock()
+	ups := append(append([]*upstream(nil), g.ups...), g.retired...)
+	if eps := g.eps.Load(); eps != nil {
+		ups = append(ups, *eps...)
+	}
+	g.retired = nil
+	g.mu.Unlock()
+	for _, u := range ups {
 		if u.tcp != nil {
 			u.tcp.close()
 		}

@@ -26,7 +26,7 @@ func (g *Group) failed(u *upstream, kind string, seen uint64) {
 	if kind == KindTimeout && u.answers.Load() != seen {
 		return
 	}
-	if g.cfg.MaxFails < 0 || u.fails.Add(1) < int32(g.cfg.MaxFails) || !u.down.CompareAndSwap(false, true) {
+	if g.cfg.MaxFails < 0 || u.fails.Add(1) < int32(g.cfg.MaxFails) || !u.down.CompareAndSwap(false, true) || u.gone.Load() {
 		return
 	}
 	g.obs.Health(g.name, u.name, false)
@@ -38,7 +38,7 @@ func (g *Group) failed(u *upstream, kind string, seen uint64) {
 func (g *Group) answered(u *upstream) {
 	u.answers.Add(1)
 	u.fails.Store(0)
-	if u.down.CompareAndSwap(true, false) {
+	if u.down.CompareAndSwap(true, false) && !u.gone.Load() {
 		g.obs.Health(g.name, u.name, true)
 		g.log.Info("upstream up", "upstream", u.name)
 	}
@@ -73,6 +73,9 @@ func (g *Group) probe(u *upstream) {
 		case <-g.ctx.Done():
 			return
 		case <-t.C():
+		}
+		if u.gone.Load() {
+			return // an endpoint no longer followed: nothing to bring back
 		}
 		if u.down.Load() {
 			query := probeQuery(uint16(rand.Uint32()))

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -59,12 +60,18 @@ type tcpPool struct {
 	obs        Observer
 	log        *slog.Logger
 
-	mu        sync.Mutex
-	conns     []*tcpConn // open and not retired: usable or draining
-	dialing   int
-	waiters   int
-	changed   chan struct{} // closed and replaced when capacity may have freed up and waiters > 0
-	closed    bool
+	mu      sync.Mutex
+	conns   []*tcpConn // open and not retired: usable or draining
+	dialing int
+	waiters int
+	changed chan struct{} // closed and replaced when capacity may have freed up and waiters > 0
+	closed  bool
+	// retiring: the upstream is an endpoint no longer followed (retire): no new query, each
+	// connection closes once its queries are answered or given up; gone runs once the last
+	// one is closed.
+	retiring  bool
+	gone      func()
+	open      int       // connections dialled and not yet shut (Observer.Conns' count)
 	dialFails int       // consecutive failed dials
 	nextDial  time.Time // no dial before this (on clk)
 	dialErr   error
@@ -235,6 +242,10 @@ func (p *tcpPool) acquire(ctx context.Context, expired <-chan time.Time) (*tcpCo
 			p.mu.Unlock()
 			return nil, 0, nil, 0, ErrClosed
 		}
+		if p.retiring {
+			p.mu.Unlock()
+			return nil, 0, nil, 0, fmt.Errorf("%s: %w", p.upstream, errRetired)
+		}
 		best := p.leastLoaded()
 		open := len(p.conns) + p.dialing
 		mayDial := open < p.size && !p.clk.Now().Before(p.nextDial)
@@ -352,7 +363,9 @@ func (p *tcpPool) dialLocked(ctx context.Context) (*tcpConn, error) {
 		wdone:    make(chan struct{}),
 	}
 	c.writeFn = c.writeSome
+	c.draining = p.retiring // dialled for a query taken before the retirement: that one only
 	p.conns = append(p.conns, c)
+	p.open++
 	p.obs.Conns(p.group, p.upstream, 1)
 	p.wg.Add(2)
 	go c.readLoop()
@@ -414,7 +427,7 @@ func (c *tcpConn) reserve() (uint16, *tcpWait) {
 // connection's reader or the try's timer.
 func (p *tcpPool) start(query []byte, q question, a *asyncExchange) bool {
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || p.retiring {
 		p.mu.Unlock()
 		return false
 	}
@@ -553,6 +566,52 @@ func (p *tcpPool) retireLocked(c *tcpConn) bool {
 func (c *tcpConn) shut() {
 	c.nc.Close()
 	c.pool.obs.Conns(c.pool.group, c.pool.upstream, -1)
+	c.pool.mu.Lock()
+	c.pool.open--
+	c.pool.mu.Unlock()
+	c.pool.goneIfEmpty()
+}
+
+// errRetired: the upstream is an endpoint that is no longer followed; the walk moves on to the
+// next server without counting it against the upstream's health.
+var errRetired = errors.New("endpoint no longer followed")
+
+// retire takes the pool out of use: no new query (acquire fails with errRetired, start
+// declines), idle connections close now, busy ones as soon as their last query is answered or
+// given up (at the latest after a try). gone runs once, when no connection is left.
+func (p *tcpPool) retire(gone func()) {
+	p.mu.Lock()
+	if p.retiring || p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.retiring, p.gone = true, gone
+	var idle []*tcpConn
+	for _, c := range slices.Clone(p.conns) {
+		c.draining = true
+		if c.outstanding == 0 && p.retireLocked(c) {
+			idle = append(idle, c)
+		}
+	}
+	p.wake()
+	p.mu.Unlock()
+	for _, c := range idle {
+		c.shut()
+	}
+	p.goneIfEmpty()
+}
+
+// goneIfEmpty runs a retiring pool's gone once no connection is left or being dialled.
+func (p *tcpPool) goneIfEmpty() {
+	p.mu.Lock()
+	var gone func()
+	if p.retiring && p.open == 0 && p.dialing == 0 {
+		gone, p.gone = p.gone, nil
+	}
+	p.mu.Unlock()
+	if gone != nil {
+		gone()
+	}
 }
 
 func (p *tcpPool) wake() {

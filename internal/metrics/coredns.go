@@ -218,6 +218,19 @@ func (c *cdMetrics) health(group, upstream string, up bool) {
 	c.hcBroken.Inc() // the last healthy upstream of the group went down
 }
 
+// removed forgets an upstream that left its group (Metrics.Removed).
+func (c *cdMetrics) removed(group, upstream string) {
+	l := prometheus.Labels{"to": upstream}
+	c.proxyDuration.DeletePartialMatch(l)
+	c.proxyHCFail.DeletePartialMatch(l)
+	c.connHits.DeletePartialMatch(l)
+	c.connMisses.DeletePartialMatch(l)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.healthy[group], upstream)
+	delete(c.hasConn, upstream)
+}
+
 func (c *cdMetrics) conns(upstream string, delta int) {
 	if delta <= 0 {
 		return

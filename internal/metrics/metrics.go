@@ -179,6 +179,18 @@ func (m *Metrics) SocketUse(group, upstream, proto string, reused bool) {
 	m.cd.socketUse(upstream, proto, reused)
 }
 
+// Removed forgets an upstream that left its group for good: a kube-dns pod no longer followed
+// (forward.Remover). Its series go, so the label set stays the endpoints in use, not every pod
+// address seen since the start.
+func (m *Metrics) Removed(group, upstream string) {
+	l := prometheus.Labels{"group": group, "upstream": upstream}
+	m.upstreamDuration.DeletePartialMatch(l)
+	m.upstreamFailures.DeletePartialMatch(l)
+	m.upstreamHealthy.Delete(l)
+	m.upstreamConns.Delete(l)
+	m.cd.removed(group, upstream)
+}
+
 // Inflight moves the in-flight gauge (forward.Observer).
 func (m *Metrics) Inflight(group string, delta int) {
 	m.upstreamInflight.WithLabelValues(group).Add(float64(delta))

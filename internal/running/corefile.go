@@ -256,6 +256,9 @@ func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 	if e.kube != nil {
 		r.retireLater = append(r.retireLater, r.kube)
 		r.kube, r.kubeAt, e.changed = e.kube, n.KubeDNS, true
+		if d.kubeHook != nil {
+			d.kubeHook(e.kube, n.KubeDNS) // kube-dns' pods, when it is the Service followed
+		}
 	}
 	if n.ResolvConf == "" && !slices.Equal(n.Nameservers, r.resolv) {
 		r.resolv, e.changed = n.Nameservers, true

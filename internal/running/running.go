@@ -19,6 +19,7 @@ package running
 
 import (
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
@@ -80,7 +81,19 @@ type State struct {
 	// its rebuild: after views, policies and chains are built, before the
 	// groups (corefile.go).
 	reloadFault atomic.Pointer[func() error]
+	// kubeHook, when set (SetKubeGroupHook, before Start), is told of each
+	// kube-dns group a Corefile edit puts in place of the last.
+	kubeHook func(g *forward.Group, addr netip.AddrPort)
 }
+
+// KubeGroup is the kube-dns group (nil: none). The reload goroutine owns
+// it: call before Start, or where no Corefile edit can replace it (tests).
+func (d *State) KubeGroup() *forward.Group { return d.reload.kube }
+
+// SetKubeGroupHook sets the function told of each kube-dns group that
+// replaces the last, with its address (the daemon hands it kube-dns' pods:
+// internal/endpoints). Call before Start.
+func (d *State) SetKubeGroupHook(f func(g *forward.Group, addr netip.AddrPort)) { d.kubeHook = f }
 
 // New builds the groups, the block tables and the resolvers from cfg. It
 // opens upstream sockets only (the groups'); on error it closes them.

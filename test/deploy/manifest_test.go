@@ -122,6 +122,10 @@ func decodeObjects(data []byte) ([]any, error) {
 			obj = &rbacv1.ClusterRoleBinding{}
 		case "cilium.io/v2 CiliumLocalRedirectPolicy":
 			obj = &ciliumLRP{}
+		case "rbac.authorization.k8s.io/v1 Role":
+			obj = &rbacv1.Role{}
+		case "rbac.authorization.k8s.io/v1 RoleBinding":
+			obj = &rbacv1.RoleBinding{}
 		default:
 			return nil, fmt.Errorf("document %d: apiVersion %q kind %q is not a kind this test knows", i, tm.APIVersion, tm.Kind)
 		}
@@ -256,6 +260,10 @@ const (
 	// (internal/metrics, httpMaxConns).
 	httpListenerHeap = 256 * 17 << 10
 	baseHeap         = 8 << 20 // runtime, metrics, routes, upstream pools
+	// kube-dns' pods asked directly: endpoints.DefaultMax (16) x -tcp-pool-size (2)
+	// connections x ~110 KiB (reader buffer up to a 64 KiB frame, two goroutines, the
+	// write queue), and the slices' store (at most 5000 endpoints, ~1 MiB).
+	kubeDNSEndpointsHeap = 5 << 20
 	// A client TCP connection's kernel buffers, fixed (server.tcpSndBuf
 	// and tcpRcvBuf, doubled by the kernel).
 	perTCPConnKernel = 24 << 10
@@ -374,20 +382,24 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 	if ps.ServiceAccountName == "" || sa == nil {
 		fail("serviceAccountName %q is not a ServiceAccount of the manifest", ps.ServiceAccountName)
 	} else {
-		// Only -autopath's pod watch talks to the API server.
-		// The pod's setting wins over the ServiceAccount's; unset is true.
+		// The kube-dns endpoint watch (and -autopath's pod watch) talk to
+		// the API server. The pod's setting wins over the ServiceAccount's;
+		// unset is true.
 		mounted := sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken
 		if ps.AutomountServiceAccountToken != nil {
 			mounted = *ps.AutomountServiceAccountToken
 		}
 		autopath := len(ps.Containers) > 0 && slices.Contains(ps.Containers[0].Args, "-autopath")
-		if mounted && !autopath {
-			fail("the service account token is mounted without -autopath: nothing else talks to the API server")
+		if !mounted {
+			fail("the service account token is not mounted: the cache cannot follow kube-dns' endpoints (ClusterIP only)")
 		}
 		if autopath && !mounted {
 			fail("-autopath without the service account token: the pod watch cannot reach the API server")
 		}
 		for _, err := range checkAutopathAccess(objs, sa, ps) {
+			fail("%v", err)
+		}
+		for _, err := range checkEndpointAccess(objs, sa) {
 			fail("%v", err)
 		}
 	}
@@ -600,7 +612,7 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 		listeners++
 	}
 	live := cfg.Cache.MaxBytes + sockets*udpSocketHeap + int64(cfg.MaxInflight)*(perMissHeap+perWaitingHeap) +
-		int64(cfg.MaxTCPConns)*perTCPConnHeap + tcpAnswersHeap + listeners*httpListenerHeap + baseHeap
+		int64(cfg.MaxTCPConns)*perTCPConnHeap + tcpAnswersHeap + listeners*httpListenerHeap + baseHeap + kubeDNSEndpointsHeap
 	if float64(live) > (1-minGarbage)*float64(gml) {
 		fail("memory: live heap %d MiB (cache %d MiB + overhead) leaves less than %.0f%% of GOMEMLIMIT %d MiB for garbage",
 			live>>20, cfg.Cache.MaxBytes>>20, minGarbage*100, gml>>20)
@@ -814,8 +826,8 @@ func TestDeployManifest(t *testing.T) {
 	}
 }
 
-// TestDeployAutopathTurnedOn: the two edits docs/autopath.md tells
-// operators to make (uncomment -autopath, mount the token) give a manifest
+// TestDeployAutopathTurnedOn: the edit docs/autopath.md tells operators
+// to make (uncomment -autopath; the token is mounted already) gives a manifest
 // that passes every check and a configuration with autopath on.
 func TestDeployAutopathTurnedOn(t *testing.T) {
 	raw, err := os.ReadFile(manifestPath)
@@ -825,8 +837,6 @@ func TestDeployAutopathTurnedOn(t *testing.T) {
 	text := string(raw)
 	for _, edit := range [][2]string{
 		{"# - -autopath", "- -autopath"},
-		{"# true with -autopath below: the pod watch needs the token.\n      automountServiceAccountToken: false",
-			"# true with -autopath below: the pod watch needs the token.\n      automountServiceAccountToken: true"},
 	} {
 		if strings.Count(text, edit[0]) != 1 {
 			t.Fatalf("the manifest does not have exactly one %q", edit[0])
@@ -1009,15 +1019,20 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 				}
 			}
 		}, "metrics Service ports"},
-		{"token mounted", func(o []any) {
-			pod(o).AutomountServiceAccountToken = nil
+		{"token not mounted", func(o []any) {
+			f := false
+			pod(o).AutomountServiceAccountToken = &f
+		}, "token is not mounted"},
+		{"Role grants more than watching endpointslices", func(o []any) {
 			for _, x := range o {
-				if sa, ok := x.(*corev1.ServiceAccount); ok {
-					sa.AutomountServiceAccountToken = nil
+				if r, ok := x.(*rbacv1.Role); ok {
+					r.Rules[0].Resources = append(r.Rules[0].Resources, "secrets")
 				}
 			}
-		}, "token"},
+		}, "want exactly list/watch on discovery.k8s.io endpointslices"},
 		{"-autopath without the token", func(o []any) {
+			f := false
+			pod(o).AutomountServiceAccountToken = &f
 			pod(o).Containers[0].Args = append(pod(o).Containers[0].Args, "-autopath")
 		}, "-autopath without the service account token"},
 		{"ClusterRole grants more than reading pods", func(o []any) {
@@ -1191,6 +1206,45 @@ func checkAutopathAccess(objs []any, sa *corev1.ServiceAccount, ps *corev1.PodSp
 	}
 	if !nodeName {
 		errs = append(errs, errors.New("no NODE_NAME from the downward API (spec.nodeName): -autopath needs it"))
+	}
+	return errs
+}
+
+// checkEndpointAccess: the service account may list and watch
+// EndpointSlices in its own namespace (kube-dns-upstream's), nothing more.
+func checkEndpointAccess(objs []any, sa *corev1.ServiceAccount) []error {
+	var errs []error
+	roles := map[string]*rbacv1.Role{}
+	for _, o := range objs {
+		if r, ok := o.(*rbacv1.Role); ok {
+			roles[r.Name] = r
+		}
+	}
+	bound := false
+	for _, o := range objs {
+		b, ok := o.(*rbacv1.RoleBinding)
+		if !ok {
+			continue
+		}
+		for _, s := range b.Subjects {
+			if s.Kind != rbacv1.ServiceAccountKind || s.Name != sa.Name || s.Namespace != sa.Namespace {
+				continue
+			}
+			r := roles[b.RoleRef.Name]
+			if b.RoleRef.Kind != "Role" || r == nil || r.Namespace != sa.Namespace {
+				errs = append(errs, fmt.Errorf("RoleBinding %s refers to %s %q, not a Role of the manifest in %s", b.Name, b.RoleRef.Kind, b.RoleRef.Name, sa.Namespace))
+				continue
+			}
+			if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].APIGroups, []string{"discovery.k8s.io"}) ||
+				!slices.Equal(r.Rules[0].Resources, []string{"endpointslices"}) || !slices.Equal(r.Rules[0].Verbs, []string{"list", "watch"}) ||
+				len(r.Rules[0].ResourceNames) > 0 {
+				errs = append(errs, fmt.Errorf("Role %s grants %+v, want exactly list/watch on discovery.k8s.io endpointslices", r.Name, r.Rules))
+			}
+			bound = true
+		}
+	}
+	if !bound {
+		errs = append(errs, fmt.Errorf("no RoleBinding gives ServiceAccount %s/%s the kube-dns endpoint watch's rights", sa.Namespace, sa.Name))
 	}
 	return errs
 }

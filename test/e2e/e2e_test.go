@@ -14,15 +14,21 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
@@ -445,6 +451,20 @@ func TestRolloutRestartLosesNoLookup(t *testing.T) {
 		}
 		return nil
 	})
+	// The hit ratio across the rollout: the old pod's counters before it,
+	// the new pod's (its whole life: it serves from the handover on) after.
+	nldURL := "http://127.0.0.1:9253/metrics"
+	hitRatio := func(when string) {
+		hits, err1 := metric(nldURL, "nodelocaldns_cache_hits_total")
+		misses, err2 := metric(nldURL, "nodelocaldns_cache_misses_total")
+		if err1 != nil || err2 != nil {
+			t.Errorf("cache counters %s: %v %v", when, err1, err2)
+			return
+		}
+		t.Logf("cache hit ratio %s: %.1f%% (%.0f hits, %.0f misses)", when, 100*hits/max(hits+misses, 1), hits, misses)
+	}
+	time.Sleep(2 * time.Second) // the loop runs a while on the old pod
+	hitRatio("of the old pod before the rollout")
 	start := time.Now()
 	mustKubectl(t, "-n", "kube-system", "rollout", "restart", "daemonset/nodelocaldns")
 	mustKubectl(t, "-n", "kube-system", "rollout", "status", "daemonset/nodelocaldns", "--timeout=180s")
@@ -462,6 +482,7 @@ func TestRolloutRestartLosesNoLookup(t *testing.T) {
 	})
 	t.Logf("rollout done in %v", time.Since(start).Round(time.Millisecond))
 	ok, fail := r.stop(t)
+	hitRatio("of the new pod, from the handover to the end of the rollout")
 	t.Logf("lookups during the rollout: %d ok, %d failed", ok, fail)
 	if fail != 0 || ok == 0 {
 		t.Fatalf("%d lookups failed (%d ok) during kubectl rollout restart", fail, ok)
@@ -637,6 +658,193 @@ func TestKill9Recovers(t *testing.T) {
 		return nil
 	})
 	mustKubectl(t, "-n", "kube-system", "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=60s")
+}
+
+// metricLine returns the value of the series written exactly as series
+// (name and labels) on url, summed when it appears more than once.
+func metricLine(url, series string) (float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	found := false
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(line[len(series):]), 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %q: %v", url, line, err)
+			}
+			sum += v
+			found = true
+		}
+	}
+	if !found {
+		return 0, fmt.Errorf("%s: no %s", url, series)
+	}
+	return sum, nil
+}
+
+// kubeDNSPodIPs returns the ready kube-dns pods' names and IPs.
+func kubeDNSPodIPs(t *testing.T) map[string]string {
+	t.Helper()
+	out := mustKubectl(t, "-n", "kube-system", "get", "pod", "-l", "k8s-app=kube-dns", "-o",
+		`jsonpath={range .items[*]}{.metadata.name}={.status.podIP}{"\n"}{end}`)
+	pods := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if name, ip, ok := strings.Cut(strings.TrimSpace(l), "="); ok && ip != "" {
+			pods[name] = ip
+		}
+	}
+	return pods
+}
+
+// lookupLoad sends fresh cluster-domain names (so every one is a miss that
+// goes to kube-dns) to the cache's link-local address from workers
+// goroutines until stop is closed or n names are sent (n > 0). A lookup
+// fails when it gets no answer within 2 s and a second try, or a SERVFAIL.
+func lookupLoad(prefix string, workers, n int, stop <-chan struct{}) (sent, failed int, firstErrs []string) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &dns.Client{Timeout: 2 * time.Second}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i := seq.Add(1)
+				if n > 0 && i > int64(n) {
+					return
+				}
+				m := new(dns.Msg)
+				m.SetQuestion(fmt.Sprintf("%s-%d.default.svc.cluster.local.", prefix, i), dns.TypeA)
+				var r *dns.Msg
+				var err error
+				for try := 0; try < 2; try++ { // a stub's one retry
+					if r, _, err = c.Exchange(m, net.JoinHostPort(localDNS, "53")); err == nil {
+						break
+					}
+				}
+				mu.Lock()
+				sent++
+				if err == nil && r.Rcode == dns.RcodeServerFailure {
+					err = fmt.Errorf("SERVFAIL")
+				}
+				if err != nil {
+					failed++
+					if len(firstErrs) < 5 {
+						firstErrs = append(firstErrs, fmt.Sprintf("%s: %v (%s)", m.Question[0].Name, err, time.Now().Format("15:04:05.000")))
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return sent, failed, firstErrs
+}
+
+// TestKubeDNSLoadSpreadOverItsPods: with kube-dns scaled to 3 pods, the
+// cache follows kube-dns-upstream's EndpointSlices and asks the pods
+// directly: each pod's share of one node's cluster-domain queries (from the
+// pods' own coredns_dns_requests_total) is within 10 points of a third; a
+// kube-dns pod deleted under load costs no failed lookup.
+func TestKubeDNSLoadSpreadOverItsPods(t *testing.T) {
+	nldURL := "http://127.0.0.1:9253/metrics"
+	mustKubectl(t, "-n", "kube-system", "scale", "deployment/coredns", "--replicas=3")
+	t.Cleanup(func() {
+		if out, err := kubectl("-n", "kube-system", "scale", "deployment/coredns", "--replicas=1"); err != nil {
+			t.Logf("scale back: %v: %s", err, out)
+		}
+		_, _ = kubectl("-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s")
+	})
+	mustKubectl(t, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=180s")
+	poll(t, 60*time.Second, func() error {
+		v, err := metricLine(nldURL, `nodelocaldns_kubedns_endpoints{state="in_use"}`)
+		if err != nil || v != 3 {
+			return fmt.Errorf("kube-dns endpoints in use: %v %v", v, err)
+		}
+		return nil
+	})
+	pods := kubeDNSPodIPs(t)
+	if len(pods) != 3 {
+		t.Fatalf("kube-dns pods: %v", pods)
+	}
+	count := func() map[string]float64 {
+		out := map[string]float64{}
+		for name, ip := range pods {
+			v, err := metric("http://"+ip+":9153/metrics", "coredns_dns_requests_total")
+			if err != nil && !strings.Contains(err.Error(), "no coredns_dns_requests_total") {
+				t.Fatal(err) // a new pod has the series from its first request on: 0 until then
+			}
+			out[name] = v
+		}
+		return out
+	}
+	before := count()
+	const n = 3000
+	sent, failed, errs := lookupLoad("spread", 8, n, nil)
+	if failed > 0 {
+		t.Fatalf("%d of %d lookups failed: %v", failed, sent, errs)
+	}
+	after := count()
+	var total float64
+	for name := range pods {
+		total += after[name] - before[name]
+	}
+	for name, ip := range pods {
+		share := (after[name] - before[name]) / total
+		t.Logf("kube-dns pod %s (%s): %.0f of %.0f queries (%.1f%%)", name, ip, after[name]-before[name], total, 100*share)
+		if share < 1.0/3-0.10 || share > 1.0/3+0.10 {
+			t.Errorf("pod %s has %.1f%% of the node's cluster-domain queries, want within 10 points of 33.3%%", name, 100*share)
+		}
+	}
+	if total < n {
+		t.Errorf("the kube-dns pods counted %.0f queries for %d fresh names", total, n)
+	}
+
+	// A kube-dns pod deleted under load: no lookup fails.
+	var victim string
+	for name := range pods {
+		victim = name
+		break
+	}
+	stop := make(chan struct{})
+	type result struct {
+		sent, failed int
+		errs         []string
+	}
+	res := make(chan result, 1)
+	go func() { s, f, e := lookupLoad("delete", 8, 0, stop); res <- result{s, f, e} }()
+	time.Sleep(time.Second)
+	start := time.Now()
+	mustKubectl(t, "-n", "kube-system", "delete", "pod", victim, "--wait=true", "--timeout=120s")
+	mustKubectl(t, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=180s")
+	poll(t, 60*time.Second, func() error {
+		v, err := metricLine(nldURL, `nodelocaldns_kubedns_endpoints{state="in_use"}`)
+		if err != nil || v != 3 {
+			return fmt.Errorf("kube-dns endpoints in use after the replacement: %v %v", v, err)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // the replacement takes load
+	close(stop)
+	r := <-res
+	t.Logf("kube-dns pod %s deleted under load (replaced in %v): %d lookups, %d failed", victim, time.Since(start).Round(time.Millisecond), r.sent, r.failed)
+	if r.failed > 0 || r.sent == 0 {
+		t.Errorf("%d of %d lookups failed while a kube-dns pod was deleted: %v", r.failed, r.sent, r.errs)
+	}
 }
 
 func TestStubDomainFromConfigMap(t *testing.T) {

@@ -51,8 +51,8 @@ func TestGCPolicyAndGOGCFromEnv(t *testing.T) {
 		if !c.want(p) {
 			t.Errorf("env %v: go_gc_gogc_percent %v, want %s", c.env, p, c.says)
 		}
-		if l := d.metric(t, "go_gc_gomemlimit_bytes"); l != 160<<20 {
-			t.Errorf("env %v: go_gc_gomemlimit_bytes %v, want 160 MiB", c.env, l)
+		if l := d.metric(t, "go_gc_gomemlimit_bytes"); l != 168<<20 {
+			t.Errorf("env %v: go_gc_gomemlimit_bytes %v, want 168 MiB", c.env, l)
 		}
 		_ = d.cmd.Process.Kill()
 	}

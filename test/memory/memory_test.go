@@ -182,7 +182,7 @@ type daemon struct {
 }
 
 // startDaemon runs the binary with the manifest's memory-relevant settings
-// (-cache-max-bytes 64Mi, -udp-sockets 4, GOMEMLIMIT 160MiB, no GOGC: the
+// (-cache-max-bytes 64Mi, -udp-sockets 4, GOMEMLIMIT 168MiB, no GOGC: the
 // daemon's own garbage-collector policy) and env against the node resolver
 // nodeIP:53 and kube-dns at kube, with a forward timeout long enough that
 // misses stay outstanding while the test measures.
@@ -215,7 +215,7 @@ func startDaemonArgs(t *testing.T, nodeIP, kube string, args []string, env ...st
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(append(cmd.Env, "GOMEMLIMIT=160MiB"), env...)
+	cmd.Env = append(append(cmd.Env, "GOMEMLIMIT=168MiB"), env...)
 	d := &daemon{cmd: cmd, addr: fmt.Sprintf("%s:%d", ip, port), metrics: metrics, stderr: &testhost.SyncBuffer{}}
 	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,498 @@
+package endpoints
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// State is the watch's standing with the API server.
+type State int32
+
+const (
+	// Starting: the first list has not completed.
+	Starting State = iota
+	// Synced: the view follows the API server.
+	Synced
+	// Lost: the last list or watch failed; the last known endpoints stay in use.
+	Lost
+	// Forbidden: the API server refused the first list (no RBAC for endpointslices); the
+	// watch stopped and the ClusterIP is used.
+	Forbidden
+)
+
+func (s State) String() string {
+	switch s {
+	case Synced:
+		return "synced"
+	case Lost:
+		return "lost"
+	case Forbidden:
+		return "forbidden"
+	}
+	return "starting"
+}
+
+// Defaults.
+const (
+	// DefaultMax is how many endpoints one node follows: each gets -tcp-pool-size connections
+	// (at most ~90 KiB each with their buffers and goroutines: 16 x 2 x 90 KiB < 3 MiB), and
+	// with rendezvous hashing the nodes together still spread over every pod of a kube-dns
+	// scaled far beyond 16 (docs/design.md, "kube-dns endpoints").
+	DefaultMax = 16
+	// DefaultResync re-delivers every slice now and then (10 min: a safety net; changes
+	// arrive by the watch within milliseconds).
+	DefaultResync = 10 * time.Minute
+	// maxSliceEndpoints: the API allows 1000 endpoints in a slice; more are not kept.
+	maxSliceEndpoints = 1000
+	// maxSlicePorts: the API allows 100 ports in a slice.
+	maxSlicePorts = 100
+	// maxStored bounds the endpoints kept over all the Service's slices (~200 bytes each once
+	// trimmed: 1 MiB); a kube-dns of more pods is not one any cluster runs. Those beyond are
+	// counted as over_max.
+	maxStored = 5000
+	// dnsTCPPort is the port name kube-dns' Service (and the manifests' kube-dns-upstream)
+	// gives its TCP port.
+	dnsTCPPort = "dns-tcp"
+)
+
+// Config says which Service to follow.
+type Config struct {
+	// Rest reaches the API server: rest.InClusterConfig() in a pod.
+	Rest *rest.Config
+	// Namespace and Service name the Service (slices labelled kubernetes.io/service-name).
+	Namespace, Service string
+	// Family: endpoints of this address family only (the ClusterIP's), so a dual-stack
+	// Service gives the addresses the cache would reach through its ClusterIP.
+	IPv6 bool
+	// ServicePort is the ClusterIP's port: it picks the slice port when none is named
+	// "dns-tcp" and the slice has several TCP ports.
+	ServicePort uint16
+	// Node picks this node's subset when more than Max endpoints are ready.
+	Node string
+	// Max endpoints in use (DefaultMax when 0).
+	Max int
+	// OnChange gets the endpoints in use each time they change (from the watch's goroutine),
+	// first once the first list is in.
+	OnChange func([]netip.AddrPort)
+	Resync   time.Duration
+	Logger   *slog.Logger
+}
+
+// Watch follows the Service's slices. Its accessors are safe for concurrent use.
+type Watch struct {
+	cfg    Config
+	log    *slog.Logger
+	lw     cache.ListerWatcher
+	state  atomic.Int32
+	cancel atomic.Pointer[context.CancelFunc]
+	// everSynced: only after the first sync may a successful call turn Lost into Synced.
+	everSynced atomic.Bool
+
+	mu      sync.Mutex
+	slices  map[string]*discoveryv1.EndpointSlice // by name, trimmed
+	dropped map[string]int                        // endpoints of a slice beyond maxStored
+	view    View
+	sent    bool // OnChange called at least once
+
+	metrics *watchMetrics
+}
+
+// View is what the slices say now.
+type View struct {
+	// InUse are the endpoints asked, sorted.
+	InUse []netip.AddrPort
+	// NotReady counts endpoints not ready or terminating; OverMax ready ones beyond Max, and
+	// any beyond the 5000 kept; NoPort slices without a usable TCP port.
+	NotReady, OverMax, NoPort int
+}
+
+// New prepares a watch; Run starts it.
+func New(cfg Config) (*Watch, error) {
+	if cfg.Rest == nil {
+		return nil, errors.New("endpoints: no API server config")
+	}
+	if cfg.Namespace == "" || cfg.Service == "" {
+		return nil, errors.New("endpoints: no Service named")
+	}
+	if cfg.Max <= 0 {
+		cfg.Max = DefaultMax
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = DefaultResync
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	rc, err := restClient(cfg.Rest)
+	if err != nil {
+		return nil, err
+	}
+	w := &Watch{cfg: cfg, slices: map[string]*discoveryv1.EndpointSlice{}, dropped: map[string]int{},
+		log: cfg.Logger.With("component", "kube-dns-endpoints", "service", cfg.Namespace+"/"+cfg.Service)}
+	w.metrics = newWatchMetrics(w)
+	sel := discoveryv1.LabelServiceName + "=" + cfg.Service
+	inner := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			out := &discoveryv1.EndpointSliceList{}
+			err := rc.Get().Namespace(cfg.Namespace).Resource("endpointslices").
+				VersionedParams(&o, metav1.ParameterCodec).Do(ctx).Into(out)
+			return out, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			o.Watch = true
+			return rc.Get().Namespace(cfg.Namespace).Resource("endpointslices").
+				VersionedParams(&o, metav1.ParameterCodec).Watch(ctx)
+		},
+	}
+	w.lw = &stateListWatch{w: w, lw: inner}
+	return w, nil
+}
+
+// restClient is a REST client for discovery.k8s.io/v1 with a scheme that knows only it.
+func restClient(c *rest.Config) (*rest.RESTClient, error) {
+	scheme := runtime.NewScheme()
+	if err := discoveryv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	metav1.AddToGroupVersion(scheme, discoveryv1.SchemeGroupVersion)
+	cfg := rest.CopyConfig(c)
+	cfg.APIPath = "/apis"
+	cfg.GroupVersion = &discoveryv1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "nodelocaldns-endpoints"
+	}
+	rc, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("endpoints: API client: %w", err)
+	}
+	return rc, nil
+}
+
+// Run watches until ctx ends, or until the API server forbids the watch.
+func (w *Watch) Run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.cancel.Store(&cancel)
+	// client-go's own lines (each failed list or watch, with backoff) are not logged: the
+	// state changes are, one line each (setState).
+	quiet := logr.Discard()
+	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
+		Logger:        &quiet,
+		ListerWatcher: w.lw,
+		ObjectType:    &discoveryv1.EndpointSlice{},
+		ResyncPeriod:  w.cfg.Resync,
+		Transform:     trim,
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { w.update(obj) },
+			UpdateFunc: func(_, obj any) { w.update(obj) },
+			DeleteFunc: w.remove,
+		},
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctrl.RunWithContext(ctx)
+	}()
+	if cache.WaitForCacheSync(ctx.Done(), ctrl.HasSynced) {
+		w.everSynced.Store(true)
+		w.setState(Synced, nil)
+		w.publish(true)
+	}
+	<-done
+}
+
+// State is the watch's current state.
+func (w *Watch) State() State { return State(w.state.Load()) }
+
+// View is what the slices say now.
+func (w *Watch) View() View {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	v := w.view
+	v.InUse = slices.Clone(v.InUse)
+	return v
+}
+
+func (w *Watch) setState(s State, err error) {
+	old := w.State()
+	if old == s || old == Forbidden || !w.state.CompareAndSwap(int32(old), int32(s)) {
+		return // Forbidden ends the watch: it stays
+	}
+	switch s {
+	case Forbidden:
+		w.log.Warn("kube-dns endpoints: the API server forbids listing endpointslices (RBAC: deploy/daemonset.yaml's Role); asking the ClusterIP until restarted", "err", err)
+	case Lost:
+		w.metrics.losses.Inc()
+		w.log.Warn("kube-dns endpoint watch lost: keeping the last known endpoints, the ClusterIP as fallback", "err", err)
+	case Synced:
+		v := w.View()
+		if old == Starting {
+			w.log.Info("kube-dns endpoint watch synced", "in_use", fmt.Sprint(v.InUse), "not_ready", v.NotReady, "over_max", v.OverMax)
+		} else {
+			w.log.Info("kube-dns endpoint watch recovered", "in_use", fmt.Sprint(v.InUse))
+		}
+	}
+}
+
+func (w *Watch) update(obj any) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	others := 0
+	for name, o := range w.slices {
+		if name != s.Name {
+			others += len(o.Endpoints)
+		}
+	}
+	delete(w.dropped, s.Name)
+	if room := max(maxStored-others, 0); len(s.Endpoints) > room {
+		w.dropped[s.Name] = len(s.Endpoints) - room
+		s.Endpoints = s.Endpoints[:room:room]
+	}
+	w.slices[s.Name] = s
+	w.mu.Unlock()
+	w.publish(false)
+}
+
+func (w *Watch) remove(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	delete(w.slices, s.Name)
+	delete(w.dropped, s.Name)
+	w.mu.Unlock()
+	w.publish(false)
+}
+
+// publish recomputes the view and hands the endpoints in use to OnChange when they changed
+// (and once the first list is in: always).
+func (w *Watch) publish(synced bool) {
+	w.mu.Lock()
+	v := compute(w.slices, &w.cfg)
+	for _, n := range w.dropped {
+		v.OverMax += n
+	}
+	changed := !slices.Equal(v.InUse, w.view.InUse)
+	if v.NoPort > w.view.NoPort {
+		w.log.Warn("kube-dns endpoints: a slice has no TCP port named dns-tcp (nor one TCP port, nor the Service's port): its endpoints are not used", "slices", v.NoPort)
+	}
+	w.view = v
+	call := (changed || synced && !w.sent) && w.everSynced.Load()
+	if call {
+		w.sent = true
+	}
+	w.mu.Unlock()
+	if call && w.cfg.OnChange != nil {
+		w.cfg.OnChange(slices.Clone(v.InUse))
+	}
+	if changed && w.everSynced.Load() && !synced {
+		w.log.Info("kube-dns endpoints changed", "in_use", fmt.Sprint(v.InUse), "not_ready", v.NotReady, "over_max", v.OverMax)
+	}
+}
+
+// compute is the view of the slices for cfg.
+func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
+	var v View
+	ready := map[netip.AddrPort]bool{}
+	notReady := map[netip.AddrPort]bool{}
+	for _, s := range ss {
+		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 ||
+			(s.AddressType == discoveryv1.AddressTypeIPv6) != cfg.IPv6 {
+			continue
+		}
+		port, ok := slicePort(s.Ports, cfg.ServicePort)
+		if !ok {
+			v.NoPort++
+			continue
+		}
+		for _, e := range s.Endpoints {
+			for _, a := range e.Addresses {
+				ip, err := netip.ParseAddr(a)
+				if err != nil || ip.Is6() != cfg.IPv6 || ip.Is4In6() {
+					continue
+				}
+				ap := netip.AddrPortFrom(ip, port)
+				if isReady(e.Conditions) {
+					ready[ap] = true
+				} else {
+					notReady[ap] = true
+				}
+			}
+		}
+	}
+	for ap := range notReady {
+		if !ready[ap] { // in two slices while it moves: ready in one is ready
+			v.NotReady++
+		}
+	}
+	all := make([]netip.AddrPort, 0, len(ready))
+	for ap := range ready {
+		all = append(all, ap)
+	}
+	if len(all) > cfg.Max {
+		// Rendezvous hashing: each node keeps the Max endpoints that score highest for
+		// it; an endpoint added or removed moves only its own place.
+		score := func(ap netip.AddrPort) uint64 {
+			h := fnv.New64a()
+			h.Write([]byte(cfg.Node))
+			h.Write([]byte{0})
+			b, _ := ap.MarshalBinary()
+			h.Write(b)
+			return h.Sum64()
+		}
+		slices.SortFunc(all, func(a, b netip.AddrPort) int { return cmp.Compare(score(b), score(a)) })
+		v.OverMax = len(all) - cfg.Max
+		all = all[:cfg.Max]
+	}
+	slices.SortFunc(all, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	v.InUse = all
+	return v
+}
+
+// isReady: ready (nil is unknown, which the API says to read as ready) and not terminating.
+func isReady(c discoveryv1.EndpointConditions) bool {
+	return (c.Ready == nil || *c.Ready) && (c.Terminating == nil || !*c.Terminating)
+}
+
+// slicePort is the TCP port to ask: the one named dns-tcp, else the only TCP port, else the
+// TCP port with the Service's number.
+func slicePort(ports []discoveryv1.EndpointPort, servicePort uint16) (uint16, bool) {
+	var tcp []discoveryv1.EndpointPort
+	for _, p := range ports {
+		if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 || p.Protocol != nil && *p.Protocol != "TCP" {
+			continue
+		}
+		if p.Name != nil && *p.Name == dnsTCPPort {
+			return uint16(*p.Port), true
+		}
+		tcp = append(tcp, p)
+	}
+	if len(tcp) == 1 {
+		return uint16(*tcp[0].Port), true
+	}
+	for _, p := range tcp {
+		if uint16(*p.Port) == servicePort {
+			return servicePort, true
+		}
+	}
+	return 0, false
+}
+
+// trim keeps what compute reads: the address type, the ports and, per endpoint, its addresses
+// and conditions, within the API's bounds (1000 endpoints, 100 ports), so a slice costs a few
+// hundred bytes per endpoint whatever else it carries (hostnames, zones, hints, node names).
+func trim(obj any) (any, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return obj, nil
+	}
+	out := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, UID: s.UID,
+			ResourceVersion: s.ResourceVersion},
+		AddressType: s.AddressType,
+	}
+	ports := s.Ports
+	if len(ports) > maxSlicePorts {
+		ports = ports[:maxSlicePorts]
+	}
+	out.Ports = slices.Clone(ports)
+	eps := s.Endpoints
+	if len(eps) > maxSliceEndpoints {
+		eps = eps[:maxSliceEndpoints]
+	}
+	out.Endpoints = make([]discoveryv1.Endpoint, 0, len(eps))
+	for _, e := range eps {
+		addrs := e.Addresses
+		if len(addrs) > 1 { // the API allows one address per endpoint
+			addrs = addrs[:1]
+		}
+		out.Endpoints = append(out.Endpoints, discoveryv1.Endpoint{
+			Addresses: slices.Clone(addrs), Conditions: e.Conditions,
+		})
+	}
+	return out, nil
+}
+
+// stateListWatch marks the watch lost when a call fails and synced again when one succeeds
+// after the first sync; a Forbidden list or watch stops the watch.
+type stateListWatch struct {
+	w  *Watch
+	lw *cache.ListWatch
+}
+
+func (s *stateListWatch) List(opts metav1.ListOptions) (runtime.Object, error) {
+	return s.ListWithContext(context.Background(), opts)
+}
+
+func (s *stateListWatch) Watch(opts metav1.ListOptions) (watch.Interface, error) {
+	return s.WatchWithContext(context.Background(), opts)
+}
+
+func (s *stateListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	obj, err := s.lw.ListWithContext(ctx, opts)
+	s.note(err)
+	return obj, err
+}
+
+func (s *stateListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	wi, err := s.lw.WatchWithContext(ctx, opts)
+	s.note(err)
+	return wi, err
+}
+
+func (s *stateListWatch) note(err error) {
+	w := s.w
+	if err != nil {
+		if errors.Is(err, context.Canceled) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			return
+		}
+		w.metrics.errors.Inc()
+		if apierrors.IsForbidden(err) && !w.everSynced.Load() {
+			// No RBAC for endpointslices. Once synced, a 403 is a restarting API server
+			// whose authorizer is not ready yet: lost, and retried.
+			w.setState(Forbidden, err)
+			if c := w.cancel.Load(); c != nil {
+				(*c)()
+			}
+			return
+		}
+		w.setState(Lost, err)
+		return
+	}
+	if w.everSynced.Load() && w.State() == Lost {
+		w.setState(Synced, nil)
+	}
+}
+
+var _ cache.ListerWatcherWithContext = (*stateListWatch)(nil)
