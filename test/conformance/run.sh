@@ -90,10 +90,16 @@ suiterun() { # name what-is-deployed
 		>"$dir/e2e.log" 2>&1
 	rc=$?
 	set -e
+	# The cache's own count of what it answered in this run (a new process
+	# per deployment; ours exports CoreDNS's names too): the specs' queries
+	# went through it.
+	innode curl -sf "http://$localdns:9253/metrics" >"$dir/metrics.txt" || true
 	{
 		echo "deployed: $2"
 		grep -E '^Ran [0-9]+ of [0-9]+ Specs|^(SUCCESS|FAIL)! .* Passed' "$dir/e2e.log" || echo "no ginkgo summary (e2e.test exit $rc): see its log"
 		echo "suite time: $(($(date +%s) - s)) s (e2e.test exit $rc)"
+		awk '/^coredns_dns_requests_total/ {n += $NF} /^nodelocaldns_autopath_answers_total/ {a = $NF}
+			END {printf "the cache answered %d queries (coredns_dns_requests_total)", n; if (a != "") printf ", %d by autopath (nodelocaldns_autopath_answers_total)", a; print ""}' "$dir/metrics.txt"
 	} >"$dir/run.txt"
 	sed "s/^/conformance: $name: /" "$dir/run.txt" >&2
 	[ -s "$dir/junit_01.xml" ] || { tail -30 "$dir/e2e.log" >&2; echo "conformance: $name: no JUnit report" >&2; exit 1; }
