@@ -11,9 +11,11 @@
 #                           pods' bridge cni0 10.244.0.1/24, in a mount
 #                           namespace of its own (node.sh)
 #
-# The host's own network, iptables, /run and mounts are not touched; what is
-# left on the host (cgroups under /nld-e2e-PID, the work directory, the two
-# namespaces) is removed on exit, whatever the outcome (trap). Root only.
+# The bring-up and teardown are test/e2e/cluster.sh's, which make conformance
+# (test/conformance/run.sh) shares. The host's own network, iptables, /run
+# and mounts are not touched; what is left on the host (cgroups under
+# /nld-e2e-PID, the work directory, the two namespaces) is removed on exit,
+# whatever the outcome (trap). Root only.
 #
 # Before ours, the migration (docs/migration.md): the stock node-local-dns
 # from the Kubernetes reference manifest (manifests/nodelocaldns.yaml, its
