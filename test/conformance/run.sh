@@ -10,7 +10,8 @@
 #   ours      deploy/daemonset.yaml as docs/deploy.md renders it
 #   autopath  the same with its "- -autopath" line on (and the token)
 #   stock     the stock node-local-dns: the Kubernetes reference manifest with
-#             the oracle binary's image (as make e2e's migration test has it)
+#             the oracle binary's image (as make e2e's migration test has it);
+#             without the oracle left out, said so (under CI=true: fails)
 #
 # Built outside the cluster, cached in /var/cache/nodelocaldns-test:
 # e2e.test and agnhost (test/kube/build.sh), the images (test/e2e/images.sh,
@@ -62,8 +63,13 @@ test/e2e/images.sh "$work/images"
 test/conformance/images.sh "$work/images" "$suite/agnhost" "$suite/e2e.test" "$work/repo-list.yaml" >"$work/suite-images"
 sed 's/^/conformance: image /' "$work/suite-images" >&2
 if [[ " $runs " == *" stock "* ]] && [ ! -s "$work/images/node-cache.tar" ]; then
-	echo "conformance: the stock run needs the oracle binary (${NODELOCALDNS_ORACLES:-$repo/../shared/oracles}/node-cache.xz)" >&2
-	exit 1
+	# As make e2e's migration test: without the oracle the comparison is
+	# left out, said so, and under CI=true that fails.
+	missing="the stock run needs the oracle binary (${NODELOCALDNS_ORACLES:-$repo/../shared/oracles}/node-cache.xz; see its README.md)"
+	if [ "${CI:-}" = true ]; then echo "conformance: $missing" >&2; exit 1; fi
+	log "no stock run: $missing"
+	runs=$(tr ' ' '\n' <<<"$runs" | grep -vx stock | tr '\n' ' ')
+	[ -n "${runs// /}" ] || { echo "conformance: nothing left to run" >&2; exit 1; }
 fi
 cp "$suite/e2e.test" "$work/e2e.test"
 log "built in $(($(date +%s) - t0)) s"
