@@ -6,7 +6,7 @@ GO ?= go
 # deadline. 150000 inputs take 3-13 s per target here.
 FUZZTIME ?= 150000x
 
-.PHONY: test run lint bench bench-quick bench-miss profile e2e
+.PHONY: test run lint bench bench-quick bench-miss profile e2e conformance
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -41,3 +41,9 @@ profile:
 # A real single-node cluster on this machine (root; docs/e2e.md).
 e2e:
 	test/e2e/run.sh
+
+# Kubernetes' own DNS specs on the e2e cluster through the cache: ours, ours
+# with -autopath, the stock node-local-dns (root; docs/conformance.md).
+# NLD_E2E_LOCK=/path holds that lock only while the cluster is up.
+conformance:
+	test/conformance/run.sh

@@ -4,7 +4,10 @@
 #   test/kube/build.sh [-v VERSION] COMPONENT...
 #
 # COMPONENT is a cmd/ name of k8s.io/kubernetes (kube-apiserver, kubelet,
-# kube-proxy, kube-controller-manager, kube-scheduler, kubectl). Each binary
+# kube-proxy, kube-controller-manager, kube-scheduler, kubectl), or one of
+# what the conformance run needs (make conformance, docs/conformance.md):
+# e2e.test (`go test -c k8s.io/kubernetes/test/e2e`, the suite) and agnhost
+# (test/images/agnhost, the suite's test binary for its pods). Each binary
 # goes to $NLD_CACHE/kube-VERSION/COMPONENT (default cache
 # /var/cache/nodelocaldns-test) and is built only when missing, so a second
 # run does not rebuild. Prints the cache directory on stdout.
@@ -51,8 +54,19 @@ mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging
 	for s in "${staging[@]}"; do echo "replace $s => $s $minor"; done
 	# tool directives (not imports): kubectl has no cmd/kubectl/app package,
 	# and a main package cannot be imported; tidy keeps a tool's packages.
-	for c in "${missing[@]}"; do echo "tool k8s.io/kubernetes/cmd/$c"; done
+	for c in "${missing[@]}"; do
+		case $c in
+		e2e.test) ;;
+		agnhost) echo "tool k8s.io/kubernetes/test/images/agnhost" ;;
+		*) echo "tool k8s.io/kubernetes/cmd/$c" ;;
+		esac
+	done
 } >go.mod
+# The suite is a test package: tidy keeps what an import of it needs (its
+# _test.go imports are in the package e2e itself, test/e2e/e2e.go).
+if [[ " ${missing[*]} " == *" e2e.test "* ]]; then
+	printf 'package kubebuild\n\nimport _ "k8s.io/kubernetes/test/e2e"\n' >deps.go
+fi
 # A staging module a version does not have on the proxy makes tidy fail
 # with "unknown revision": drop that replace and try again.
 for _ in 1 2 3 4 5; do
@@ -63,8 +77,12 @@ for _ in 1 2 3 4 5; do
 done
 for c in "${missing[@]}"; do
 	start=$(date +%s)
-	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version" \
-		-o "$out/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+	ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
+	case $c in
+	e2e.test) CGO_ENABLED=0 go test -c -trimpath -ldflags "$ldflags" -o "$out/$c.tmp" k8s.io/kubernetes/test/e2e ;;
+	agnhost) CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$c.tmp" k8s.io/kubernetes/test/images/agnhost ;;
+	*) CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$c.tmp" "k8s.io/kubernetes/cmd/$c" ;;
+	esac
 	mv "$out/$c.tmp" "$out/$c"
 	echo "built $c $version in $(($(date +%s) - start)) s" >&2
 done
