@@ -13,15 +13,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-logr/logr"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 )
 
 // State is the watch's standing with the API server.
@@ -142,9 +142,9 @@ func New(cfg Config) (*Watch, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	rc, err := restClient(cfg.Rest)
+	rc, err := kubewatch.RESTClient(cfg.Rest, "/apis", discoveryv1.SchemeGroupVersion, discoveryv1.AddToScheme, "nodelocaldns-endpoints")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("endpoints: %w", err)
 	}
 	w := &Watch{cfg: cfg, slices: map[string]*discoveryv1.EndpointSlice{}, dropped: map[string]int{},
 		log: cfg.Logger.With("component", "kube-dns-endpoints", "service", cfg.Namespace+"/"+cfg.Service)}
@@ -165,31 +165,8 @@ func New(cfg Config) (*Watch, error) {
 				VersionedParams(&o, metav1.ParameterCodec).Watch(ctx)
 		},
 	}
-	w.lw = &stateListWatch{w: w, lw: inner}
+	w.lw = &kubewatch.Noting{LW: inner, Note: w.note}
 	return w, nil
-}
-
-// restClient is a REST client for discovery.k8s.io/v1 with a scheme that knows only it.
-func restClient(c *rest.Config) (*rest.RESTClient, error) {
-	scheme := runtime.NewScheme()
-	if err := discoveryv1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	metav1.AddToGroupVersion(scheme, discoveryv1.SchemeGroupVersion)
-	cfg := rest.CopyConfig(c)
-	cfg.APIPath = "/apis"
-	cfg.GroupVersion = &discoveryv1.SchemeGroupVersion
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	if cfg.UserAgent == "" {
-		cfg.UserAgent = "nodelocaldns-endpoints"
-	}
-	rc, err := rest.RESTClientFor(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("endpoints: API client: %w", err)
-	}
-	return rc, nil
 }
 
 // Run watches until ctx ends, or until the API server forbids the watch.
@@ -197,32 +174,19 @@ func (w *Watch) Run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w.cancel.Store(&cancel)
-	// client-go's own lines (each failed list or watch, with backoff) are not logged: the
-	// state changes are, one line each (setState).
-	quiet := logr.Discard()
-	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
-		Logger:        &quiet,
-		ListerWatcher: w.lw,
-		ObjectType:    &discoveryv1.EndpointSlice{},
-		ResyncPeriod:  w.cfg.Resync,
-		Transform:     trim,
+	kubewatch.Run(ctx, w.lw, &discoveryv1.EndpointSlice{}, cache.InformerOptions{
+		ResyncPeriod: w.cfg.Resync,
+		Transform:    trim,
 		Handler: cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { w.update(obj) },
 			UpdateFunc: func(_, obj any) { w.update(obj) },
 			DeleteFunc: w.remove,
 		},
-	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ctrl.RunWithContext(ctx)
-	}()
-	if cache.WaitForCacheSync(ctx.Done(), ctrl.HasSynced) {
+	}, func() {
 		w.everSynced.Store(true)
 		w.setState(Synced, nil)
 		w.publish(true)
-	}
-	<-done
+	})
 }
 
 // State is the watch's current state.
@@ -444,37 +408,12 @@ func trim(obj any) (any, error) {
 	return out, nil
 }
 
-// stateListWatch marks the watch lost when a call fails and synced again when one succeeds
-// after the first sync; a Forbidden list or watch stops the watch.
-type stateListWatch struct {
-	w  *Watch
-	lw *cache.ListWatch
-}
-
-func (s *stateListWatch) List(opts metav1.ListOptions) (runtime.Object, error) {
-	return s.ListWithContext(context.Background(), opts)
-}
-
-func (s *stateListWatch) Watch(opts metav1.ListOptions) (watch.Interface, error) {
-	return s.WatchWithContext(context.Background(), opts)
-}
-
-func (s *stateListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	obj, err := s.lw.ListWithContext(ctx, opts)
-	s.note(err)
-	return obj, err
-}
-
-func (s *stateListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	wi, err := s.lw.WatchWithContext(ctx, opts)
-	s.note(err)
-	return wi, err
-}
-
-func (s *stateListWatch) note(err error) {
-	w := s.w
+// note marks the watch lost when a list or watch call fails and synced
+// again when one succeeds after the first sync; a Forbidden list or watch
+// before the first sync stops the watch (kubewatch.Noting's Note).
+func (w *Watch) note(err error) {
 	if err != nil {
-		if errors.Is(err, context.Canceled) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		if kubewatch.NoLoss(err) {
 			return
 		}
 		w.metrics.errors.Inc()
@@ -494,5 +433,3 @@ func (s *stateListWatch) note(err error) {
 		w.setState(Synced, nil)
 	}
 }
-
-var _ cache.ListerWatcherWithContext = (*stateListWatch)(nil)

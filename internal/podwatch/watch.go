@@ -13,15 +13,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 )
 
 // State is the watch's standing with the API server.
@@ -104,66 +101,32 @@ func New(cfg Config) (*Watch, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	rc, err := restClient(cfg.Rest)
+	rc, err := kubewatch.RESTClient(cfg.Rest, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme, "nodelocaldns-podwatch")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("podwatch: %w", err)
 	}
 	w := &Watch{cfg: cfg, log: cfg.Logger.With("component", "podwatch"), entries: map[string]podEntry{}}
 	w.metrics = newWatchMetrics(w)
 	w.view.Store(buildView(nil))
 	sel := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName)
-	w.lw = &stateListWatch{w: w, lw: cache.NewListWatchFromClient(rc, "pods", metav1.NamespaceAll, sel)}
+	w.lw = &kubewatch.Noting{LW: cache.NewListWatchFromClient(rc, "pods", metav1.NamespaceAll, sel), Note: w.note}
 	return w, nil
-}
-
-// restClient is a REST client for core/v1 with a scheme that knows only
-// core/v1: the typed clientset would register every API group.
-func restClient(c *rest.Config) (*rest.RESTClient, error) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	cfg := rest.CopyConfig(c)
-	cfg.APIPath = "/api"
-	cfg.GroupVersion = &corev1.SchemeGroupVersion
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	// Protobuf: a quarter of JSON's decoding cost for pod lists.
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	if cfg.UserAgent == "" {
-		cfg.UserAgent = "nodelocaldns-podwatch"
-	}
-	rc, err := rest.RESTClientFor(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("podwatch: API client: %w", err)
-	}
-	return rc, nil
 }
 
 // Run watches until ctx ends.
 func (w *Watch) Run(ctx context.Context) {
-	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
-		ListerWatcher: w.lw,
-		ObjectType:    &corev1.Pod{},
-		ResyncPeriod:  w.cfg.Resync,
-		Transform:     trim,
+	kubewatch.Run(ctx, w.lw, &corev1.Pod{}, cache.InformerOptions{
+		ResyncPeriod: w.cfg.Resync,
+		Transform:    trim,
 		Handler: cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { w.update(obj) },
 			UpdateFunc: func(_, obj any) { w.update(obj) },
 			DeleteFunc: w.remove,
 		},
-	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ctrl.RunWithContext(ctx)
-	}()
-	if cache.WaitForCacheSync(ctx.Done(), ctrl.HasSynced) {
+	}, func() {
 		w.everSynced.Store(true)
 		w.setState(Synced, nil)
-	}
-	<-done
+	})
 }
 
 // Lookup returns the pod holding ip and the watch state. A pod is returned
@@ -323,51 +286,18 @@ func trimDNSConfig(c *corev1.PodDNSConfig) *corev1.PodDNSConfig {
 	return out
 }
 
-// stateListWatch marks the watch lost when a list or watch call fails and
-// synced again when one succeeds after the first sync. The reflector
-// resumes from its last resource version (or relists when that expired),
-// so a successful call means the view is catching up with the server.
-type stateListWatch struct {
-	w  *Watch
-	lw *cache.ListWatch
-}
-
-// List and Watch make it a cache.ListerWatcher; the reflector calls the
-// context variants.
-func (s *stateListWatch) List(opts metav1.ListOptions) (runtime.Object, error) {
-	return s.ListWithContext(context.Background(), opts)
-}
-
-func (s *stateListWatch) Watch(opts metav1.ListOptions) (watch.Interface, error) {
-	return s.WatchWithContext(context.Background(), opts)
-}
-
-func (s *stateListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	obj, err := s.lw.ListWithContext(ctx, opts)
-	s.note(err)
-	return obj, err
-}
-
-func (s *stateListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	wi, err := s.lw.WatchWithContext(ctx, opts)
-	s.note(err)
-	return wi, err
-}
-
-func (s *stateListWatch) note(err error) {
+// note marks the watch lost when a list or watch call fails and synced
+// again when one succeeds after the first sync (kubewatch.Noting's Note).
+func (w *Watch) note(err error) {
 	if err != nil {
-		// Ending (Canceled) is no loss; an expired resource version is the
-		// reflector's cue to relist at once, not an outage.
-		if errors.Is(err, context.Canceled) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		if kubewatch.NoLoss(err) {
 			return
 		}
-		s.w.metrics.errors.Inc()
-		s.w.setState(Lost, err)
+		w.metrics.errors.Inc()
+		w.setState(Lost, err)
 		return
 	}
-	if s.w.everSynced.Load() && s.w.State() == Lost {
-		s.w.setState(Synced, nil)
+	if w.everSynced.Load() && w.State() == Lost {
+		w.setState(Synced, nil)
 	}
 }
-
-var _ cache.ListerWatcherWithContext = (*stateListWatch)(nil)
