@@ -1,16 +1,12 @@
 package endpoints
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -19,57 +15,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 )
-
-// ApplyManifestRBAC creates the ServiceAccount, Role and RoleBinding of deploy/daemonset.yaml:
-// the watch runs with exactly the rights the manifest gives it.
-func applyManifestRBAC(t *testing.T, s *apiserver.Server) {
-	t.Helper()
-	data, err := os.ReadFile("../../deploy/daemonset.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	paths := map[string]string{
-		"ServiceAccount": "/api/v1/namespaces/kube-system/serviceaccounts",
-		"Role":           "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles",
-		"RoleBinding":    "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings",
-	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	applied := 0
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var meta struct{ Kind string }
-		if err := yaml.Unmarshal(doc, &meta); err != nil {
-			t.Fatal(err)
-		}
-		p, ok := paths[meta.Kind]
-		if !ok {
-			continue
-		}
-		js, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var se *apiserver.StatusError
-		if err := s.Do(http.MethodPost, p, js, nil); err != nil && !(errors.As(err, &se) && se.Code == http.StatusConflict) {
-			t.Fatalf("create %s: %v", meta.Kind, err)
-		}
-		applied++
-	}
-	if applied != len(paths) {
-		t.Fatalf("applied %d RBAC objects of the manifest, want %d", applied, len(paths))
-	}
-}
 
 // ep is one endpoint of a test slice.
 type ep struct {
@@ -196,7 +144,7 @@ const followWithin = 2 * time.Second
 // endpoints, and the watch catches up when it is back.
 func TestWatchFollowsTheSlices(t *testing.T) {
 	s := apiserver.Start(t)
-	applyManifestRBAC(t, s)
+	s.ApplyManifest(t, "../../deploy/daemonset.yaml", "ServiceAccount", "Role", "RoleBinding")
 	token := s.ServiceAccountToken("kube-system", "nodelocaldns")
 
 	putSlice(t, s, slice("up-a", "kube-dns-upstream", "IPv4", 5353,

@@ -1,75 +1,21 @@
 package podwatch
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
-
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
 )
 
 // followWithin: the bound on how fast the view follows the API.
 const followWithin = time.Second
-
-// applyManifestRBAC creates the ServiceAccount, ClusterRole and
-// ClusterRoleBinding of deploy/daemonset.yaml: the watch runs with exactly
-// the rights the manifest gives it.
-func applyManifestRBAC(t *testing.T, s *apiserver.Server) {
-	t.Helper()
-	data, err := os.ReadFile("../../deploy/daemonset.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	paths := map[string]string{
-		"ServiceAccount":     "/api/v1/namespaces/kube-system/serviceaccounts",
-		"ClusterRole":        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-		"ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	applied := 0
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var meta struct{ Kind string }
-		if err := yaml.Unmarshal(doc, &meta); err != nil {
-			t.Fatal(err)
-		}
-		p, ok := paths[meta.Kind]
-		if !ok {
-			continue
-		}
-		js, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var se *apiserver.StatusError
-		if err := s.Do(http.MethodPost, p, js, nil); err != nil && !(errors.As(err, &se) && se.Code == http.StatusConflict) {
-			t.Fatalf("create %s: %v", meta.Kind, err)
-		}
-		applied++
-	}
-	if applied != len(paths) {
-		t.Fatalf("applied %d RBAC objects of the manifest, want %d", applied, len(paths))
-	}
-}
 
 func createPod(t *testing.T, s *apiserver.Server, ns, name, node string, spec map[string]any) {
 	t.Helper()
@@ -104,7 +50,7 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 func TestWatchFollowsTheAPIServer(t *testing.T) {
 	s := apiserver.Start(t)
-	applyManifestRBAC(t, s)
+	s.ApplyManifest(t, "../../deploy/daemonset.yaml", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 	for _, ns := range []string{"shop", "billing"} {
 		s.CreateNamespace(ns)
 	}
@@ -212,7 +158,7 @@ func TestWatchNeedsItsRights(t *testing.T) {
 	go func() { defer close(done); w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	eventually(t, 30*time.Second, "list refused", func() bool { return w.State() == Lost })
-	applyManifestRBAC(t, s)
+	s.ApplyManifest(t, "../../deploy/daemonset.yaml", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 	// RBAC changes reach the authorizer within a second or so; the
 	// reflector retries with backoff.
 	eventually(t, 60*time.Second, "synced with the manifest's ClusterRole", func() bool { return w.State() == Synced })

@@ -11,7 +11,9 @@
 package apiserver
 
 import (
+	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -19,19 +21,23 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
@@ -460,4 +466,65 @@ func lastLines(s string, n int) string {
 func isExecutable(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// manifestPaths is where ApplyManifest creates each kind it knows.
+var manifestPaths = map[string]string{
+	"ServiceAccount":     "/api/v1/namespaces/%s/serviceaccounts",
+	"Role":               "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/roles",
+	"RoleBinding":        "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/rolebindings",
+	"ClusterRole":        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+	"ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+}
+
+// ApplyManifest creates the objects of the YAML file path whose kind is one
+// of kinds (an object that exists already is left as it is), in their
+// namespace (kube-system when they name none), and fails t unless each
+// kind was found: a test runs with exactly the rights a manifest gives.
+func (s *Server) ApplyManifest(t testing.TB, path string, kinds ...string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta struct {
+			Kind     string
+			Metadata struct{ Namespace string }
+		}
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatal(err)
+		}
+		p, ok := manifestPaths[meta.Kind]
+		if !ok || !slices.Contains(kinds, meta.Kind) {
+			continue
+		}
+		if strings.Contains(p, "%s") {
+			ns := cmp.Or(meta.Metadata.Namespace, "kube-system")
+			p = fmt.Sprintf(p, ns)
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var se *StatusError
+		if err := s.Do(http.MethodPost, p, js, nil); err != nil && !(errors.As(err, &se) && se.Code == http.StatusConflict) {
+			t.Fatalf("create %s: %v", meta.Kind, err)
+		}
+		found[meta.Kind] = true
+	}
+	for _, k := range kinds {
+		if !found[k] {
+			t.Fatalf("%s has no %s (or it is not a kind ApplyManifest creates)", path, k)
+		}
+	}
 }
