@@ -202,6 +202,16 @@ func TestResolveExternalName(t *testing.T) {
 }
 
 // metric sums the samples of name (any labels) at url.
+// mustMetric is metric failing t on error.
+func mustMetric(t *testing.T, url, name string) float64 {
+	t.Helper()
+	v, err := metric(url, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func metric(url, name string) (float64, error) {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -246,27 +256,15 @@ func TestQueriesReachTheCacheNotKubeDNS(t *testing.T) {
 	if _, err := getent(name); err != nil { // cached from here on
 		t.Fatal(err)
 	}
-	nld0, err := metric(nldURL, "nodelocaldns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd0, err := metric(kdURL, "coredns_dns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nld0 := mustMetric(t, nldURL, "nodelocaldns_requests_total")
+	kd0 := mustMetric(t, kdURL, "coredns_dns_requests_total")
 	for range lookups {
 		if _, err := getent(name); err != nil {
 			t.Fatal(err)
 		}
 	}
-	nld1, err := metric(nldURL, "nodelocaldns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd1, err := metric(kdURL, "coredns_dns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nld1 := mustMetric(t, nldURL, "nodelocaldns_requests_total")
+	kd1 := mustMetric(t, kdURL, "coredns_dns_requests_total")
 	t.Logf("%d lookups: nodelocaldns requests +%v, kube-dns requests +%v", lookups, nld1-nld0, kd1-kd0)
 	if nld1-nld0 < lookups {
 		t.Errorf("nodelocaldns counted %v requests for %d lookups", nld1-nld0, lookups)
@@ -310,27 +308,15 @@ func TestClusterIPQueriesReachTheCache(t *testing.T) {
 	if err := ask("+notcp"); err != nil { // cached from here on
 		t.Fatal(err)
 	}
-	nld0, err := metric(nldURL, "nodelocaldns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd0, err := metric(kdURL, "coredns_dns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nld0 := mustMetric(t, nldURL, "nodelocaldns_requests_total")
+	kd0 := mustMetric(t, kdURL, "coredns_dns_requests_total")
 	for i := range lookups {
 		if err := ask([]string{"+notcp", "+tcp"}[i%2]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	nld1, err := metric(nldURL, "nodelocaldns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd1, err := metric(kdURL, "coredns_dns_requests_total")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nld1 := mustMetric(t, nldURL, "nodelocaldns_requests_total")
+	kd1 := mustMetric(t, kdURL, "coredns_dns_requests_total")
 	t.Logf("%d lookups at the ClusterIP %s (UDP and TCP): nodelocaldns requests +%v, kube-dns requests +%v", lookups, kubeDNSIP, nld1-nld0, kd1-kd0)
 	if nld1-nld0 < lookups || kd1-kd0 >= lookups {
 		t.Errorf("the ClusterIP's lookups went to kube-dns, not the cache")
