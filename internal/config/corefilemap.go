@@ -88,7 +88,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	var succCap, denCap int
-	haveCache, logs, shuffle := false, false, false
+	haveCache := false
 	var metrics, health string
 	// A zone in several blocks (other binds): the first block fills the
 	// shared route table; the views (views.go) route the others.
@@ -250,7 +250,6 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			mapped(s, "pprof %s: /debug/pprof/ on %s, a listener of its own", s.PProf, c.PProf)
 		}
 		if s.Log {
-			logs = true
 			var rs []string
 			for _, r := range s.LogRules {
 				rs = append(rs, r.String())
@@ -258,7 +257,6 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			mapped(s, "log: CoreDNS's query log lines on stdout, for the queries this block answers: %s", strings.Join(rs, "; "))
 		}
 		if s.Loadbalance {
-			shuffle = true
 			mapped(s, "loadbalance: the A, AAAA and MX records of every answer of this block shuffled (round_robin), cache hits too")
 		}
 		if t := s.Timeouts; t != nil {
@@ -332,12 +330,6 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	}
 	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
-	}
-	if logs {
-		c.DropIn.BlockLog = blockLog(srv, c.LocalIPs)
-	}
-	if shuffle {
-		c.DropIn.Shuffle = blockShuffle(srv, c.LocalIPs)
 	}
 	dropped, err := checkDNS64(srv, c.LocalIPs)
 	if err != nil {

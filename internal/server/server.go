@@ -29,7 +29,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
-	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -86,14 +85,15 @@ type Config struct {
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
-	// BlockLog, when set, is the Corefile's log directive: CoreDNS's
-	// query log lines for the queries of the blocks that log
-	// (internal/dnslog); nil costs one comparison.
-	BlockLog *dnslog.Table
-	// Shuffle, when set, is the Corefile's loadbalance: the answers of the
-	// blocks with it have their A, AAAA and MX records shuffled, hits
-	// too (internal/loadbalance); nil costs one comparison.
-	Shuffle *loadbalance.Table
+	// BlockAnswers gives what the block serving a name does to every
+	// answer it sends, from the policy its view's Resolver serves the name
+	// by (as CoreDNSZone: the block the configuration's table holds for
+	// it; internal/running.BlockAnswers): its log (the Corefile's log,
+	// CoreDNS's lines: internal/dnslog; nil: none) and whether it shuffles
+	// (loadbalance: internal/loadbalance). Asked only while SetBlockActs
+	// says some block logs or shuffles (one atomic load per query
+	// otherwise). Required for SetBlockActs to turn anything on.
+	BlockAnswers func(*resolve.Policy) (*dnslog.Log, bool)
 	// CoreDNSZones are the Corefile zones whose queries count under
 	// CoreDNS's metric names (the blocks with a prometheus directive);
 	// nil counts none (stats.go).
@@ -191,6 +191,9 @@ type Server struct {
 	// askers: record each query's client address in wire.Query.From
 	// (SetRecordAskers), for what a fetch needs it for.
 	askers atomic.Bool
+	// acts: whether some block of the tables serving now logs
+	// (actLog) or shuffles (actShuffle): SetBlockActs.
+	acts atomic.Uint32
 }
 
 // SetRecordAskers turns on or off recording the client's address in each

@@ -233,16 +233,18 @@ func (s *Server) serveConn(tc *tcpConn) {
 		case dropped:
 			continue
 		case answered:
-			if s.cfg.Shuffle != nil {
-				resp = s.shuffled(resp, start+2, localAddr(c), &req.q)
+			acts := s.acts.Load()
+			blog, shuffle := s.blockAnswers(acts, &req.q)
+			if shuffle {
+				resp = s.shuffled(resp, start+2)
 			}
 			if len(resp)-start-2 > 0xFFFF {
 				return
 			}
 			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
 			pend = resp
-			if s.logOn() {
-				s.logQuery(remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
+			if s.logOn(acts) {
+				s.logQuery(blog, remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
 			}
 			if len(pend) >= 16<<10 && !tc.flush(&pend) {
 				return

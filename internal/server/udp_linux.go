@@ -284,7 +284,8 @@ func (s *Server) serveUDP(l *udpListener) {
 		}
 		t := s.cfg.Clock.Now()
 		now := t.UnixNano()
-		qlog := s.logOn()
+		acts := s.acts.Load()
+		qlog := s.logOn(acts)
 		askers := s.askers.Load()
 		var from netip.Addr
 		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
@@ -327,11 +328,16 @@ func (s *Server) serveUDP(l *udpListener) {
 				}
 				continue
 			}
-			if s.cfg.Shuffle != nil {
-				out = s.shuffled(out, start, l.local.Addr(), &req.q)
-			}
-			if qlog {
-				s.logQuery(sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
+			if acts != 0 {
+				blog, shuffle := s.blockAnswers(acts, &req.q)
+				if shuffle {
+					out = s.shuffled(out, start)
+				}
+				if qlog {
+					s.logQuery(blog, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
+				}
+			} else if qlog {
+				s.logQuery(nil, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]
