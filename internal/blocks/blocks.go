@@ -62,6 +62,9 @@ type Block struct {
 	// Shuffle: the block has loadbalance (internal/loadbalance), every
 	// answer it sends is shuffled, hits too.
 	Shuffle bool
+	// Whoami: the block answers every query with the client's own
+	// address and port (internal/whoami), before the cache.
+	Whoami bool
 }
 
 // View is the compiled table of one view. Safe for concurrent use; never
@@ -71,6 +74,7 @@ type View struct {
 	def      *Block
 	logs     bool // some block logs
 	shuffles bool // some block shuffles
+	whoami   bool // some block answers whoami
 }
 
 type zone struct {
@@ -110,17 +114,19 @@ func Compile(zones []string, def Block, at func(zone string) (Block, error)) (*V
 		v.zones = append(v.zones, zone{wire: wire.AppendLower(nil, w), b: bp})
 	}
 	slices.SortStableFunc(v.zones, func(a, b zone) int { return cmp.Compare(len(b.wire), len(a.wire)) })
-	v.logs, v.shuffles = v.def.Log != nil, v.def.Shuffle
+	v.logs, v.shuffles, v.whoami = v.def.Log != nil, v.def.Shuffle, v.def.Whoami
 	for _, z := range v.zones {
 		v.logs = v.logs || z.b.Log != nil
 		v.shuffles = v.shuffles || z.b.Shuffle
+		v.whoami = v.whoami || z.b.Whoami
 	}
 	return v, nil
 }
 
-// Acts reports whether some block of the view logs, and whether some
-// shuffles: the server asks a name's block for them only then.
-func (v *View) Acts() (logs, shuffles bool) { return v.logs, v.shuffles }
+// Acts reports whether some block of the view logs, whether some
+// shuffles and whether some answers whoami: the server asks a name's
+// block for them only then.
+func (v *View) Acts() (logs, shuffles, whoami bool) { return v.logs, v.shuffles, v.whoami }
 
 // Lookup returns the block serving name (wire format, any case). It
 // allocates nothing.
@@ -176,7 +182,7 @@ type Sources struct {
 	// listed them).
 	Metrics []string
 	// Answers are what the view's blocks do to every answer they send
-	// (log, loadbalance), by the zones of the blocks the view sees; the
+	// (log, loadbalance) and whether they answer whoami, by the zones of the blocks the view sees; the
 	// longest holding a zone is its block. nil: no block does anything.
 	Answers []Answers
 	// Sink is where the blocks' log lines go; required when a block of
@@ -190,6 +196,7 @@ type Answers struct {
 	Zone    string        // lower-case FQDN
 	Log     []dnslog.Rule // the block's log rules; nil: no log
 	Shuffle bool          // loadbalance
+	Whoami  bool          // whoami answers the block's queries
 }
 
 // CompileView compiles a view from its sources. Its zones are the union
@@ -228,7 +235,7 @@ func CompileView(s Sources) (*View, error) {
 			b.Group = sharedGroup(s.Shared, z)
 		}
 		if i := answersAt(s.Answers, z); i >= 0 {
-			b.Log, b.Shuffle = logs[i], s.Answers[i].Shuffle
+			b.Log, b.Shuffle, b.Whoami = logs[i], s.Answers[i].Shuffle, s.Answers[i].Whoami
 		}
 		return b, nil
 	})

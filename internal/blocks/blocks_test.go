@@ -190,15 +190,29 @@ func TestCompileViewAnswers(t *testing.T) {
 			t.Errorf("%s: logged %q, want %q", tc.name, out.String(), want)
 		}
 	}
-	if l, s := one.Acts(); !l || !s {
-		t.Errorf("acts %v %v", l, s)
+	if l, s, w := one.Acts(); !l || !s || w {
+		t.Errorf("acts %v %v %v", l, s, w)
 	}
 	none, err := CompileView(src([]Answers{{Zone: "."}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, s := none.Acts(); l || s {
-		t.Errorf("a view whose blocks do nothing: acts %v %v", l, s)
+	if l, s, w := none.Acts(); l || s || w {
+		t.Errorf("a view whose blocks do nothing: acts %v %v %v", l, s, w)
+	}
+	who, err := CompileView(src([]Answers{{Zone: "who.example."}, {Zone: "."}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, w := who.Acts(); w {
+		t.Error("whoami without a whoami block")
+	}
+	who, err = CompileView(src([]Answers{{Zone: "who.example.", Whoami: true}, {Zone: "."}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, w := who.Acts(); !w || !who.Lookup(wireName(t, "a.Who.example.")).Whoami || who.Lookup(wireName(t, "example.")).Whoami {
+		t.Error("whoami is not the who.example. block's alone")
 	}
 	if _, err := CompileView(Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol },
 		Answers: []Answers{{Zone: ".", Log: []dnslog.Rule{{Scope: "."}}}}}); err == nil {

@@ -98,14 +98,14 @@ func pickBlock(srv []*corefile.Server, blocks []int, name string) int {
 }
 
 // blockSig is what of a block decides how a query is answered: its cache,
-// its forward, its fetch-side directives and what it does to every answer
-// (log, loadbalance). Two blocks with equal signatures answer alike.
+// its forward, its fetch-side directives, what it does to every answer
+// (log, loadbalance) and whoami. Two blocks with equal signatures answer alike.
 func blockSig(s *corefile.Server) any {
 	var rw []string
 	for _, r := range s.Rewrites {
 		rw = append(rw, r.String())
 	}
-	return []any{s.Cache, s.Forward, s.Templates, s.Hosts, rw, s.DNS64, s.LogRules, s.Loadbalance}
+	return []any{s.Cache, s.Forward, s.Templates, s.Hosts, rw, s.DNS64, s.LogRules, s.Loadbalance, s.Whoami}
 }
 
 // buildViews groups the listen addresses by the blocks they see and builds

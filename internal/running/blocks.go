@@ -11,9 +11,9 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -39,10 +39,10 @@ type sharedPolicy struct {
 	answers []blocks.Answers
 }
 
-// blockAnswers are the log and loadbalance of the blocks of srv, by their
+// blockAnswers are the log, loadbalance and whoami of the blocks of srv, by their
 // zones, as one view sees them: pick gives the block serving a zone's
-// names there (-1: none, the zone is refused). nil when no block logs or
-// shuffles.
+// names there (-1: none, the zone is refused). nil when no block logs,
+// shuffles or answers whoami.
 func blockAnswers(srv []*corefile.Server, pick func(zone string) int) []blocks.Answers {
 	var out []blocks.Answers
 	seen := map[string]bool{}
@@ -57,8 +57,8 @@ func blockAnswers(srv []*corefile.Server, pick func(zone string) int) []blocks.A
 			if p < 0 {
 				continue
 			}
-			a := blocks.Answers{Zone: strings.ToLower(z), Log: srv[p].LogRules, Shuffle: srv[p].Loadbalance}
-			acts = acts || len(a.Log) > 0 || a.Shuffle
+			a := blocks.Answers{Zone: strings.ToLower(z), Log: srv[p].LogRules, Shuffle: srv[p].Loadbalance, Whoami: srv[p].Whoami}
+			acts = acts || len(a.Log) > 0 || a.Shuffle || a.Whoami
 			out = append(out, a)
 		}
 	}
@@ -77,28 +77,30 @@ func firstBlock(srv []*corefile.Server) func(zone string) int {
 }
 
 // BlockAnswers is what the block of a policy does to every answer it sends
-// (server.Config.BlockAnswers): its log (nil: none) and its loadbalance.
-func BlockAnswers(p *resolve.Policy) (*dnslog.Log, bool) {
+// (server.Config.BlockAnswers): its log (nil: none), its loadbalance, and
+// whether whoami answers it.
+func BlockAnswers(p *resolve.Policy) server.Answers {
 	if b := blocks.Of(p); b != nil {
-		return b.Log, b.Shuffle
+		return server.Answers{Log: b.Log, Shuffle: b.Shuffle, Whoami: b.Whoami}
 	}
-	return nil, false
+	return server.Answers{}
 }
 
 // noteActs tells the server whether some block of the tables serving now
-// logs or shuffles (server.SetBlockActs); called after every swap.
+// logs, shuffles or answers whoami (server.SetBlockActs); called after
+// every swap.
 func (d *State) noteActs() {
 	if d.Server == nil {
 		return
 	}
-	logs, shuffles := d.shared.Load().Acts()
+	logs, shuffles, whoami := d.shared.Load().Acts()
 	if d.views != nil {
 		for _, t := range d.views.tables {
-			l, s := t.v.Load().Acts()
-			logs, shuffles = logs || l, shuffles || s
+			l, s, w := t.v.Load().Acts()
+			logs, shuffles, whoami = logs || l, shuffles || s, whoami || w
 		}
 	}
-	d.Server.SetBlockActs(logs, shuffles)
+	d.Server.SetBlockActs(logs, shuffles, whoami)
 }
 
 // compileView compiles a view from its policies, its chains (nil: none)

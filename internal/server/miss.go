@@ -184,8 +184,8 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 // returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
 	acts := s.acts.Load()
-	blog, shuffle := s.blockAnswers(acts, &m.q)
-	if shuffle {
+	a := s.answersFor(acts, &m.q)
+	if a.Shuffle {
 		start := 0
 		if m.tcp {
 			start = 2
@@ -213,7 +213,7 @@ func (s *Server) finishMiss(m *missReq) {
 		} else {
 			local = m.l.local.Addr()
 		}
-		s.logQuery(blog, m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
+		s.logQuery(a.Log, m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
 	}
 	if m.tcp {
 		s.deliverTCP(m)

@@ -286,6 +286,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		now := t.UnixNano()
 		acts := s.acts.Load()
 		qlog := s.logOn(acts)
+		req.acts = acts
 		askers := s.askers.Load()
 		var from netip.Addr
 		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
@@ -311,6 +312,9 @@ func (s *Server) serveUDP(l *udpListener) {
 				from = sockaddrAddrPort(name).Addr()
 			}
 			req.raw, req.from = raw, from
+			if acts&actWhoami != 0 {
+				req.client = sockaddrAddrPort(name)
+			}
 			out, v := s.answerLocal(req, b.out)
 			switch v {
 			case dropped:
@@ -329,12 +333,12 @@ func (s *Server) serveUDP(l *udpListener) {
 				continue
 			}
 			if acts != 0 {
-				blog, shuffle := s.blockAnswers(acts, &req.q)
-				if shuffle {
+				a := s.answersOf(req)
+				if a.Shuffle {
 					out = s.shuffled(out, start)
 				}
 				if qlog {
-					s.logQuery(blog, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
+					s.logQuery(a.Log, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
 				}
 			} else if qlog {
 				s.logQuery(nil, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
