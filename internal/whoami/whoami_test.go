@@ -90,3 +90,36 @@ func TestAppendAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations", n)
 	}
 }
+
+// FuzzAppend: for any query the server parses, the answer is a message
+// miekg/dns reads, with the question echoed and two records besides OPT.
+func FuzzAppend(f *testing.F) {
+	for _, edns := range []bool{false, true} {
+		raw, _ := query(f, "who.example.", dns.TypeA, dns.ClassINET, edns)
+		f.Add(raw, true)
+	}
+	root, _ := query(f, ".", dns.TypeTXT, dns.ClassCHAOS, false)
+	f.Add(root, false)
+	f.Fuzz(func(t *testing.T, raw []byte, tcp bool) {
+		q := new(wire.Query)
+		if wire.ParseQuery(raw, q) != nil || !q.HasQ {
+			return
+		}
+		for _, c := range []string{"192.0.2.1:53", "[2001:db8::1]:65535"} {
+			out := Append(nil, raw, q, netip.MustParseAddrPort(c), tcp, 1232)
+			m := new(dns.Msg)
+			if err := m.Unpack(out); err != nil {
+				t.Fatalf("%x: answer %x does not unpack: %v", raw, out, err)
+			}
+			n := 0
+			for _, rr := range m.Extra {
+				if rr.Header().Rrtype != dns.TypeOPT {
+					n++
+				}
+			}
+			if len(m.Question) != 1 || n != 2 || m.Id != q.ID {
+				t.Fatalf("%x: %v", raw, m)
+			}
+		}
+	})
+}
