@@ -4,9 +4,10 @@
 // compiled into a View: per zone, one Block holding its cache policy, its
 // fetch-side directive chain, its forward group (the view's own, or the
 // shared route table's: kube-dns, stub domains, the node's resolvers),
-// whether the zone is refused, and its CoreDNS metric zone. A query looks
-// its name up once (the resolver's PolicyFunc, which the server also asks
-// for the metric zone); the Block rides with a miss as the policy's Route
+// whether the zone is refused, its CoreDNS metric zone, and what it does
+// to every answer it sends (its log, its loadbalance). A query looks its
+// name up once (the resolver's PolicyFunc, which the server also asks for
+// the metric zone, the log and the loadbalance of an answer); the Block rides with a miss as the policy's Route
 // to the fetch (resolve's StartFunc, and PolicyOf in a FetchFunc), and a
 // directive's own lookups (a template's CNAME target) look up the same
 // View, so nothing is matched twice and nothing matches elsewhere.
@@ -29,6 +30,7 @@ import (
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -54,13 +56,25 @@ type Block struct {
 	// label in Sources.Metrics, as server.Config.CoreDNSZones lists them);
 	// -1: none holds them.
 	Metric int
+	// Log is the block's log (the Corefile's log: internal/dnslog); nil:
+	// the block does not log.
+	Log *dnslog.Log
+	// Shuffle: the block has loadbalance (internal/loadbalance), every
+	// answer it sends is shuffled, hits too.
+	Shuffle bool
+	// Whoami: the block answers every query with the client's own
+	// address and port (internal/whoami), before the cache.
+	Whoami bool
 }
 
 // View is the compiled table of one view. Safe for concurrent use; never
 // modified once compiled.
 type View struct {
-	zones []zone // longest first
-	def   *Block
+	zones    []zone // longest first
+	def      *Block
+	logs     bool // some block logs
+	shuffles bool // some block shuffles
+	whoami   bool // some block answers whoami
 }
 
 type zone struct {
@@ -100,8 +114,19 @@ func Compile(zones []string, def Block, at func(zone string) (Block, error)) (*V
 		v.zones = append(v.zones, zone{wire: wire.AppendLower(nil, w), b: bp})
 	}
 	slices.SortStableFunc(v.zones, func(a, b zone) int { return cmp.Compare(len(b.wire), len(a.wire)) })
+	v.logs, v.shuffles, v.whoami = v.def.Log != nil, v.def.Shuffle, v.def.Whoami
+	for _, z := range v.zones {
+		v.logs = v.logs || z.b.Log != nil
+		v.shuffles = v.shuffles || z.b.Shuffle
+		v.whoami = v.whoami || z.b.Whoami
+	}
 	return v, nil
 }
+
+// Acts reports whether some block of the view logs, whether some
+// shuffles and whether some answers whoami: the server asks a name's
+// block for them only then.
+func (v *View) Acts() (logs, shuffles, whoami bool) { return v.logs, v.shuffles, v.whoami }
 
 // Lookup returns the block serving name (wire format, any case). It
 // allocates nothing.
@@ -156,6 +181,22 @@ type Sources struct {
 	// twice keeps the first, the root the last, as CoreDNS's servers
 	// listed them).
 	Metrics []string
+	// Answers are what the view's blocks do to every answer they send
+	// (log, loadbalance) and whether they answer whoami, by the zones of the blocks the view sees; the
+	// longest holding a zone is its block. nil: no block does anything.
+	Answers []Answers
+	// Sink is where the blocks' log lines go; required when a block of
+	// Answers logs.
+	Sink *dnslog.Sink
+}
+
+// Answers is what the block serving the names of Zone (in one view) does
+// to every answer it sends, besides caching.
+type Answers struct {
+	Zone    string        // lower-case FQDN
+	Log     []dnslog.Rule // the block's log rules; nil: no log
+	Shuffle bool          // loadbalance
+	Whoami  bool          // whoami answers the block's queries
 }
 
 // CompileView compiles a view from its sources. Its zones are the union
@@ -170,6 +211,16 @@ func CompileView(s Sources) (*View, error) {
 		zones = append(zones, r.Zone)
 	}
 	zones = append(zones, s.Metrics...)
+	logs := make([]*dnslog.Log, len(s.Answers)) // one Log per block and view
+	for i, a := range s.Answers {
+		zones = append(zones, a.Zone)
+		if len(a.Log) > 0 {
+			if s.Sink == nil {
+				return nil, fmt.Errorf("blocks: zone %s logs without a sink", a.Zone)
+			}
+			logs[i] = s.Sink.Compile(a.Log)
+		}
+	}
 	def := Block{Policy: s.Default, Metric: -1}
 	return Compile(zones, def, func(z string) (Block, error) {
 		w, ok := wire.AppendNameWire(nil, z)
@@ -182,6 +233,9 @@ func CompileView(s Sources) (*View, error) {
 		}
 		if b.Group == nil {
 			b.Group = sharedGroup(s.Shared, z)
+		}
+		if i := answersAt(s.Answers, z); i >= 0 {
+			b.Log, b.Shuffle, b.Whoami = logs[i], s.Answers[i].Shuffle, s.Answers[i].Whoami
 		}
 		return b, nil
 	})
@@ -204,6 +258,18 @@ func sharedGroup(routes []forward.Route, zone string) *forward.Group {
 		}
 	}
 	return g
+}
+
+// answersAt is the index of the longest of answers' zones holding zone;
+// -1: none.
+func answersAt(answers []Answers, zone string) int {
+	at, best := -1, -1
+	for i, a := range answers {
+		if len(a.Zone) > best && holds(a.Zone, zone) {
+			at, best = i, len(a.Zone)
+		}
+	}
+	return at
 }
 
 // metricZone is the index of the longest metric zone holding zone; -1:

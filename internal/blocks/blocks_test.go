@@ -1,11 +1,14 @@
 package blocks
 
 import (
+	"bytes"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -121,5 +124,98 @@ func TestCompileViewDecidesGroupAndMetric(t *testing.T) {
 	}
 	if b := none.Lookup(wireName(t, "example.org.")); b.Metric != -1 || b.Group != nil {
 		t.Errorf("a name in no zone: metric %d group %p", b.Metric, b.Group)
+	}
+}
+
+// What a block does to its answers (log, loadbalance) is the block's: the
+// longest zone of the blocks the view sees decides, one view differs from
+// another, and a view whose blocks do nothing says so (the server then
+// asks nothing). The lines are those of the block's own rules.
+func TestCompileViewAnswers(t *testing.T) {
+	var out bytes.Buffer
+	sink := dnslog.NewSink(&out)
+	pol := resolve.Policy{}
+	src := func(a []Answers) Sources {
+		return Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol }, Answers: a, Sink: sink,
+			Shared: []forward.Route{{Zone: "cluster.local.", Group: &forward.Group{}}}}
+	}
+	one, err := CompileView(src([]Answers{
+		{Zone: "cluster.local.", Log: []dnslog.Rule{{Scope: ".", Classes: dnslog.All, Format: "cluster {name}"}}},
+		{Zone: "example.org.", Shuffle: true},
+		{Zone: "sub.example.org."},
+		{Zone: ".", Log: []dnslog.Rule{{Scope: ".", Classes: dnslog.All, Format: "root {name}"}}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := CompileView(src([]Answers{{Zone: ".", Log: []dnslog.Rule{{Scope: ".", Classes: dnslog.Error, Format: "other {name}"}}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		v       *View
+		name    string
+		log     string // the line of a SERVFAIL answer; "": none
+		shuffle bool
+	}{
+		{one, "a.svc.cluster.local.", "cluster a.svc.cluster.local.", false},
+		{one, "www.example.org.", "", true},
+		{one, "www.sub.example.org.", "", false},
+		{one, "www.example.net.", "root www.example.net.", false},
+		{one, "notexample.org.", "root notexample.org.", false},
+		{other, "www.example.org.", "other www.example.org.", false},
+		{other, "a.svc.cluster.local.", "other a.svc.cluster.local.", false},
+	} {
+		b := tc.v.Lookup(wireName(t, tc.name))
+		if b.Shuffle != tc.shuffle {
+			t.Errorf("%s: shuffle %v", tc.name, b.Shuffle)
+		}
+		m := new(dns.Msg)
+		m.SetQuestion(tc.name, dns.TypeA)
+		raw, _ := m.Pack()
+		m.Rcode = dns.RcodeServerFailure
+		m.Response = true
+		resp, _ := m.Pack()
+		q := new(wire.Query)
+		if err := wire.ParseQuery(raw, q); err != nil {
+			t.Fatal(err)
+		}
+		out.Reset()
+		b.Log.Log(&dnslog.Entry{Q: q, Query: raw, Resp: resp})
+		want := ""
+		if tc.log != "" {
+			want = "[INFO] " + tc.log + "\n"
+		}
+		if out.String() != want {
+			t.Errorf("%s: logged %q, want %q", tc.name, out.String(), want)
+		}
+	}
+	if l, s, w := one.Acts(); !l || !s || w {
+		t.Errorf("acts %v %v %v", l, s, w)
+	}
+	none, err := CompileView(src([]Answers{{Zone: "."}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, s, w := none.Acts(); l || s || w {
+		t.Errorf("a view whose blocks do nothing: acts %v %v %v", l, s, w)
+	}
+	who, err := CompileView(src([]Answers{{Zone: "who.example."}, {Zone: "."}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, w := who.Acts(); w {
+		t.Error("whoami without a whoami block")
+	}
+	who, err = CompileView(src([]Answers{{Zone: "who.example.", Whoami: true}, {Zone: "."}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, w := who.Acts(); !w || !who.Lookup(wireName(t, "a.Who.example.")).Whoami || who.Lookup(wireName(t, "example.")).Whoami {
+		t.Error("whoami is not the who.example. block's alone")
+	}
+	if _, err := CompileView(Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol },
+		Answers: []Answers{{Zone: ".", Log: []dnslog.Rule{{Scope: "."}}}}}); err == nil {
+		t.Error("a log without a sink compiled")
 	}
 }

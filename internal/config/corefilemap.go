@@ -97,7 +97,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	var succCap, denCap int
-	haveCache, logs, shuffle := false, false, false
+	haveCache := false
 	var metrics, health string
 	// A zone in several blocks (other binds): the first block fills the
 	// shared route table; the views (views.go) route the others.
@@ -275,15 +275,35 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			mapped(s, "pprof %s: /debug/pprof/ on %s, a listener of its own", s.PProf, c.PProf)
 		}
 		if s.Log {
-			logs = true
 			var rs []string
 			for _, r := range s.LogRules {
 				rs = append(rs, r.String())
 			}
 			mapped(s, "log: CoreDNS's query log lines on stdout, for the queries this block answers: %s", strings.Join(rs, "; "))
 		}
+		if s.Whoami {
+			// whoami comes after template, hosts and forward in plugin.cfg
+			// (and rewrite, dns64 act on what it answers): with any of them
+			// it answers only what they pass on.
+			var before []string
+			for _, p := range []struct {
+				on   bool
+				name string
+			}{{s.Forward != nil, "forward"}, {len(s.Templates) > 0, "template"}, {s.Hosts != nil, "hosts"}, {len(s.Rewrites) > 0, "rewrite"}, {s.DNS64 != nil, "dns64"}} {
+				if p.on {
+					before = append(before, p.name)
+				}
+			}
+			if len(before) > 0 {
+				return usage("%s: whoami with %s in the same block is not supported: CoreDNS runs whoami after them, for the names they pass on only; give whoami a block of its own", s.Pos, strings.Join(before, ", "))
+			}
+			note := "whoami: every query of the block answered with the client's own address and port (A or AAAA and SRV in the additional section, TTL 0), per client: never cached, coalesced or forwarded"
+			if s.Cache != nil {
+				note += "; CoreDNS's cache in the same block would keep one client's answer 5 s and give it to the others, ours does not"
+			}
+			mapped(s, "%s", note)
+		}
 		if s.Loadbalance {
-			shuffle = true
 			mapped(s, "loadbalance: the A, AAAA and MX records of every answer of this block shuffled (round_robin), cache hits too")
 		}
 		if t := s.Timeouts; t != nil {
@@ -368,12 +388,6 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	}
 	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
-	}
-	if logs {
-		c.DropIn.BlockLog = blockLog(srv, c.LocalIPs)
-	}
-	if shuffle {
-		c.DropIn.Shuffle = blockShuffle(srv, c.LocalIPs)
 	}
 	dropped, err := checkDNS64(srv, c.LocalIPs)
 	if err != nil {

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
-	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 )
 
 // DropIn is what the stock image's flags and a Corefile add to Config:
@@ -51,13 +49,6 @@ type DropIn struct {
 	// served besides the Corefile's prometheus address; "" when it is the
 	// same address or not in Corefile mode.
 	NodeCacheMetricsAddr string
-	// BlockLog is what each listen address logs in Corefile mode: the
-	// blocks it sees and their log rules (internal/dnslog); nil when no
-	// block has log.
-	BlockLog []dnslog.Addr
-	// Shuffle is what each listen address shuffles (loadbalance): the
-	// zones whose block has it; nil when no block has.
-	Shuffle []loadbalance.Addr
 	// Notes say where a flag and the Corefile disagree and which won, and
 	// what the Corefile says that we do another way. Logged at start and
 	// printed by -check-config.

@@ -171,9 +171,11 @@ func TestCorefileAsIsAndFlagsWin(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 	// log is the "." block's only: CoreDNS's lines for its names.
-	if bl := c.DropIn.BlockLog; len(bl) != 2 || bl[0].Addr != netip.MustParseAddr("169.254.25.10") || len(bl[0].Zones) != 3 ||
-		bl[0].Zones[0].Rules != nil || bl[0].Zones[2].Name != "." || len(bl[0].Zones[2].Rules) != 1 || bl[0].Zones[2].Rules[0].Format != dnslog.DefaultFormat {
-		t.Fatalf("block log %+v", bl)
+	// (Which block answers a name, and so logs it, is the block table's:
+	// internal/blocks, internal/running.)
+	if srv := c.DropIn.Corefile.Servers; len(srv) != 3 || srv[0].LogRules != nil || srv[1].LogRules != nil || srv[2].Zones[0] != "." ||
+		len(srv[2].LogRules) != 1 || srv[2].LogRules[0].Format != dnslog.DefaultFormat {
+		t.Fatalf("block log %+v", srv)
 	}
 	if len(c.DropIn.Routes) != 1 || c.DropIn.Routes[0].Zone != "corp.example." || len(c.DropIn.Routes[0].Servers) != 2 {
 		t.Fatalf("routes %+v", c.DropIn.Routes)

@@ -8,8 +8,6 @@ import (
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
-	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 )
 
 // A view is what a query sees by the address it arrived on, as in CoreDNS:
@@ -104,14 +102,14 @@ func pickBlock(srv []*corefile.Server, blocks []int, name string) int {
 }
 
 // blockSig is what of a block decides how a query is answered: its cache,
-// its forward and its fetch-side directives. Two blocks with equal
-// signatures answer alike.
+// its forward, its fetch-side directives, what it does to every answer
+// (log, loadbalance) and whoami. Two blocks with equal signatures answer alike.
 func blockSig(s *corefile.Server) any {
 	var rw []string
 	for _, r := range s.Rewrites {
 		rw = append(rw, r.String())
 	}
-	return []any{s.Cache, s.Forward, s.Templates, s.Hosts, rw, s.DNS64}
+	return []any{s.Cache, s.Forward, s.Templates, s.Hosts, rw, s.DNS64, s.LogRules, s.Loadbalance, s.Whoami}
 }
 
 // buildViews groups the listen addresses by the blocks they see and builds
@@ -242,46 +240,4 @@ func (v View) Sig(srv []*corefile.Server) any {
 		routes[i].From = ""
 	}
 	return []any{v.Addrs, zs, pols, routes, v.Refused}
-}
-
-// blockShuffle is what each listen address shuffles (and, as the zero
-// address, any other): for every zone, whether the block that serves its
-// names there has loadbalance.
-func blockShuffle(srv []*corefile.Server, addrs []netip.Addr) []loadbalance.Addr {
-	var out []loadbalance.Addr
-	for _, la := range blockLog(srv, addrs) {
-		a := loadbalance.Addr{Addr: la.Addr}
-		blocks := viewBlocks(srv, la.Addr)
-		for _, z := range la.Zones {
-			a.Zones = append(a.Zones, loadbalance.Zone{Name: z.Name, Shuffle: srv[pickBlock(srv, blocks, z.Name)].Loadbalance})
-		}
-		out = append(out, a)
-	}
-	return out
-}
-
-// blockLog is what each listen address logs (and, as the zero address,
-// any other address: the blocks without bind): for every zone of the
-// Corefile, the log rules of the block that serves its names there.
-func blockLog(srv []*corefile.Server, addrs []netip.Addr) []dnslog.Addr {
-	var zones []string
-	for _, s := range srv {
-		for _, z := range s.Zones {
-			if !slices.Contains(zones, z) {
-				zones = append(zones, z)
-			}
-		}
-	}
-	var out []dnslog.Addr
-	for _, a := range append(slices.Clone(addrs), netip.Addr{}) {
-		blocks := viewBlocks(srv, a)
-		la := dnslog.Addr{Addr: a}
-		for _, z := range zones {
-			if i := pickBlock(srv, blocks, z); i >= 0 {
-				la.Zones = append(la.Zones, dnslog.Zone{Name: z, Rules: srv[i].LogRules})
-			}
-		}
-		out = append(out, la)
-	}
-	return out
 }

@@ -153,3 +153,27 @@ func fmtInts(v []int) string {
 	b.WriteString("]")
 	return b.String()
 }
+
+// Blocks on two binds that differ only in what they do to every answer
+// (log, loadbalance, whoami) answer otherwise: two views, so that each
+// address's block table carries its own (internal/blocks).
+func TestViewsDifferInAnswers(t *testing.T) {
+	for _, extra := range []string{" log\n", " loadbalance\n"} {
+		text := ".:53 {\n bind 169.254.20.10\n cache 30\n forward . 10.0.0.2\n}\n.:53 {\n bind 169.254.20.11\n cache 30\n forward . 10.0.0.2\n" + extra + "}\n"
+		c, err := corefileConfig(t, text)
+		if err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		if v := c.DropIn.Corefile.Views; len(v) != 2 {
+			t.Errorf("%q: views %+v", text, v)
+		}
+	}
+	text := "who.example:53 {\n bind 169.254.20.10\n whoami\n}\nwho.example:53 {\n bind 169.254.20.11\n}\n.:53 {\n forward . 10.0.0.2\n}\n"
+	c, err := corefileConfig(t, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := c.DropIn.Corefile.Views; len(v) != 2 {
+		t.Errorf("whoami on one bind: views %+v", v)
+	}
+}

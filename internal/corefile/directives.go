@@ -71,6 +71,7 @@ func init() {
 		"rewrite":     {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
 		"loadbalance": {setup: setupLoadbalance, forms: "loadbalance [round_robin]"},
 		"timeouts":    {setup: setupTimeouts, forms: "timeouts { read DURATION; write DURATION; idle DURATION } (1s to 24h)"},
+		"whoami":      {setup: boolDirective(func(s *Server) { s.Whoami = true }), forms: "whoami"},
 		"template":    {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
 }
@@ -81,7 +82,6 @@ func init() {
 var refusedWhy = map[string]string{
 	"trace":    "nodelocaldns exports no spans (CoreDNS sends one per query to a zipkin or datadog collector); accepting it would drop them silently",
 	"dnstap":   "nodelocaldns streams no dnstap messages; accepting it would drop them silently",
-	"whoami":   "its answer is each client's own address and port, which the shared cache and the coalesced fetches do not carry",
 	"metadata": "no directive of nodelocaldns reads or sets metadata (the log's {/label} placeholders print -)",
 }
 

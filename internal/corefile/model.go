@@ -49,6 +49,9 @@ type Server struct {
 	Debug    bool
 	// Loadbalance: loadbalance (round_robin) shuffles the block's answers.
 	Loadbalance bool
+	// Whoami: whoami answers each client its own address and port
+	// (internal/whoami).
+	Whoami bool
 	// Timeouts is the timeouts directive (nil when absent).
 	Timeouts *Timeouts
 

@@ -39,9 +39,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
-	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
@@ -149,9 +147,8 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
 		CoreDNSZones:     running.CoreDNSZones(cdBlocks),
-		CoreDNSZone:      running.CoreDNSZone,                             // the label of the block the table holds
-		BlockLog:         dnslog.NewTable(os.Stdout, cfg.DropIn.BlockLog), // the Corefile's log, on stdout as CoreDNS's
-		Shuffle:          loadbalance.NewTable(cfg.DropIn.Shuffle),
+		CoreDNSZone:      running.CoreDNSZone,  // the label of the block the table holds
+		BlockAnswers:     running.BlockAnswers, // its log (on stdout, as CoreDNS's) and loadbalance
 		Autopath:         ap,
 	})
 	if err != nil {

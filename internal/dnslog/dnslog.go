@@ -1,18 +1,17 @@
 // Package dnslog is the Corefile's `log` directive: CoreDNS's query log,
 // line for line. A block's log lines are Rules (a name scope, the classes
-// of answers logged, a format of CoreDNS's {placeholders}); a query is
-// logged by the block that answers it (the longest zone of the blocks its
-// listen address sees, as CoreDNS picks a server block), through the first
-// of that block's rules whose scope holds the name, when the answer's
-// class (CoreDNS's response.Classify: success, denial, error) is one the
-// rule logs. Each line is written as CoreDNS's log plugin writes it:
-// "[INFO] " and the format filled in.
+// of answers logged, a format of CoreDNS's {placeholders}), compiled into
+// the block's Log; a query is logged by the Log of the block that answers
+// it, through the first of its rules whose scope holds the name, when the
+// answer's class (CoreDNS's response.Classify: success, denial, error) is
+// one the rule logs. Each line is written as CoreDNS's log plugin writes
+// it: "[INFO] " and the format filled in.
 //
 // It owns the formats (CommonFormat, CombinedFormat), the classes and the
-// placeholders; internal/corefile reads the directive into Rules, the
-// daemon builds a Table from the blocks each listen address sees, and the
-// server calls Table.Log once per answered query when a Table is set (a
-// nil *Table costs the serving path one comparison). It opens no sockets.
+// placeholders; internal/corefile reads the directive into Rules,
+// internal/blocks compiles each block's Log into the block table (which
+// block answers a name is decided there, not here), and the server calls
+// Log.Log once per answered query whose block logs. It opens no sockets.
 package dnslog
 
 import (

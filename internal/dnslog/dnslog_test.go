@@ -110,55 +110,50 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// TestTable: a query is logged by the block its address sees for its
-// longest zone, through the first rule whose scope holds it, when its
-// class is logged.
-func TestTable(t *testing.T) {
+// TestLog: a block's query is logged through the first rule whose scope
+// holds it, when its class is logged (which block answers a name is
+// internal/blocks' test).
+func TestLog(t *testing.T) {
 	var out bytes.Buffer
-	a := netip.MustParseAddr("169.254.20.10")
-	b := netip.MustParseAddr("10.0.0.10")
-	tab := NewTable(&out, []Addr{
-		{Addr: a, Zones: []Zone{
-			{Name: "cluster.local.", Rules: []Rule{{Scope: "svc.cluster.local", Classes: Denial, Format: "denial {name}"}, {Scope: ".", Classes: All, Format: "all {name}"}}},
-			{Name: "example.org.", Rules: nil},
-			{Name: ".", Rules: []Rule{{Scope: ".", Classes: All, Format: "root {name}"}}},
-		}},
-		{Addr: netip.Addr{}, Zones: []Zone{{Name: ".", Rules: []Rule{{Scope: ".", Classes: Error, Format: "other {name}"}}}}},
-	})
-	if tab == nil {
-		t.Fatal("no table")
+	sink := NewSink(&out)
+	cluster := sink.Compile([]Rule{{Scope: "svc.cluster.local", Classes: Denial, Format: "denial {name}"}, {Scope: ".", Classes: All, Format: "all {name}"}})
+	root := sink.Compile([]Rule{{Scope: ".", Classes: All, Format: "root {name}"}})
+	other := sink.Compile([]Rule{{Scope: ".", Classes: Error, Format: "other {name}"}})
+	scoped := sink.Compile([]Rule{{Scope: "example.org", Classes: All, Format: "scoped {name}"}})
+	if cluster == nil || root == nil || other == nil || scoped == nil {
+		t.Fatal("no log")
 	}
 	ok := func(r *dns.Msg) { r.Answer = append(r.Answer, rr(t, r.Question[0].Name+" 1 IN A 192.0.2.1")) }
 	nx := func(r *dns.Msg) { r.Rcode = dns.RcodeNameError }
 	for _, tc := range []struct {
-		local netip.Addr
-		name  string
-		resp  func(*dns.Msg)
-		want  string
+		log  *Log
+		name string
+		resp func(*dns.Msg)
+		want string
 	}{
-		{a, "web.default.svc.cluster.local.", nx, "denial web.default.svc.cluster.local."},
-		{a, "web.default.svc.cluster.local.", ok, ""}, // the first scope decides
-		{a, "node.cluster.local.", ok, "all node.cluster.local."},
-		{a, "www.example.org.", ok, ""}, // its block does not log
-		{a, "www.example.com.", ok, "root www.example.com."},
-		{a, "notexample.org.", ok, "root notexample.org."},
-		{b, "www.example.com.", nx, ""},
-		{b, "www.example.com.", func(r *dns.Msg) { r.Rcode = dns.RcodeServerFailure }, "other www.example.com."},
+		{cluster, "web.default.svc.cluster.local.", nx, "denial web.default.svc.cluster.local."},
+		{cluster, "web.default.svc.cluster.local.", ok, ""}, // the first scope decides
+		{cluster, "node.cluster.local.", ok, "all node.cluster.local."},
+		{nil, "www.example.org.", ok, ""}, // its block does not log
+		{root, "www.example.com.", ok, "root www.example.com."},
+		{scoped, "www.EXAMPLE.org.", ok, "scoped www.example.org."},
+		{scoped, "notexample.org.", ok, ""}, // outside every scope
+		{other, "www.example.com.", nx, ""},
+		{other, "www.example.com.", func(r *dns.Msg) { r.Rcode = dns.RcodeServerFailure }, "other www.example.com."},
 	} {
 		out.Reset()
 		e := entry(t, tc.name, dns.TypeA, false, tc.resp)
-		e.Local = tc.local
-		tab.Log(e)
+		tc.log.Log(e)
 		want := ""
 		if tc.want != "" {
 			want = "[INFO] " + tc.want + "\n"
 		}
 		if out.String() != want {
-			t.Errorf("%s on %s: logged %q, want %q", tc.name, tc.local, out.String(), want)
+			t.Errorf("%s: logged %q, want %q", tc.name, out.String(), want)
 		}
 	}
-	if NewTable(&out, []Addr{{Addr: a, Zones: []Zone{{Name: "."}}}}) != nil {
-		t.Error("a table without rules is not nil")
+	if sink.Compile(nil) != nil {
+		t.Error("a block without rules has a log")
 	}
 }
 
@@ -180,11 +175,10 @@ func BenchmarkLog(b *testing.B) {
 	e := entry(t, "www.example.org.", dns.TypeA, true, func(r *dns.Msg) {
 		r.Answer = append(r.Answer, rr(t, "www.example.org. 30 IN A 192.0.2.1"))
 	})
-	tab := NewTable(discard{}, []Addr{{Zones: []Zone{{Name: ".", Rules: []Rule{{Scope: ".", Classes: All, Format: DefaultFormat}}}}}})
-	e.Local = netip.Addr{}
+	l := NewSink(discard{}).Compile([]Rule{{Scope: ".", Classes: All, Format: DefaultFormat}})
 	b.ReportAllocs()
 	for b.Loop() {
-		tab.Log(e)
+		l.Log(e)
 	}
 }
 

@@ -2,134 +2,26 @@
 // round_robin policy, its default): each NOERROR answer of a block with it
 // has its A, AAAA and MX records shuffled, as CoreDNS's loadbalance plugin
 // shuffles them. CoreDNS's plugin.cfg puts loadbalance before cache, so
-// every answer is shuffled, cache hits too: the server applies it to every
-// answer it sends (Table.Apply), by the block that answers the query (the
-// longest zone of the blocks its listen address sees).
+// every answer is shuffled, cache hits too: the server applies Shuffle to
+// every answer it sends whose block has loadbalance (a property of the
+// block in internal/blocks' table, which decides which block answers).
 //
 // The common answers (a section of A or AAAA records, maybe after CNAMEs,
 // whose owner names are compression pointers) are shuffled in place, with
 // no allocation; anything else is unpacked, shuffled as CoreDNS's
 // roundRobin does (CNAMEs, other records, addresses, MX) and packed again.
-// It opens no sockets; a nil *Table costs the server one comparison.
+// It opens no sockets and matches no names.
 package loadbalance
 
 import (
 	"encoding/binary"
 	"math/rand/v2"
-	"net/netip"
 	"slices"
 
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
-
-// Addr is what one listen address sees: the zones whose block (the one
-// that serves their names there) has loadbalance. The zero Addr is every
-// other address.
-type Addr struct {
-	Addr  netip.Addr
-	Zones []Zone
-}
-
-// Zone is one zone of an address and whether its block shuffles.
-type Zone struct {
-	Name    string // lower-case FQDN
-	Shuffle bool
-}
-
-// Table says which answers are shuffled. Built once; safe for concurrent
-// use.
-type Table struct {
-	addrs []addrTable
-	def   *addrTable
-}
-
-type addrTable struct {
-	addr  netip.Addr
-	zones []zone // longest first
-}
-
-type zone struct {
-	wire    []byte
-	shuffle bool
-}
-
-// NewTable builds the table; nil when no block shuffles.
-func NewTable(addrs []Addr) *Table {
-	t := &Table{}
-	any := false
-	for _, a := range addrs {
-		at := addrTable{addr: a.Addr.Unmap()}
-		for _, z := range a.Zones {
-			w, ok := wire.AppendNameWire(nil, z.Name)
-			if !ok {
-				continue
-			}
-			at.zones = append(at.zones, zone{wire: wire.AppendLower(nil, w), shuffle: z.Shuffle})
-			any = any || z.Shuffle
-		}
-		slices.SortStableFunc(at.zones, func(x, y zone) int { return len(y.wire) - len(x.wire) })
-		t.addrs = append(t.addrs, at)
-	}
-	if !any {
-		return nil
-	}
-	for i := range t.addrs {
-		if !t.addrs[i].addr.IsValid() {
-			t.def = &t.addrs[i]
-		}
-	}
-	return t
-}
-
-// Apply shuffles resp, the answer to a query for name (wire form) that
-// arrived on local, when the block answering it has loadbalance. It
-// returns resp (shuffled in place or unchanged) or a new answer of
-// possibly another length.
-func (t *Table) Apply(local netip.Addr, name, resp []byte) []byte {
-	if !t.shuffles(local, name) {
-		return resp
-	}
-	return Shuffle(resp)
-}
-
-func (t *Table) shuffles(local netip.Addr, name []byte) bool {
-	local = local.Unmap()
-	at := t.def
-	for i := range t.addrs {
-		if t.addrs[i].addr == local {
-			at = &t.addrs[i]
-			break
-		}
-	}
-	if at == nil {
-		return false
-	}
-	for _, z := range at.zones {
-		if inZone(name, z.wire) {
-			return z.shuffle
-		}
-	}
-	return false
-}
-
-// inZone reports whether the wire name ends with zone at a label boundary.
-func inZone(name, zone []byte) bool {
-	p := len(name) - len(zone)
-	if p < 0 || !wire.EqualNameFold(name[p:], zone) {
-		return false
-	}
-	off := 0
-	for off < p {
-		l := int(name[off])
-		if l == 0 || l&0xC0 != 0 {
-			return false
-		}
-		off += l + 1
-	}
-	return off == p
-}
 
 // Shuffle shuffles the A, AAAA and MX records of each section of a NOERROR
 // answer as CoreDNS's round_robin does.

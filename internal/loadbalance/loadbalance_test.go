@@ -1,14 +1,11 @@
 package loadbalance
 
 import (
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/miekg/dns"
-
-	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 func answer(t testing.TB, qtype uint16, rcode int, answers, extra []string) []byte {
@@ -109,27 +106,6 @@ func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
-}
-
-// The table shuffles by the block of the address and the longest zone.
-func TestTable(t *testing.T) {
-	a := netip.MustParseAddr("169.254.20.10")
-	tab := NewTable([]Addr{{Addr: a, Zones: []Zone{{Name: "example.org.", Shuffle: true}, {Name: "sub.example.org.", Shuffle: false}, {Name: "."}}}, {Zones: []Zone{{Name: "."}}}})
-	for _, tc := range []struct {
-		local netip.Addr
-		name  string
-		want  bool
-	}{
-		{a, "www.example.org.", true}, {a, "www.sub.example.org.", false}, {a, "www.example.net.", false}, {netip.MustParseAddr("10.0.0.1"), "www.example.org.", false},
-	} {
-		w, _ := wire.AppendNameWire(nil, tc.name)
-		if got := tab.shuffles(tc.local, w); got != tc.want {
-			t.Errorf("%s on %s: %v", tc.name, tc.local, got)
-		}
-	}
-	if NewTable([]Addr{{Addr: a, Zones: []Zone{{Name: "."}}}}) != nil {
-		t.Error("a table that shuffles nothing is not nil")
-	}
 }
 
 // BenchmarkShuffleInPlace: the common answer, four A records.

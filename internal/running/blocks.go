@@ -3,13 +3,17 @@ package running
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/server"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -26,10 +30,77 @@ import (
 // a Corefile reload; each view of several has its table in its viewTable
 // (views.go).
 
-// sharedPolicy is what the shared view's policies are compiled from.
+// sharedPolicy is what a view's blocks are compiled from besides the
+// chains and routes: the cache policies (over zones) and what each block
+// does to every answer it sends (its log, its loadbalance).
 type sharedPolicy struct {
-	pol   resolve.PolicyFunc
-	zones []string
+	pol     resolve.PolicyFunc
+	zones   []string
+	answers []blocks.Answers
+}
+
+// blockAnswers are the log, loadbalance and whoami of the blocks of srv, by their
+// zones, as one view sees them: pick gives the block serving a zone's
+// names there (-1: none, the zone is refused). nil when no block logs,
+// shuffles or answers whoami.
+func blockAnswers(srv []*corefile.Server, pick func(zone string) int) []blocks.Answers {
+	var out []blocks.Answers
+	seen := map[string]bool{}
+	acts := false
+	for _, s := range srv {
+		for _, z := range s.Zones {
+			if seen[z] {
+				continue
+			}
+			seen[z] = true
+			p := pick(z)
+			if p < 0 {
+				continue
+			}
+			a := blocks.Answers{Zone: strings.ToLower(z), Log: srv[p].LogRules, Shuffle: srv[p].Loadbalance, Whoami: srv[p].Whoami}
+			acts = acts || len(a.Log) > 0 || a.Shuffle || a.Whoami
+			out = append(out, a)
+		}
+	}
+	if !acts {
+		return nil
+	}
+	return out
+}
+
+// firstBlock is the shared view's pick: the first block of a zone (where
+// every listen address sees a block answering alike: config.View).
+func firstBlock(srv []*corefile.Server) func(zone string) int {
+	return func(z string) int {
+		return slices.IndexFunc(srv, func(s *corefile.Server) bool { return slices.Contains(s.Zones, z) })
+	}
+}
+
+// BlockAnswers is what the block of a policy does to every answer it sends
+// (server.Config.BlockAnswers): its log (nil: none), its loadbalance, and
+// whether whoami answers it.
+func BlockAnswers(p *resolve.Policy) server.Answers {
+	if b := blocks.Of(p); b != nil {
+		return server.Answers{Log: b.Log, Shuffle: b.Shuffle, Whoami: b.Whoami}
+	}
+	return server.Answers{}
+}
+
+// noteActs tells the server whether some block of the tables serving now
+// logs, shuffles or answers whoami (server.SetBlockActs); called after
+// every swap.
+func (d *State) noteActs() {
+	if d.Server == nil {
+		return
+	}
+	logs, shuffles, whoami := d.shared.Load().Acts()
+	if d.views != nil {
+		for _, t := range d.views.tables {
+			l, s, w := t.v.Load().Acts()
+			logs, shuffles, whoami = logs || l, shuffles || s, whoami || w
+		}
+	}
+	d.Server.SetBlockActs(logs, shuffles, whoami)
 }
 
 // compileView compiles a view from its policies, its chains (nil: none)
@@ -39,6 +110,7 @@ func (d *State) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes
 	return blocks.CompileView(blocks.Sources{
 		Default: d.policyDefault, Policy: sp.pol, PolicyZones: sp.zones,
 		Chains: c, Own: vr, Shared: d.routes, Metrics: d.metricZones,
+		Answers: sp.answers, Sink: d.sink,
 	})
 }
 

@@ -235,7 +235,10 @@ func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 	if e.policy != nil {
 		d.sharedPol = *e.policy
 		r.cf.zonePolicies = n.DropIn.Corefile.ZonePolicies
-		d.log.Info("Corefile changed; cache policies of the blocks updated", "zones", len(r.cf.zonePolicies))
+		d.log.Info("Corefile changed; the blocks' cache policies, log and loadbalance updated", "zones", len(r.cf.zonePolicies))
+	}
+	if e.views != nil || e.shared != nil {
+		d.noteActs() // the new tables' log and loadbalance
 	}
 	if e.views != nil || e.policy != nil {
 		cb := coreDNSCacheBlocks(n) // the tags of the new policies and views name n's blocks
@@ -324,11 +327,10 @@ func restartFields(a, b *config.Config) []string {
 	}
 	cmp("health address", a.HealthAddr, b.HealthAddr)
 	cmp("metrics address (prometheus)", a.MetricsAddr, b.MetricsAddr)
-	cmp("log", []any{a.QueryLog, a.DropIn.BlockLog}, []any{b.QueryLog, b.DropIn.BlockLog})
+	cmp("-querylog", a.QueryLog, b.QueryLog) // the Corefile's log applies live (the block table)
 	cmp("pprof", a.PProf, b.PProf)
 	cmp("bufsize", a.MaxUDPSize, b.MaxUDPSize)
 	cmp("lameduck", a.LameDuck, b.LameDuck)
-	cmp("loadbalance", a.DropIn.Shuffle, b.DropIn.Shuffle)
 	cmp("timeouts", [3]time.Duration{a.TCPIdleTimeout, a.DropIn.TCPReadTimeout, a.DropIn.TCPWriteTimeout}, [3]time.Duration{b.TCPIdleTimeout, b.DropIn.TCPReadTimeout, b.DropIn.TCPWriteTimeout})
 	cmp("resolv.conf path", a.ResolvConf, b.ResolvConf)
 	return out

@@ -2,8 +2,9 @@ package running
 
 import (
 	"fmt"
-	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"reflect"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
@@ -38,18 +39,28 @@ func zonePolicyZones(zps []config.ZonePolicy) []string {
 	return out
 }
 
-// preparePolicies builds the policy lookup of a reloaded Corefile's
-// cache policies; nil when they did not change.
+// preparePolicies builds the shared view's policy lookup and its blocks'
+// log and loadbalance of a reloaded Corefile; nil when neither changed.
 func (d *State) preparePolicies(n *config.Config) (*sharedPolicy, error) {
 	cur, next := d.corefile(), n.DropIn.Corefile
-	if cur == nil || next == nil || reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
+	if cur == nil || next == nil {
 		return nil, nil
 	}
-	f, err := resolve.Zones(d.policyDefault, corefileZones(n, next.ZonePolicies)...)
-	if err != nil {
-		return nil, fmt.Errorf("cache policies: %w", err)
+	answers := blockAnswers(next.Servers, firstBlock(next.Servers))
+	samePol := reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies)
+	if samePol && reflect.DeepEqual(d.sharedPol.answers, answers) {
+		return nil, nil
 	}
-	return &sharedPolicy{pol: f, zones: zonePolicyZones(next.ZonePolicies)}, nil
+	sp := d.sharedPol
+	sp.answers = answers
+	if !samePol {
+		f, err := resolve.Zones(d.policyDefault, corefileZones(n, next.ZonePolicies)...)
+		if err != nil {
+			return nil, fmt.Errorf("cache policies: %w", err)
+		}
+		sp.pol, sp.zones = f, zonePolicyZones(next.ZonePolicies)
+	}
+	return &sp, nil
 }
 
 // stubConflict refuses a kube-dns ConfigMap whose stub domain duplicates a

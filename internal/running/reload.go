@@ -387,6 +387,7 @@ func (d *State) recompile(routes []forward.Route) error {
 	for i, v := range views {
 		d.views.tables[i].v.Store(v)
 	}
+	d.noteActs()
 	return nil
 }
 

@@ -18,14 +18,17 @@
 package running
 
 import (
+	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"sync/atomic"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
@@ -42,6 +45,9 @@ type Env struct {
 	Clock   clock.Clock // clock.Real when nil
 	Metrics *metrics.Metrics
 	Cache   *cache.Cache
+	// QueryLogOut gets the Corefile's log lines (os.Stdout when nil, as
+	// CoreDNS writes them).
+	QueryLogOut io.Writer
 }
 
 // State is the running configuration of one daemon.
@@ -77,6 +83,8 @@ type State struct {
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
+	// sink is where the blocks' log lines go (Env.QueryLogOut).
+	sink *dnslog.Sink
 	// reloadFault, when set (tests), fails a Corefile edit half-way through
 	// its rebuild: after views, policies and chains are built, before the
 	// groups (corefile.go).
@@ -99,6 +107,11 @@ func (d *State) SetKubeGroupHook(f func(g *forward.Group, addr netip.AddrPort)) 
 // opens upstream sockets only (the groups'); on error it closes them.
 func New(cfg *config.Config, env Env) (d *State, err error) {
 	d = &State{cfg: cfg, log: env.Log, clock: clock.Or(env.Clock), Metrics: env.Metrics, Cache: env.Cache}
+	out := env.QueryLogOut
+	if out == nil {
+		out = os.Stdout
+	}
+	d.sink = dnslog.NewSink(out)
 	// Groups and routes: kube-dns, resolv.conf, the kube-dns ConfigMap (reload.go).
 	if err := d.buildRoutes(); err != nil {
 		return nil, err
@@ -135,6 +148,9 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 	d.sharedPol = sharedPolicy{pol: policy}
 	for _, z := range zones {
 		d.sharedPol.zones = append(d.sharedPol.zones, z.Name)
+	}
+	if cc := cfg.DropIn.Corefile; cc != nil {
+		d.sharedPol.answers = blockAnswers(cc.Servers, firstBlock(cc.Servers))
 	}
 	cb := coreDNSCacheBlocks(cfg)
 	d.cacheBlocks.Store(&cb)
@@ -179,6 +195,7 @@ func (d *State) Attach(srv *server.Server) error {
 	if _, err := d.useViews(d.views); err != nil {
 		return err
 	}
+	d.noteActs()
 	if cc := d.cfg.DropIn.Corefile; cc != nil {
 		srv.SetRecordAskers(blocks.UsesRemote(cc.Servers)) // a template uses .Remote
 	}

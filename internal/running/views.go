@@ -100,7 +100,13 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 			vs.groups = append(vs.groups, g)
 			vr.Groups[zr.Zone] = g
 		}
-		t := &viewTable{sp: sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies)}, vr: vr}
+		t := &viewTable{sp: sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies),
+			answers: blockAnswers(cc.Servers, func(z string) int {
+				if p, ok := v.Pick[z]; ok {
+					return p
+				}
+				return -1
+			})}, vr: vr}
 		next := d.forwardIn(t.v.Load) // the end of the view's chains
 		if t.c, err = d.buildChains(cc.Servers, v.Pick, next, t.v.Load); err != nil {
 			return nil, err

@@ -183,14 +183,14 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 // finishMiss logs the query and hands the answer to its transport, which
 // returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
-	if s.cfg.Shuffle != nil {
-		local, start := netip.Addr{}, 0
+	acts := s.acts.Load()
+	a := s.answersFor(acts, &m.q)
+	if a.Shuffle {
+		start := 0
 		if m.tcp {
-			local, start = localAddr(m.tc.c), 2
-		} else {
-			local = m.l.local.Addr()
+			start = 2
 		}
-		m.out = s.shuffled(m.out, start, local, &m.q)
+		m.out = s.shuffled(m.out, start)
 	}
 	if s.cd != nil && m.cdk.zone >= 0 {
 		resp := m.out
@@ -204,7 +204,7 @@ func (s *Server) finishMiss(m *missReq) {
 			s.cd.response(m.cdk, int(resp[3]&0xF), !m.cdSelf, len(resp), s.cfg.Clock.Now().Sub(m.t0).Nanoseconds())
 		}
 	}
-	if s.logOn() {
+	if s.logOn(acts) {
 		resp := m.out
 		local := netip.Addr{}
 		if m.tcp {
@@ -213,7 +213,7 @@ func (s *Server) finishMiss(m *missReq) {
 		} else {
 			local = m.l.local.Addr()
 		}
-		s.logQuery(m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
+		s.logQuery(a.Log, m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
 	}
 	if m.tcp {
 		s.deliverTCP(m)

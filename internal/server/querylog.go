@@ -22,17 +22,19 @@ const (
 	fromAutopath = "autopath" // answered (or dropped) by autopath (autopath.go)
 )
 
-// logOn reports whether answered queries are logged (-querylog or the
-// Corefile's log): the serving path calls logQuery only then.
-func (s *Server) logOn() bool { return s.cfg.QueryLog != nil || s.cfg.BlockLog != nil }
+// logOn reports whether answered queries are logged (-querylog, or the
+// Corefile's log of some block: acts as loaded by the caller): the serving
+// path calls logQuery only then.
+func (s *Server) logOn(acts uint32) bool { return s.cfg.QueryLog != nil || acts&actLog != 0 }
 
 // logQuery writes the query log lines of one answered query: -querylog's
-// and the Corefile's log (dnslog). local is the address it arrived on,
-// query the query as received. It is only called when logOn: the serving path pays
-// two nil checks otherwise.
-func (s *Server) logQuery(client netip.AddrPort, local netip.Addr, tcp bool, q *wire.Query, query []byte, resp []byte, source string, start time.Time) {
-	if s.cfg.BlockLog != nil && !(source == fromCache && wire.EqualNameFold(q.Name, healthName)) {
-		s.cfg.BlockLog.Log(&dnslog.Entry{Remote: client, Local: local, TCP: tcp, Q: q, Query: query, Resp: resp, Duration: s.cfg.Clock.Now().Sub(start)})
+// and the Corefile's log of its block (blog, nil: none; dnslog). local is
+// the address it arrived on, query the query as received. It is only
+// called when logOn: the serving path pays a nil check and a load
+// otherwise.
+func (s *Server) logQuery(blog *dnslog.Log, client netip.AddrPort, local netip.Addr, tcp bool, q *wire.Query, query []byte, resp []byte, source string, start time.Time) {
+	if blog != nil && !(source == fromCache && wire.EqualNameFold(q.Name, healthName)) {
+		blog.Log(&dnslog.Entry{Remote: client, Local: local, TCP: tcp, Q: q, Query: query, Resp: resp, Duration: s.cfg.Clock.Now().Sub(start)})
 	}
 	if s.cfg.QueryLog == nil {
 		return

@@ -27,10 +27,9 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
-	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/whoami"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -86,14 +85,14 @@ type Config struct {
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
-	// BlockLog, when set, is the Corefile's log directive: CoreDNS's
-	// query log lines for the queries of the blocks that log
-	// (internal/dnslog); nil costs one comparison.
-	BlockLog *dnslog.Table
-	// Shuffle, when set, is the Corefile's loadbalance: the answers of the
-	// blocks with it have their A, AAAA and MX records shuffled, hits
-	// too (internal/loadbalance); nil costs one comparison.
-	Shuffle *loadbalance.Table
+	// BlockAnswers gives what the block serving a name does to every
+	// answer it sends, from the policy its view's Resolver serves the name
+	// by (as CoreDNSZone: the block the configuration's table holds for
+	// it; internal/running.BlockAnswers): its log, its loadbalance, its
+	// whoami (Answers). Asked only while SetBlockActs says some block
+	// does one of them (one atomic load per query otherwise). Required
+	// for SetBlockActs to turn anything on.
+	BlockAnswers func(*resolve.Policy) Answers
 	// CoreDNSZones are the Corefile zones whose queries count under
 	// CoreDNS's metric names (the blocks with a prometheus directive);
 	// nil counts none (stats.go).
@@ -191,6 +190,10 @@ type Server struct {
 	// askers: record each query's client address in wire.Query.From
 	// (SetRecordAskers), for what a fetch needs it for.
 	askers atomic.Bool
+	// acts: whether some block of the tables serving now logs
+	// (actLog), shuffles (actShuffle) or answers whoami (actWhoami):
+	// SetBlockActs (answers.go).
+	acts atomic.Uint32
 }
 
 // SetRecordAskers turns on or off recording the client's address in each
@@ -262,6 +265,14 @@ type request struct {
 	st   *Stats
 	cd   cdObserver
 	k    cdKey
+	// acts are Server.acts as the transport loaded them for this query
+	// (or its batch); blk, once blkOK, is what its block does (answersOf).
+	acts  uint32
+	blk   Answers
+	blkOK bool
+	// client is the client's address and port, set only when some block
+	// answers whoami (acts&actWhoami).
+	client netip.AddrPort
 }
 
 // cdObserver counts queries under CoreDNS's metric names as arriving on
@@ -333,6 +344,7 @@ const (
 
 func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
 	raw, q, st, tcp, now := r.raw, &r.q, r.st, r.tcp, r.now
+	r.blkOK = false
 	err := wire.ParseQuery(raw, q)
 	q.From = r.from
 	st.countRequest(tcp)
@@ -364,6 +376,13 @@ func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
 		out = wire.AppendError(out, raw, q, wire.RcodeSuccess, s.cfg.MaxUDPSize)
 		st.countRcode(wire.RcodeSuccess)
 		return out, answered, ansHealth
+	}
+	if r.acts&actWhoami != 0 && s.answersOf(r).Whoami {
+		// The client's own answer (CoreDNS's whoami): never cached,
+		// coalesced or forwarded.
+		out = whoami.Append(out, raw, q, r.client, tcp, s.cfg.MaxUDPSize)
+		st.countRcode(wire.RcodeSuccess)
+		return out, answered, ansLocal
 	}
 	e := s.resolver(q.View).Hit(q, now)
 	if s.isCandidate(q) && (e == nil || e.Rcode() == wire.RcodeNXDomain) {

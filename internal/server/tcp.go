@@ -228,21 +228,27 @@ func (s *Server) serveConn(tc *tcpConn) {
 		if s.askers.Load() {
 			req.from = tc.client
 		}
+		acts := s.acts.Load()
+		req.acts = acts
+		if acts&actWhoami != 0 {
+			req.client = remoteAddrPort(c)
+		}
 		resp, v := s.answerLocal(req, append(pend, 0, 0))
 		switch v {
 		case dropped:
 			continue
 		case answered:
-			if s.cfg.Shuffle != nil {
-				resp = s.shuffled(resp, start+2, localAddr(c), &req.q)
+			a := s.answersOf(req)
+			if a.Shuffle {
+				resp = s.shuffled(resp, start+2)
 			}
 			if len(resp)-start-2 > 0xFFFF {
 				return
 			}
 			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
 			pend = resp
-			if s.logOn() {
-				s.logQuery(remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
+			if s.logOn(acts) {
+				s.logQuery(a.Log, remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
 			}
 			if len(pend) >= 16<<10 && !tc.flush(&pend) {
 				return

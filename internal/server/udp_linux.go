@@ -298,7 +298,9 @@ func (s *Server) serveUDP(l *udpListener) {
 		}
 		t := s.cfg.Clock.Now()
 		now := t.UnixNano()
-		qlog := s.logOn()
+		acts := s.acts.Load()
+		qlog := s.logOn(acts)
+		req.acts = acts
 		askers := s.askers.Load()
 		var from netip.Addr
 		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
@@ -324,6 +326,9 @@ func (s *Server) serveUDP(l *udpListener) {
 				from = sockaddrAddrPort(name).Addr()
 			}
 			req.raw, req.from = raw, from
+			if acts&actWhoami != 0 {
+				req.client = sockaddrAddrPort(name)
+			}
 			out, v := s.answerLocal(req, b.out)
 			switch v {
 			case dropped:
@@ -341,11 +346,16 @@ func (s *Server) serveUDP(l *udpListener) {
 				}
 				continue
 			}
-			if s.cfg.Shuffle != nil {
-				out = s.shuffled(out, start, l.local.Addr(), &req.q)
-			}
-			if qlog {
-				s.logQuery(sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
+			if acts != 0 {
+				a := s.answersOf(req)
+				if a.Shuffle {
+					out = s.shuffled(out, start)
+				}
+				if qlog {
+					s.logQuery(a.Log, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
+				}
+			} else if qlog {
+				s.logQuery(nil, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]

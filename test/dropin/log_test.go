@@ -22,6 +22,14 @@ import (
 // Corefile names kube-dns); ours are more of nodelocaldns' arguments.
 func pair(t *testing.T, corefile string, kubeFlag bool, ours ...string) (aOurs, aCore string, lo, lc *testhost.SyncBuffer) {
 	t.Helper()
+	aOurs, aCore, lo, lc, _ = pairConf(t, corefile, kubeFlag, ours...)
+	return aOurs, aCore, lo, lc
+}
+
+// pairConf is pair, also returning the Corefiles' paths and how to write
+// them again (a reload: rewrite(text) with pair's format).
+func pairConf(t *testing.T, corefile string, kubeFlag bool, ours ...string) (aOurs, aCore string, lo, lc *testhost.SyncBuffer, rewrite func(string)) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
@@ -30,11 +38,17 @@ func pair(t *testing.T, corefile string, kubeFlag bool, ours ...string) (aOurs, 
 	dir := t.TempDir()
 	pOurs, pCore := testhost.FreePort(t, "127.0.0.1"), testhost.FreePort(t, "127.0.0.1")
 	confOurs, confCore := filepath.Join(dir, "ours.Corefile"), filepath.Join(dir, "coredns.Corefile")
-	for f, p := range map[string]int{confOurs: pOurs, confCore: pCore} {
-		if err := os.WriteFile(f, []byte(fmt.Sprintf(corefile, p, up, kube)), 0o644); err != nil {
-			t.Fatal(err)
+	rewrite = func(corefile string) {
+		for f, p := range map[string]int{confOurs: pOurs, confCore: pCore} {
+			if err := os.WriteFile(f+".tmp", []byte(fmt.Sprintf(corefile, p, up, kube)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(f+".tmp", f); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	rewrite(corefile)
 	lo, lc = &testhost.SyncBuffer{}, &testhost.SyncBuffer{}
 	if kubeFlag {
 		ours = append(ours, "-kube-dns", kube)
@@ -46,7 +60,7 @@ func pair(t *testing.T, corefile string, kubeFlag bool, ours ...string) (aOurs, 
 	aOurs, aCore = fmt.Sprintf("127.0.0.1:%d", pOurs), fmt.Sprintf("127.0.0.1:%d", pCore)
 	waitDNS(t, aOurs)
 	waitDNS(t, aCore)
-	return aOurs, aCore, lo, lc
+	return aOurs, aCore, lo, lc, rewrite
 }
 
 // logQuery is one query of the log tests, asked with a fixed ID.
