@@ -29,8 +29,8 @@ import (
 
 // View is the set of blocks seen from some listen addresses.
 type View struct {
-	// Addrs are the listen addresses that see this view.
-	Addrs []netip.Addr
+	// Addrs are the listen sockets (address and port) that see this view.
+	Addrs []netip.AddrPort
 	// Blocks are the blocks seen, indexes into CorefileConfig.Servers.
 	Blocks []int
 	// Pick gives every zone of the Corefile the block that serves its
@@ -51,14 +51,19 @@ type View struct {
 // takes 6 bits of it (cache.keyFlags).
 const MaxViews = 64
 
-// BlocksSeenFrom lists the blocks (indexes into srv) a query to a sees.
-func BlocksSeenFrom(srv []*corefile.Server, a netip.Addr) []int { return viewBlocks(srv, a) }
+// BlocksSeenFrom lists the blocks (indexes into srv) a query to ap sees
+// (port 0: on any port).
+func BlocksSeenFrom(srv []*corefile.Server, ap netip.AddrPort) []int { return viewBlocks(srv, ap) }
 
-// viewBlocks lists the blocks a query to a sees.
-func viewBlocks(srv []*corefile.Server, a netip.Addr) []int {
-	a = a.Unmap()
+// viewBlocks lists the blocks a query to ap sees: the blocks on its port
+// (port 0: every block) that bind its address, else those on every address.
+func viewBlocks(srv []*corefile.Server, ap netip.AddrPort) []int {
+	a := ap.Addr().Unmap()
 	var bound, wild []int
 	for i, s := range srv {
+		if ap.Port() != 0 && s.Port != int(ap.Port()) {
+			continue
+		}
 		if len(s.Bind) == 0 {
 			wild = append(wild, i)
 			continue
@@ -132,7 +137,7 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	var views []View
-	for _, a := range c.LocalIPs {
+	for _, a := range c.Sockets() {
 		blocks := viewBlocks(srv, a)
 		k := slices.IndexFunc(views, func(v View) bool { return slices.Equal(v.Blocks, blocks) })
 		if k < 0 {
@@ -251,7 +256,7 @@ func blockShuffle(srv []*corefile.Server, addrs []netip.Addr) []loadbalance.Addr
 	var out []loadbalance.Addr
 	for _, la := range blockLog(srv, addrs) {
 		a := loadbalance.Addr{Addr: la.Addr}
-		blocks := viewBlocks(srv, la.Addr)
+		blocks := viewBlocks(srv, netip.AddrPortFrom(la.Addr, 0))
 		for _, z := range la.Zones {
 			a.Zones = append(a.Zones, loadbalance.Zone{Name: z.Name, Shuffle: srv[pickBlock(srv, blocks, z.Name)].Loadbalance})
 		}
@@ -274,7 +279,7 @@ func blockLog(srv []*corefile.Server, addrs []netip.Addr) []dnslog.Addr {
 	}
 	var out []dnslog.Addr
 	for _, a := range append(slices.Clone(addrs), netip.Addr{}) {
-		blocks := viewBlocks(srv, a)
+		blocks := viewBlocks(srv, netip.AddrPortFrom(a, 0)) // every port: the log table is by address
 		la := dnslog.Addr{Addr: a}
 		for _, z := range zones {
 			if i := pickBlock(srv, blocks, z); i >= 0 {

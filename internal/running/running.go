@@ -151,7 +151,7 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 		return nil, err
 	}
 	// Blocks seen from some addresses answer otherwise (views.go).
-	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.LocalIPs); err != nil {
+	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.Sockets()); err != nil {
 		return nil, err
 	}
 	return d, nil

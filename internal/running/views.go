@@ -51,17 +51,18 @@ type viewTable struct {
 	vr *blocks.Routes
 }
 
-// newViews builds a resolver per view of cc over the listen addresses
-// listen (the running ones). It changes nothing of d but creating groups,
+// newViews builds a resolver per view of cc over the listen sockets
+// listen (the running ones, cfg.Sockets). It changes nothing of d but creating groups,
 // which the caller owns (closed on error here).
-func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.Addr) (vs *viewSet, err error) {
+func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.AddrPort) (vs *viewSet, err error) {
 	vs = &viewSet{cc: cc}
 	if cc == nil || cc.Views == nil {
 		return vs, nil
 	}
+	made := vs // the error returns set vs to nil
 	defer func() {
 		if err != nil {
-			for _, g := range vs.groups {
+			for _, g := range made.groups {
 				_ = g.Close()
 			}
 		}
@@ -77,7 +78,10 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 	slices.SortStableFunc(zones, func(a, b string) int { return len(b) - len(a) })
 	vs.addr = make([]uint8, len(listen))
 	for i, a := range listen {
-		vi := slices.IndexFunc(cc.Views, func(v config.View) bool { return slices.Contains(v.Addrs, a) })
+		// Port 0 (tests: any free port) is the address's first view.
+		vi := slices.IndexFunc(cc.Views, func(v config.View) bool {
+			return slices.ContainsFunc(v.Addrs, func(x netip.AddrPort) bool { return x == a || (a.Port() == 0 && x.Addr() == a.Addr()) })
+		})
 		if vi < 0 {
 			return nil, fmt.Errorf("listen address %s is in no view", a)
 		}
@@ -156,10 +160,10 @@ func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 // meaning, and CoreDNS too starts with new caches on reload). A change of
 // the listen addresses needs a restart: refused.
 func (d *State) prepareViews(n *config.Config) (*viewSet, error) {
-	if !slices.Equal(n.LocalIPs, d.cfg.LocalIPs) {
-		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
+	if !slices.Equal(n.Sockets(), d.cfg.Sockets()) {
+		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.Sockets(), n.Sockets())
 	}
-	return d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
+	return d.newViews(n, n.DropIn.Corefile, d.cfg.Sockets())
 }
 
 // viewsChanged reports whether a reloaded Corefile sees other views than

@@ -499,12 +499,13 @@ func (s *Server) CDSnapshot() []CDBlock {
 	return out
 }
 
-// cdServerIndex is the index in Config.Addrs of a local address, -1 if
-// none (an adopted socket on another address).
-func (s *Server) cdServerIndex(a netip.Addr) int {
-	a = a.Unmap()
+// cdServerIndex is the index in Config.Addrs of a local socket address,
+// -1 if none (an adopted socket on another address). A socket of port 0
+// (tests) is its address's first.
+func (s *Server) cdServerIndex(ap netip.AddrPort) int {
+	a := ap.Addr().Unmap()
 	for i, x := range s.cfg.Addrs {
-		if x.Unmap() == a {
+		if p := s.cfg.port(i); x.Unmap() == a && (p == 0 || p == int(ap.Port())) {
 			return i
 		}
 	}
@@ -514,10 +515,10 @@ func (s *Server) cdServerIndex(a netip.Addr) int {
 // cdServer is CoreDNS's server label of Addrs[i]: "dns://" and the
 // address and port it listens on.
 func (s *Server) cdServer(i int) string {
-	port := uint16(s.cfg.Port)
+	port := uint16(s.cfg.port(i))
 	s.mu.Lock()
 	for _, l := range s.udp {
-		if l.local.Addr() == s.cfg.Addrs[i].Unmap() {
+		if port == 0 && l.local.Addr() == s.cfg.Addrs[i].Unmap() {
 			port = l.local.Port()
 			break
 		}
