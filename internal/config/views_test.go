@@ -185,6 +185,15 @@ func TestViewsPerPort(t *testing.T) {
 	if v[1].Pick["example.io."] != 1 || v[1].Pick["example.com."] != -1 || v[1].Pick["."] != -1 || !slices.Contains(v[1].Refused, ".") {
 		t.Errorf("port 1053 view %+v", v[1])
 	}
+	// -check-config names the sockets, the rule ports, and the block once.
+	var out strings.Builder
+	Describe(&out, c)
+	for _, want := range []string{"listen:           [169.254.25.10:53 169.254.25.10:1053]", "iptables ports:   DNS 53 and [1053]",
+		"addresses [169.254.25.10:1053] see the blocks", "keys example.io:1053  zones example.io.  port 1053", "the block above, its keys on port 1053"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-check-config lacks %q:\n%s", want, out.String())
+		}
+	}
 	// One port for all: no Listen, Sockets from -localip and the port.
 	c, err = corefileConfig(t, "example.com:1053 {\n forward . 10.0.0.1\n}\n.:1053 {\n forward . 10.0.0.2\n}\n")
 	if err != nil {
