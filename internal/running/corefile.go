@@ -175,7 +175,7 @@ func (d *State) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
 		if e.chain != nil {
 			c = e.chain
 		}
-		if e.shared, err = d.compileView(sp, c, nil); err != nil {
+		if e.shared, err = d.compileView(sp, c, nil, nil); err != nil {
 			return e, fmt.Errorf("blocks: %w", err)
 		}
 	}

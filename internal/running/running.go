@@ -131,7 +131,7 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 	if err := d.initChain(d.forwardIn(d.shared.Load)); err != nil {
 		return nil, err
 	}
-	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
+	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil, nil)
 	if err != nil {
 		return nil, err
 	}

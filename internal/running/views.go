@@ -49,6 +49,11 @@ type viewTable struct {
 	sp sharedPolicy
 	c  *blocks.Chains
 	vr *blocks.Routes
+	// metrics are the CoreDNS metric zones by label index, "" where no
+	// block of the view has the zone: a name is labelled by the zone of
+	// the block serving it here (CoreDNS's prometheus counts under its own
+	// block's keys), e.g. "." for a zone another port's block has.
+	metrics []string
 }
 
 // newViews builds a resolver per view of cc over the listen sockets
@@ -105,6 +110,12 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 			vr.Groups[zr.Zone] = g
 		}
 		t := &viewTable{sp: sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies)}, vr: vr}
+		for _, z := range d.metricZones {
+			if !slices.ContainsFunc(v.Blocks, func(b int) bool { return slices.Contains(cc.Servers[b].Zones, z) }) {
+				z = ""
+			}
+			t.metrics = append(t.metrics, z)
+		}
 		next := d.forwardIn(t.v.Load) // the end of the view's chains
 		if t.c, err = d.buildChains(cc.Servers, v.Pick, next, t.v.Load); err != nil {
 			return nil, err
@@ -112,7 +123,7 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 		if vi == 0 {
 			vs.chain0 = t.c
 		}
-		view, err := d.compileView(t.sp, t.c, t.vr)
+		view, err := d.compileView(t.sp, t.c, t.vr, t.metrics)
 		if err != nil {
 			return nil, err
 		}

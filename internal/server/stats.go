@@ -254,8 +254,13 @@ const (
 )
 
 // CDDropped is CoreDNS's zone label for queries handled before any zone
-// (vars.Dropped): we count malformed queries there.
+// (vars.Dropped): we count malformed queries there, and the names no block
+// on the query's address and port serves (CDDroppedZone).
 const CDDropped = "dropped"
+
+// CDDroppedZone is what Config.CoreDNSZone returns for a name no block
+// serves where it arrived: CoreDNS refuses it and counts it as dropped.
+const CDDroppedZone = -2
 
 // cdCounters holds the cells of every (server, zone) block.
 type cdCounters struct {
@@ -347,7 +352,9 @@ func (s *Server) cdKey(srv int, v uint8, name []byte, tcp bool) cdKey {
 	}
 	z := len(s.cdz.zones) // dropped
 	if name != nil {
-		if z = s.cfg.CoreDNSZone(s.resolver(v).Policy(name)); z < 0 || z >= len(s.cdz.zones) || s.cdz.zones[z].Off {
+		if z = s.cfg.CoreDNSZone(s.resolver(v).Policy(name)); z == CDDroppedZone {
+			z = len(s.cdz.zones)
+		} else if z < 0 || z >= len(s.cdz.zones) || s.cdz.zones[z].Off {
 			return k
 		}
 	}
