@@ -179,7 +179,7 @@ type Sources struct {
 	Shared []forward.Route
 	// Metrics are CoreDNS's metric zones, by label index (a zone listed
 	// twice keeps the first, the root the last, as CoreDNS's servers
-	// listed them).
+	// listed them; "" is no zone: a label of no block of this view).
 	Metrics []string
 	// Answers are what the view's blocks do to every answer they send
 	// (log, loadbalance) and whether they answer whoami, by the zones of the blocks the view sees; the
@@ -277,7 +277,7 @@ func answersAt(answers []Answers, zone string) int {
 func metricZone(metrics []string, zone string) int {
 	m, best := -1, -1
 	for i, z := range metrics {
-		if !holds(z, zone) {
+		if z == "" || !holds(z, zone) {
 			continue
 		}
 		if len(z) > best || (z == "." && best == 1) { // the first of a zone, the last root

@@ -109,8 +109,10 @@ type Entry struct {
 	// (computed only under Policy.PreferPositive).
 	answering bool
 	kept      atomic.Bool
-	// Fields ordered by size: 152 bytes, in the 160-byte size class the
-	// entry had before the prefer_positive fields.
+	// ede: the Extended DNS Error options (RFC 8914) of the answer, on the
+	// entry a fetch's own clients get (BuildFetched, Pass), never cached.
+	ede *[]byte
+	// Fields ordered by size: 160 bytes, the 160-byte size class.
 }
 
 // Kind reports what the entry answers.
@@ -222,6 +224,19 @@ const (
 // BuildStale is Build for a cache that serves stale answers: a positive or
 // denial entry may be served for staleWindow past its expiry.
 func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow time.Duration, now int64) (*Entry, error) {
+	e, _, err := BuildFetched(resp, q, pol, servfailTTL, staleWindow, now)
+	return e, err
+}
+
+// BuildFetched is BuildStale for the fetch that got resp: it also returns
+// the entry the fetch's waiting clients are answered from. Under a Pass
+// policy (a Corefile block without `cache`) an answer's Extended DNS Error
+// options (RFC 8914: a template's ederror, an upstream's) reach them: that
+// entry writes them in the client's OPT, as CoreDNS passes the answer's OPT
+// on. Behind a cache CoreDNS drops every OPT of the answer before it is
+// stored or written (plugin/cache filterRRSlice), the miss's answer too, so
+// no client sees one: neither do ours. Otherwise both are e.
+func BuildFetched(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow time.Duration, now int64) (e, fetched *Entry, err error) {
 	// The records' layout, from a pool: ParseAnswer's slice of records
 	// escapes, and every miss builds an entry (one allocation less each).
 	bld := builderPool.Get().(*builder)
@@ -242,10 +257,10 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 		builderPool.Put(bld)
 	}()
 	if err := wire.ParseAnswer(resp, a); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if a.Flags&wire.FlagQR == 0 || a.Type != q.Type || a.Class != q.Class || !wire.EqualNameFold(a.Name, q.Name) {
-		return nil, ErrMismatch
+		return nil, nil, ErrMismatch
 	}
 	// Records past the OPT (rare) are dropped with it: their compression
 	// pointers may point at names that would move.
@@ -297,7 +312,7 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 	flags := a.Flags &^ (wire.FlagAA | wire.FlagTC)
 	wire.SetFlags(msg, flags)
 
-	e := &Entry{
+	e = &Entry{
 		msg:     msg,
 		nameLen: uint16(len(a.Name)),
 		qtype:   a.Type,
@@ -351,7 +366,62 @@ func BuildStale(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWindow
 			e.answering = answersQuestion(msg, a.RRs[:kept], a.Type, a.Class, msg[wire.HeaderLen:wire.HeaderLen+len(a.Name)])
 		}
 	}
-	return e, nil
+	fetched = e
+	if pol.Pass && a.OPTStart >= 0 {
+		if ede := edeOptions(resp[a.OPTStart:a.OPTEnd]); ede != nil {
+			fetched = e.withEDE(ede)
+		}
+	}
+	return e, fetched, nil
+}
+
+// maxEDEBytes bounds the Extended DNS Error options an answer passes on to
+// its fetch's clients (a template's text is at most 255 bytes).
+const maxEDEBytes = 512
+
+// edeOptions copies the Extended DNS Error options (code 15, RFC 8914) of
+// the OPT record opt, as written (code, length, data); nil when it has
+// none, is malformed, or they pass maxEDEBytes.
+func edeOptions(opt []byte) []byte {
+	// Root owner (1), type (2), class (2), TTL (4), rdlength (2).
+	if len(opt) < wire.OPTLen || opt[0] != 0 {
+		return nil
+	}
+	rd := opt[wire.OPTLen:]
+	if int(binary.BigEndian.Uint16(opt[9:])) != len(rd) {
+		return nil
+	}
+	var out []byte
+	for len(rd) >= 4 {
+		code, n := binary.BigEndian.Uint16(rd), int(binary.BigEndian.Uint16(rd[2:]))
+		if 4+n > len(rd) {
+			return nil
+		}
+		if code == dnsOptionEDE && n >= 2 {
+			if len(out)+4+n > maxEDEBytes {
+				return nil
+			}
+			out = append(out, rd[:4+n]...)
+		}
+		rd = rd[4+n:]
+	}
+	return out
+}
+
+// dnsOptionEDE is the EDNS option code of an Extended DNS Error.
+const dnsOptionEDE = 15
+
+// withEDE is a copy of e that writes the options ede in the client's OPT;
+// it shares e's immutable message and layout and is never cached.
+func (e *Entry) withEDE(ede []byte) *Entry {
+	return &Entry{
+		msg: e.msg, rrs: e.rrs, hash: e.hash,
+		stored: e.stored, expires: e.expires, staleUntil: e.staleUntil,
+		lkg: e.lkg, pfHits: e.pfHits, staleTTL: e.staleTTL,
+		nameLen: e.nameLen, qtype: e.qtype, qclass: e.qclass, tag: e.tag, flags: e.flags,
+		kind: e.kind, rcode: e.rcode, pfPct: e.pfPct, pfSet: e.pfSet, keepTTL: e.keepTTL, answering: e.answering,
+		ede: &ede,
+	}
 }
 
 // classify decides the kind and the expiry time of an answer.
@@ -465,8 +535,12 @@ func (e *Entry) WriteStale(dst []byte, q *wire.Query, maxSize int, ednsSize uint
 
 func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSize uint16, stale bool) []byte {
 	size := max(maxSize, wire.MinUDPSize)
+	var ede []byte
 	if q.EDNS {
-		size -= wire.OPTLen
+		if e.ede != nil {
+			ede = *e.ede
+		}
+		size -= wire.OPTLen + len(ede)
 	}
 	end, n := len(e.msg), len(e.rrs)
 	truncated := end > size
@@ -520,6 +594,10 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 	if q.EDNS {
 		ar++
 		dst = wire.AppendOPT(dst, ednsSize, q.DO, 0)
+		if len(ede) > 0 {
+			binary.BigEndian.PutUint16(dst[len(dst)-2:], uint16(len(ede)))
+			dst = append(dst, ede...)
+		}
 		out = dst[start:]
 	}
 	wire.SetCounts(out, 1, an, ns, ar)

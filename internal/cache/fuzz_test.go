@@ -2,6 +2,7 @@ package cache
 
 import (
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -82,7 +83,28 @@ func FuzzBuild(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(raw)
+	ede := unpack(f, answer(f, "a.example.", dns.TypeA, 0, []string{"a.example. 30 IN A 1.1.1.1"}, nil, true))
+	ede.IsEdns0().Option = []dns.EDNS0{&dns.EDNS0_EDE{InfoCode: 17, ExtraText: "x"}, &dns.EDNS0_NSID{Code: dns.EDNS0NSID, Nsid: "61"}}
+	if raw, err = ede.Pack(); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(raw)
+	pass := Policy{SuccessMax: time.Minute, DenialMax: time.Minute, NoSuccess: true, NoDenial: true, Pass: true}
 	f.Fuzz(func(t *testing.T, resp []byte) {
+		if cached, fetched, err := BuildFetched(resp, q, pass, 2, 0, t0); err == nil {
+			// The fetch's entry with the answer's EDE options: the same
+			// bounds, and the options never make a valid answer invalid.
+			for _, size := range []int{512, 600, 1232} {
+				if out := fetched.Write(nil, q, t0, size, 1232); len(out) > size || len(out) < wire.HeaderLen {
+					t.Fatalf("fetched: %d bytes for a %d-byte client", len(out), size)
+				}
+			}
+			if wire.CheckMessage(cached.Write(nil, q, t0, 0xFFFF, 1232)) == nil {
+				if err := wire.CheckMessage(fetched.Write(nil, q, t0, 0xFFFF, 1232)); err != nil {
+					t.Fatalf("fetched: the EDE options made the answer invalid: %v", err)
+				}
+			}
+		}
 		e, err := Build(resp, q, externalP, 2, t0)
 		if err != nil {
 			return

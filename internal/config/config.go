@@ -35,7 +35,13 @@ type Config struct {
 	// and the rules name; nil: LocalIPs. A Corefile's bind 0.0.0.0 or bind
 	// IFACE listens on addresses the host already has, which are not.
 	InterfaceIPs []netip.Addr
-	Port         int
+	// Port is the DNS port: -port, or the Corefile's first block's.
+	Port int
+	// Listen are the DNS sockets, address and port, when a Corefile's
+	// blocks listen on several ports (a server key on another port): the
+	// addresses each block listens on, with its port. nil: every LocalIPs
+	// on Port (Sockets).
+	Listen []netip.AddrPort
 
 	// KubeDNS is the cluster DNS service that answers the cluster domain
 	// and the reverse zones; invalid (zero) in local mode.
@@ -592,4 +598,29 @@ func (f pprofFlag) Set(v string) error {
 		*f.addr = v
 	}
 	return nil
+}
+
+// Sockets are the DNS listen sockets' addresses and ports: Listen, or
+// every LocalIPs on Port.
+func (c *Config) Sockets() []netip.AddrPort {
+	if c.Listen != nil {
+		return c.Listen
+	}
+	out := make([]netip.AddrPort, len(c.LocalIPs))
+	for i, a := range c.LocalIPs {
+		out[i] = netip.AddrPortFrom(a, uint16(c.Port))
+	}
+	return out
+}
+
+// ExtraPorts are the DNS ports besides Port that Sockets listen on, in
+// order.
+func (c *Config) ExtraPorts() []int {
+	var out []int
+	for _, ap := range c.Listen {
+		if p := int(ap.Port()); p != c.Port && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

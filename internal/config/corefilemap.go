@@ -29,13 +29,10 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		c.note("-%s %v wins over the Corefile's %s %v: a flag given explicitly is the operator's latest word", flag, flagVal, what, corefileVal)
 	}
 
-	// One DNS port: CoreDNS's -dns.port only fills keys without a port.
+	// The DNS port is the first block's (CoreDNS's -dns.port only fills
+	// keys without a port); blocks on other ports listen there too
+	// (Listen).
 	port := srv[0].Port
-	for _, s := range srv[1:] {
-		if s.Port != port {
-			return usage("%s: block %s listens on port %d, the first block on %d: nodelocaldns serves one DNS port", s.Pos, s.Keys[0], s.Port, port)
-		}
-	}
 	if port != c.Port {
 		c.note("the Corefile's port %d wins over -port/-dns.port %d: as in CoreDNS, the flag only fills keys written without a port", port, c.Port)
 		c.Port = port
@@ -82,9 +79,14 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 	}
 
 	var listen, created []netip.Addr
+	var sockets []netip.AddrPort // every block's listen addresses on its port
+	var blockPort uint16
 	addListen := func(a netip.Addr) {
 		if !slices.Contains(listen, a) {
 			listen = append(listen, a)
+		}
+		if ap := netip.AddrPortFrom(a, blockPort); !slices.Contains(sockets, ap) {
+			sockets = append(sockets, ap)
 		}
 	}
 	// created: the listen addresses that are the interface's (-localip, and
@@ -110,6 +112,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	for _, s := range srv {
+		blockPort = uint16(s.Port)
 		// bind
 		if len(s.Bind) == 0 {
 			for _, a := range c.LocalIPs {
@@ -357,6 +360,14 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 		c.LocalIPs = listen
 		c.InterfaceIPs = created
+		c.Listen = nil
+		for _, ap := range sockets {
+			if int(ap.Port()) != c.Port {
+				c.Listen = sockets
+				mapped(srv[0], "listen: %v: blocks on several ports, each block served on its own port", sockets)
+				break
+			}
+		}
 	}
 	if health != "" {
 		if set["health-listen-address"] {
@@ -386,7 +397,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		c.DropIn.NodeCacheMetricsAddr = nodeCache
 		mapped(srv[0], "-metrics-listen-address %s: node-cache's own endpoint, served too (/metrics, /health, /ready)", nodeCache)
 	}
-	if !c.LocalMode && int(c.KubeDNS.Port()) == c.Port && slices.Contains(c.LocalIPs, c.KubeDNS.Addr()) {
+	if !c.LocalMode && slices.Contains(c.Sockets(), c.KubeDNS) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
 	}
 	dropped, err := checkDNS64(srv, c.LocalIPs)

@@ -14,7 +14,11 @@ import (
 func Describe(w io.Writer, c *Config) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
 	p("configuration is valid")
-	p("listen:           %v port %d (udp x%d sockets per address, tcp)", c.LocalIPs, c.Port, c.UDPSockets)
+	if c.Listen != nil {
+		p("listen:           %v (udp x%d sockets per address and port, tcp; the Corefile's blocks on each port are served on that port only)", c.Listen, c.UDPSockets)
+	} else {
+		p("listen:           %v port %d (udp x%d sockets per address, tcp)", c.LocalIPs, c.Port, c.UDPSockets)
+	}
 	p("udp sizes:        answers to a client up to its EDNS size, at most %d (512 without EDNS); we advertise %d", c.MaxClientUDPSize, c.MaxUDPSize)
 	if c.LocalMode {
 		p("kube-dns:         none (local mode): every name goes to the node's resolvers")
@@ -56,6 +60,9 @@ func Describe(w io.Writer, c *Config) {
 	}
 	p("interface:        %v (%s)", c.SetupInterface, c.InterfaceName)
 	p("iptables:         %v (backend %s, health port %d, sync every %v, teardown on exit %v)", c.SetupIPTables, c.IPTablesMode, c.HealthPort, c.SyncInterval, !c.SkipTeardown)
+	if x := c.ExtraPorts(); len(x) > 0 && c.SetupIPTables {
+		p("iptables ports:   DNS %d and %v: the NOTRACK/ACCEPT rules cover every DNS port (the stock node-cache's name its one port)", c.Port, x)
+	}
 	p("cache:            success %d, denial %d entries, %d bytes", c.Cache.SuccessCapacity, c.Cache.DenialCapacity, c.Cache.MaxBytes)
 	p("ttl caps:         cluster success %v denial %v; other success %v denial %v; min %v; servfail %v",
 		c.Cache.ClusterSuccessTTL, c.Cache.ClusterDenialTTL, c.Cache.SuccessTTL, c.Cache.DenialTTL, c.Cache.MinTTL, c.Cache.ServFailTTL)

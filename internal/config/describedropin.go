@@ -50,12 +50,19 @@ func describeDropIn(p func(string, ...any), c *Config) {
 				}
 			}
 		}
+		shown := map[string]bool{}
 		for _, s := range cc.Servers {
 			var names []string
 			for _, pl := range s.Plugins {
 				names = append(names, pl.Name)
 			}
 			p("block %s  keys %s  zones %s  port %d  plugins (CoreDNS order) %s", s.Pos, strings.Join(s.Keys, " "), strings.Join(s.Zones, " "), s.Port, strings.Join(names, " "))
+			if shown[s.Pos.String()] {
+				// A block whose keys name several ports (corefile.splitPorts).
+				p("    the block above, its keys on port %d: the same directives", s.Port)
+				continue
+			}
+			shown[s.Pos.String()] = true
 			for _, m := range cc.Mapping {
 				if strings.HasPrefix(m, s.Pos.String()+"  ") {
 					p("    %s", strings.TrimPrefix(m, s.Pos.String()+"  "))

@@ -27,8 +27,8 @@ import (
 
 // View is the set of blocks seen from some listen addresses.
 type View struct {
-	// Addrs are the listen addresses that see this view.
-	Addrs []netip.Addr
+	// Addrs are the listen sockets (address and port) that see this view.
+	Addrs []netip.AddrPort
 	// Blocks are the blocks seen, indexes into CorefileConfig.Servers.
 	Blocks []int
 	// Pick gives every zone of the Corefile the block that serves its
@@ -49,14 +49,19 @@ type View struct {
 // takes 6 bits of it (cache.keyFlags).
 const MaxViews = 64
 
-// BlocksSeenFrom lists the blocks (indexes into srv) a query to a sees.
-func BlocksSeenFrom(srv []*corefile.Server, a netip.Addr) []int { return viewBlocks(srv, a) }
+// BlocksSeenFrom lists the blocks (indexes into srv) a query to ap sees
+// (port 0: on any port).
+func BlocksSeenFrom(srv []*corefile.Server, ap netip.AddrPort) []int { return viewBlocks(srv, ap) }
 
-// viewBlocks lists the blocks a query to a sees.
-func viewBlocks(srv []*corefile.Server, a netip.Addr) []int {
-	a = a.Unmap()
+// viewBlocks lists the blocks a query to ap sees: the blocks on its port
+// (port 0: every block) that bind its address, else those on every address.
+func viewBlocks(srv []*corefile.Server, ap netip.AddrPort) []int {
+	a := ap.Addr().Unmap()
 	var bound, wild []int
 	for i, s := range srv {
+		if ap.Port() != 0 && s.Port != int(ap.Port()) {
+			continue
+		}
 		if len(s.Bind) == 0 {
 			wild = append(wild, i)
 			continue
@@ -130,7 +135,7 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 		}
 	}
 	var views []View
-	for _, a := range c.LocalIPs {
+	for _, a := range c.Sockets() {
 		blocks := viewBlocks(srv, a)
 		k := slices.IndexFunc(views, func(v View) bool { return slices.Equal(v.Blocks, blocks) })
 		if k < 0 {

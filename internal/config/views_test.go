@@ -2,6 +2,7 @@ package config
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ example.test:53 {
 		t.Fatalf("views %+v", cc.Views)
 	}
 	a, b := cc.Views[0], cc.Views[1]
-	if len(a.Addrs) != 1 || a.Addrs[0] != netip.MustParseAddr("169.254.20.10") || len(b.Addrs) != 1 || b.Addrs[0] != netip.MustParseAddr("169.254.20.11") {
+	if len(a.Addrs) != 1 || a.Addrs[0] != netip.MustParseAddrPort("169.254.20.10:53") || len(b.Addrs) != 1 || b.Addrs[0] != netip.MustParseAddrPort("169.254.20.11:53") {
 		t.Fatalf("addresses %v %v", a.Addrs, b.Addrs)
 	}
 	if a.Pick["example.test."] != 0 || b.Pick["example.test."] != 1 || a.Pick["."] != 2 || b.Pick["."] != 2 {
@@ -63,7 +64,7 @@ example.test:53 {
 	if got := zonePolicy(t, c, "example.test."); got.TTL.SuccessMax != 30*time.Second || got.TTL.Tag != 1 {
 		t.Errorf("shared policy %+v", got)
 	}
-	if got := strings.Join(a.Describe(cc.Servers), "\n"); !strings.Contains(got, "addresses [169.254.20.10] see the blocks") {
+	if got := strings.Join(a.Describe(cc.Servers), "\n"); !strings.Contains(got, "addresses [169.254.20.10:53] see the blocks") {
 		t.Errorf("describe: %s", got)
 	}
 }
@@ -99,11 +100,11 @@ func TestViewsBoundHidesWildcard(t *testing.T) {
 	if len(v) != 2 {
 		t.Fatalf("views %+v", v)
 	}
-	if v[0].Addrs[0] != netip.MustParseAddr("169.254.20.10") || len(v[0].Refused) != 0 || v[0].Pick["example.test."] != 0 ||
+	if v[0].Addrs[0] != netip.MustParseAddrPort("169.254.20.10:53") || len(v[0].Refused) != 0 || v[0].Pick["example.test."] != 0 ||
 		len(v[0].Routes) != 1 || v[0].Routes[0].Servers[0] != netip.MustParseAddrPort("10.0.0.2:53") {
 		t.Errorf("wildcard view %+v", v[0])
 	}
-	if v[1].Addrs[0] != netip.MustParseAddr("169.254.20.11") || len(v[1].Refused) != 1 || v[1].Refused[0] != "." {
+	if v[1].Addrs[0] != netip.MustParseAddrPort("169.254.20.11:53") || len(v[1].Refused) != 1 || v[1].Refused[0] != "." {
 		t.Errorf("bound view %+v", v[1])
 	}
 }
@@ -135,7 +136,7 @@ func TestViewBlocks(t *testing.T) {
 	// query: each block's names are REFUSED at random, seen with dig; we
 	// answer both blocks' zones.)
 	for addr, want := range map[string]string{"169.254.20.10": "[1]", "169.254.20.11": "[0 2]", "fd00::1": "[0 2]"} {
-		if got := fmtInts(viewBlocks(srv, netip.MustParseAddr(addr))); got != want {
+		if got := fmtInts(viewBlocks(srv, netip.AddrPortFrom(netip.MustParseAddr(addr), 0))); got != want {
 			t.Errorf("%s sees %s, want %s", addr, got, want)
 		}
 	}
@@ -175,5 +176,54 @@ func TestViewsDifferInAnswers(t *testing.T) {
 	}
 	if v := c.DropIn.Corefile.Views; len(v) != 2 {
 		t.Errorf("whoami on one bind: views %+v", v)
+	}
+}
+
+// A key on another port (kubespray's external zones): the block's keys are
+// served each on its own port, as CoreDNS does. The address listens on both
+// ports; the 1053 socket sees only example.io and refuses the rest, the 53
+// socket answers example.com from the block and example.io from ".".
+func TestViewsPerPort(t *testing.T) {
+	c, err := corefileConfig(t, "example.com example.io:1053 {\n bind 169.254.25.10\n cache 5\n forward . 10.0.0.1\n}\n.:53 {\n bind 169.254.25.10\n cache 30\n forward . 10.0.0.2\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.AddrPort{netip.MustParseAddrPort("169.254.25.10:53"), netip.MustParseAddrPort("169.254.25.10:1053")}
+	if got := c.Sockets(); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("sockets %v, want %v", got, want)
+	}
+	if c.Port != 53 || len(c.ExtraPorts()) != 1 || c.ExtraPorts()[0] != 1053 {
+		t.Errorf("port %d extra %v", c.Port, c.ExtraPorts())
+	}
+	srv := c.DropIn.Corefile.Servers
+	if len(srv) != 3 || srv[0].Port != 53 || srv[0].Zones[0] != "example.com." || srv[1].Port != 1053 || srv[1].Zones[0] != "example.io." || srv[1].Keys[0] != "example.io:1053" {
+		t.Fatalf("blocks %+v %+v", srv[0], srv[1])
+	}
+	v := c.DropIn.Corefile.Views
+	if len(v) != 2 || len(v[0].Addrs) != 1 || v[0].Addrs[0] != want[0] || len(v[1].Addrs) != 1 || v[1].Addrs[0] != want[1] {
+		t.Fatalf("views %+v", v)
+	}
+	if v[0].Pick["example.com."] != 0 || v[0].Pick["example.io."] != 2 || v[0].Pick["."] != 2 || len(v[0].Refused) != 0 {
+		t.Errorf("port 53 view %+v", v[0])
+	}
+	if v[1].Pick["example.io."] != 1 || v[1].Pick["example.com."] != -1 || v[1].Pick["."] != -1 || !slices.Contains(v[1].Refused, ".") {
+		t.Errorf("port 1053 view %+v", v[1])
+	}
+	// -check-config names the sockets, the rule ports, and the block once.
+	var out strings.Builder
+	Describe(&out, c)
+	for _, want := range []string{"listen:           [169.254.25.10:53 169.254.25.10:1053]", "iptables ports:   DNS 53 and [1053]",
+		"addresses [169.254.25.10:1053] see the blocks", "keys example.io:1053  zones example.io.  port 1053", "the block above, its keys on port 1053"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-check-config lacks %q:\n%s", want, out.String())
+		}
+	}
+	// One port for all: no Listen, Sockets from -localip and the port.
+	c, err = corefileConfig(t, "example.com:1053 {\n forward . 10.0.0.1\n}\n.:1053 {\n forward . 10.0.0.2\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != nil || c.Port != 1053 || len(c.Sockets()) != 1 || c.Sockets()[0].Port() != 1053 {
+		t.Errorf("one port: listen %v port %d sockets %v", c.Listen, c.Port, c.Sockets())
 	}
 }

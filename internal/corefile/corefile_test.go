@@ -222,6 +222,10 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"template IN A {\n match (\n}", ":2: template: match: \"(\""},
 		{"template IN A {\n expr true\n}", ":3: template: option expr is not supported"},
 		{"template IN A {\n rcode FOO\n}", ":3: template: unknown rcode FOO"},
+		{"template IN A {\n ederror\n}", ":3: template: ederror takes an extended error code"},
+		{"template IN A {\n ederror 1 a b\n}", ":3: template: ederror takes an extended error code"},
+		{"template IN A {\n ederror 70000\n}", ":3: template: extended DNS error code 70000 is not a number from 0 to 65535"},
+		{"template IN A {\n ederror 17 " + strings.Repeat("x", 256) + "\n}", ":3: template: extended DNS error text of 256 bytes: at most 255"},
 		{"rewrite name a", ":2: rewrite: too few arguments for a name rule"},
 		{"rewrite ttl a 30", ":2: rewrite: ttl rules are not supported (name, type and class rules only)"},
 		{"rewrite name exact a b {\n answer auto\n}", ":3: rewrite: option answer is not supported"},
@@ -444,7 +448,7 @@ func TestPoliciesLongestZone(t *testing.T) {
 }
 
 func TestTemplateForms(t *testing.T) {
-	srv, err := load(t, "example.org:53 {\ntemplate IN AAAA\ntemplate ANY A a.example.org B.Example.Org. {\n match ^x ^y\n answer \"{{ .Name }} 60 IN A 1.2.3.4\"\n additional \"a. IN A 1.1.1.1\"\n authority \"b. IN NS c.\"\n rcode NXDOMAIN\n fallthrough\n}\nforward . 1.1.1.1\n}\n")
+	srv, err := load(t, "example.org:53 {\ntemplate IN AAAA\ntemplate ANY A a.example.org B.Example.Org. {\n match ^x ^y\n answer \"{{ .Name }} 60 IN A 1.2.3.4\"\n additional \"a. IN A 1.1.1.1\"\n authority \"b. IN NS c.\"\n rcode NXDOMAIN\n fallthrough\n ederror 17 \"filtered here\"\n}\nforward . 1.1.1.1\n}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +458,8 @@ func TestTemplateForms(t *testing.T) {
 	}
 	b := ts[1]
 	if b.Class != dns.ClassANY || !slices.Equal(b.Zones, []string{"a.example.org.", "b.example.org."}) || len(b.Match) != 2 || len(b.Answer) != 1 ||
-		len(b.Additional) != 1 || len(b.Authority) != 1 || b.Rcode != dns.RcodeNameError || !slices.Equal(b.Fallthrough, []string{"."}) {
+		len(b.Additional) != 1 || len(b.Authority) != 1 || b.Rcode != dns.RcodeNameError || !slices.Equal(b.Fallthrough, []string{"."}) ||
+		b.EDE == nil || b.EDE.Code != 17 || b.EDE.Text != "filtered here" || ts[0].EDE != nil {
 		t.Fatalf("second: %+v", b)
 	}
 	var names []string

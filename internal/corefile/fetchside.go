@@ -85,6 +85,22 @@ func setupTemplate(s *Server, d *Directive) error {
 				return badOpt(d, o, "unknown rcode %s", args[0])
 			}
 			c.Rcode = rc
+		case "ederror":
+			// CoreDNS 1.15: ederror EDE_CODE [EXTRA_TEXT].
+			if len(args) != 1 && len(args) != 2 {
+				return badOpt(d, o, "ederror takes an extended error code and an optional text")
+			}
+			code, err := strconv.ParseUint(args[0], 10, 16)
+			if err != nil {
+				return badOpt(d, o, "extended DNS error code %s is not a number from 0 to 65535", args[0])
+			}
+			c.EDE = &template.EDE{Code: uint16(code)}
+			if len(args) == 2 {
+				if len(args[1]) > template.MaxEDEText {
+					return badOpt(d, o, "extended DNS error text of %d bytes: at most %d", len(args[1]), template.MaxEDEText)
+				}
+				c.EDE.Text = args[1]
+			}
 		case "fallthrough":
 			if c.Fallthrough, err = fallthroughZones(s, d, o); err != nil {
 				return err

@@ -22,7 +22,7 @@ type Server struct {
 	Pos   Pos
 	Keys  []string // as written
 	Zones []string // lower-case FQDNs ("." for the root)
-	Port  int
+	Port  int      // every key's: Build splits a block whose keys name several ports (splitPorts)
 	// Bind lists the addresses of `bind`: interface names resolved to
 	// their addresses (Options.Interface) and except's taken out, as
 	// CoreDNS's bind does; empty means every address (as CoreDNS without
@@ -333,46 +333,82 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 	var out []*Server
 	seen := map[string]Pos{}
 	for _, b := range bs {
-		s, err := buildServer(b, o)
+		whole, err := buildServer(b, o)
 		if err != nil {
 			return nil, err
 		}
-		if err := resolveBinds(s, o); err != nil {
+		if err := resolveBinds(whole, o); err != nil {
 			return nil, err
 		}
-		// CoreDNS refuses the same zone and port in two blocks unless their
-		// binds differ; we refuse overlapping binds likewise.
-		for _, z := range s.Zones {
-			binds := []string{"*"}
-			if len(s.Bind) > 0 {
-				binds = binds[:0]
-				for _, a := range s.Bind {
-					binds = append(binds, a.String())
-				}
-			}
-			for _, a := range binds {
-				k := fmt.Sprintf("%s|%d|%s", z, s.Port, a)
-				if p, ok := seen[k]; ok {
-					return nil, errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
-				}
-				// CoreDNS 1.15 (core/dnsserver/address.go) also refuses a
-				// zone both without bind and with one on the same port:
-				// "zone overlap listener capacity".
-				if a == "*" {
-					for ok, p := range seen {
-						if strings.HasPrefix(ok, fmt.Sprintf("%s|%d|", z, s.Port)) {
-							return nil, errAt(s.Pos, "zone %s port %d without bind overlaps the block at %s, which binds it (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, p)
-						}
+		for _, s := range splitPorts(whole, o.DefaultPort) {
+			// CoreDNS refuses the same zone and port in two blocks unless their
+			// binds differ; we refuse overlapping binds likewise.
+			for _, z := range s.Zones {
+				binds := []string{"*"}
+				if len(s.Bind) > 0 {
+					binds = binds[:0]
+					for _, a := range s.Bind {
+						binds = append(binds, a.String())
 					}
-				} else if p, ok := seen[fmt.Sprintf("%s|%d|*", z, s.Port)]; ok {
-					return nil, errAt(s.Pos, "zone %s port %d on %s overlaps the block at %s, which has no bind (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, a, p)
 				}
-				seen[k] = s.Pos
+				for _, a := range binds {
+					k := fmt.Sprintf("%s|%d|%s", z, s.Port, a)
+					if p, ok := seen[k]; ok {
+						return nil, errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
+					}
+					// CoreDNS 1.15 (core/dnsserver/address.go) also refuses a
+					// zone both without bind and with one on the same port:
+					// "zone overlap listener capacity".
+					if a == "*" {
+						for ok, p := range seen {
+							if strings.HasPrefix(ok, fmt.Sprintf("%s|%d|", z, s.Port)) {
+								return nil, errAt(s.Pos, "zone %s port %d without bind overlaps the block at %s, which binds it (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, p)
+							}
+						}
+					} else if p, ok := seen[fmt.Sprintf("%s|%d|*", z, s.Port)]; ok {
+						return nil, errAt(s.Pos, "zone %s port %d on %s overlaps the block at %s, which has no bind (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, a, p)
+					}
+					seen[k] = s.Pos
+				}
 			}
+			out = append(out, s)
 		}
-		out = append(out, s)
 	}
 	return out, nil
+}
+
+// splitPorts makes a block whose keys name several ports one Server per
+// port, in the order of their first keys, each with the keys and zones on
+// that port and the block's directives: CoreDNS listens on every port its
+// keys name and serves each key's zone on the key's own port only
+// (`example.com example.io:1053` is example.com on the default port and
+// example.io on 1053, as the stock node-cache prints at start).
+func splitPorts(s *Server, defPort int) []*Server {
+	var ports []int
+	byPort := map[int]*Server{}
+	for _, k := range s.Keys {
+		zone, port, _ := parseKey(k, defPort) // checked by buildServer
+		t := byPort[port]
+		if t == nil {
+			c := *s
+			c.Port, c.Keys, c.Zones = port, nil, nil
+			t = &c
+			byPort[port] = t
+			ports = append(ports, port)
+		}
+		t.Keys = append(t.Keys, k)
+		if !slices.Contains(t.Zones, zone) {
+			t.Zones = append(t.Zones, zone)
+		}
+	}
+	if len(ports) == 1 {
+		return []*Server{s}
+	}
+	out := make([]*Server, len(ports))
+	for i, p := range ports {
+		out[i] = byPort[p]
+	}
+	return out
 }
 
 func buildServer(b *Block, o Options) (*Server, error) {
@@ -382,10 +418,9 @@ func buildServer(b *Block, o Options) (*Server, error) {
 		if err != nil {
 			return nil, errAt(k.Pos, "server block key %q: %v", k.Text, err)
 		}
-		if s.Port >= 0 && port != s.Port {
-			return nil, errAt(k.Pos, "server block key %q: port %d differs from the block's port %d (CoreDNS serves both; nodelocaldns serves one DNS port)", k.Text, port, s.Port)
+		if s.Port < 0 {
+			s.Port = port // the first key's; splitPorts gives each port its block
 		}
-		s.Port = port
 		s.Keys = append(s.Keys, k.Text)
 		if !slices.Contains(s.Zones, zone) {
 			s.Zones = append(s.Zones, zone)

@@ -132,9 +132,16 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	if d.autopath != nil {
 		ap = d.autopath // a nil *autopath.Hook would not be a nil interface
 	}
+	var sockAddrs []netip.Addr
+	var sockPorts []int
+	for _, ap := range cfg.Sockets() {
+		sockAddrs = append(sockAddrs, ap.Addr())
+		sockPorts = append(sockPorts, int(ap.Port()))
+	}
 	srv, err = server.New(server.Config{
-		Addrs:            cfg.LocalIPs,
+		Addrs:            sockAddrs,
 		Port:             cfg.Port,
+		Ports:            sockPorts, // blocks on other ports: one socket per address and port
 		UDPSockets:       cfg.UDPSockets,
 		Resolver:         run.Resolver(),
 		Clock:            opt.Clock,
@@ -176,6 +183,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 			InterfaceName:  cfg.InterfaceName,
 			Addrs:          ifAddrs,
 			Port:           cfg.Port,
+			ExtraPorts:     cfg.ExtraPorts(),
 			HealthPort:     cfg.HealthPort,
 			SetupInterface: cfg.SetupInterface,
 			SetupIPTables:  cfg.SetupIPTables,
@@ -308,7 +316,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	}
 	d.ready.Store(true)
 	d.log.Info("serving",
-		"listen", joinAddrs(d.cfg.LocalIPs, d.cfg.Port),
+		"listen", joinAddrs(d.cfg.Sockets()),
 		"kube_dns", kubeDNSString(d.cfg),
 		"nameservers", fmt.Sprint(d.cfg.Nameservers),
 		"metrics", addr.String(),
@@ -338,7 +346,7 @@ func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err e
 	if unlock, err = reg.LockGroup(lctx); err != nil {
 		return nil, nil, err
 	}
-	if err := reg.Register(map[string]any{"pid": os.Getpid(), "started": d.clock.Now().UTC(), "listen": joinAddrs(d.cfg.LocalIPs, d.cfg.Port)}); err != nil {
+	if err := reg.Register(map[string]any{"pid": os.Getpid(), "started": d.clock.Now().UTC(), "listen": joinAddrs(d.cfg.Sockets())}); err != nil {
 		unlock()
 		return nil, nil, err
 	}
@@ -550,10 +558,10 @@ func (d *Daemon) teardown(ctx context.Context) error {
 	return d.net.Teardown(tctx)
 }
 
-func joinAddrs(ips []netip.Addr, port int) string {
-	s := make([]string, len(ips))
-	for i, a := range ips {
-		s[i] = netip.AddrPortFrom(a, uint16(port)).String()
+func joinAddrs(aps []netip.AddrPort) string {
+	s := make([]string, len(aps))
+	for i, a := range aps {
+		s[i] = a.String()
 	}
 	return strings.Join(s, ",")
 }

@@ -63,6 +63,7 @@ type Config struct {
 	InterfaceName  string        // link name, default "nodelocaldns"
 	Addrs          []netip.Addr  // every -localip; IPv4 and/or IPv6
 	Port           int           // DNS port, default 53
+	ExtraPorts     []int         // other DNS ports (a Corefile's blocks on other ports): the DNS rules cover them too
 	HealthPort     int           // health port (NOTRACK to and from it), 0 = none
 	SetupInterface bool          // -setupinterface: own the link and its addresses
 	SetupIPTables  bool          // -setupiptables: own the rules
@@ -126,6 +127,11 @@ func New(cfg Config) (*Setup, error) {
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("netsetup: port %d out of range", cfg.Port)
 	}
+	for _, p := range cfg.ExtraPorts {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("netsetup: port %d out of range", p)
+		}
+	}
 	if cfg.HealthPort < 0 || cfg.HealthPort > 65535 {
 		return nil, fmt.Errorf("netsetup: health port %d out of range", cfg.HealthPort)
 	}
@@ -160,7 +166,7 @@ func New(cfg Config) (*Setup, error) {
 		cfg:        cfg,
 		log:        cfg.Logger.With("component", "netsetup"),
 		obs:        cfg.Observer,
-		rules:      rulesFor(addrs, cfg.Port, cfg.HealthPort),
+		rules:      rulesFor(addrs, cfg.Port, cfg.ExtraPorts, cfg.HealthPort),
 		addedAddrs: make(map[netip.Addr]bool),
 		sem:        make(chan struct{}, 1),
 	}, nil

@@ -55,7 +55,7 @@ func TestRulesFor(t *testing.T) {
 	for _, fam := range testFamilies {
 		for _, healthPort := range []int{0, 8080} {
 			got := map[tableLine]int{}
-			for _, r := range rulesFor(fam.addrs, 53, healthPort) {
+			for _, r := range rulesFor(fam.addrs, 53, nil, healthPort) {
 				got[tableLine{r.Table, r.saveLine()}]++
 			}
 			var want []tableLine
@@ -73,8 +73,29 @@ func TestRulesFor(t *testing.T) {
 		}
 	}
 	// A health port equal to the DNS port repeats no rule.
-	if n, m := len(rulesFor([]netip.Addr{testV4}, 53, 53)), len(rulesFor([]netip.Addr{testV4}, 53, 0)); n != m {
+	if n, m := len(rulesFor([]netip.Addr{testV4}, 53, nil, 53)), len(rulesFor([]netip.Addr{testV4}, 53, nil, 0)); n != m {
 		t.Errorf("health port = DNS port: %d rules, want %d", n, m)
+	}
+	// An extra DNS port gets the stock DNS rules of its own (not the health
+	// ones), after the address's stock set.
+	for _, fam := range testFamilies {
+		got := map[tableLine]int{}
+		for _, r := range rulesFor(fam.addrs, 53, []int{1053, 53}, 8080) {
+			got[tableLine{r.Table, r.saveLine()}]++
+		}
+		var want []tableLine
+		for _, f := range []family{ipv4, ipv6} {
+			want = append(want, expectedRules(fam.addrs, f, 53, 8080)...)
+			want = append(want, expectedRules(fam.addrs, f, 1053, 0)...)
+		}
+		for _, w := range want {
+			if got[w] != 1 {
+				t.Errorf("%s extra port: %s -t %s listed %d times", fam.name, w.line, w.table, got[w])
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s extra port: %d rules, want %d", fam.name, len(got), len(want))
+		}
 	}
 }
 

@@ -91,9 +91,10 @@ func (r Rule) String() string {
 
 // rulesFor returns the stock node-cache rule set for every address, in the
 // order the package documentation lists it, without duplicates (a health
-// port equal to the DNS port would repeat rules).
-func rulesFor(addrs []netip.Addr, port, healthPort int) []Rule {
-	dns := strconv.Itoa(port)
+// port equal to the DNS port would repeat rules). The DNS rules are
+// repeated for every extra DNS port (a Corefile's blocks on other ports),
+// after the stock set of the address.
+func rulesFor(addrs []netip.Addr, port int, extraPorts []int, healthPort int) []Rule {
 	health := strconv.Itoa(healthPort)
 	var out []Rule
 	seen := make(map[string]bool)
@@ -113,26 +114,32 @@ func rulesFor(addrs []netip.Addr, port, healthPort int) []Rule {
 			return []string{"-s", host, "-p", proto, "-m", proto, "--sport", port, "-m", "comment", "--comment", comment, "-j", target}
 		}
 		protos := []string{"tcp", "udp"}
-		for _, p := range protos {
-			add(a, "raw", "PREROUTING", to(p, dns, commentNoTrack, "NOTRACK"))
+		dnsRules := func(dns string) {
+			for _, p := range protos {
+				add(a, "raw", "PREROUTING", to(p, dns, commentNoTrack, "NOTRACK"))
+			}
+			for _, p := range protos {
+				add(a, "filter", "INPUT", to(p, dns, commentAccept, "ACCEPT"))
+			}
+			for _, p := range protos {
+				add(a, "raw", "OUTPUT", from(p, dns, commentNoTrack, "NOTRACK"))
+			}
+			for _, p := range protos {
+				add(a, "filter", "OUTPUT", from(p, dns, commentAccept, "ACCEPT"))
+			}
+			// Queries from host-network clients leave through OUTPUT, not PREROUTING.
+			for _, p := range protos {
+				add(a, "raw", "OUTPUT", to(p, dns, commentNoTrack, "NOTRACK"))
+			}
 		}
-		for _, p := range protos {
-			add(a, "filter", "INPUT", to(p, dns, commentAccept, "ACCEPT"))
-		}
-		for _, p := range protos {
-			add(a, "raw", "OUTPUT", from(p, dns, commentNoTrack, "NOTRACK"))
-		}
-		for _, p := range protos {
-			add(a, "filter", "OUTPUT", from(p, dns, commentAccept, "ACCEPT"))
-		}
-		// Queries from host-network clients leave through OUTPUT, not PREROUTING.
-		for _, p := range protos {
-			add(a, "raw", "OUTPUT", to(p, dns, commentNoTrack, "NOTRACK"))
-		}
+		dnsRules(strconv.Itoa(port))
 		// The kubelet's liveness probe to the health port.
 		if healthPort > 0 {
 			add(a, "raw", "OUTPUT", to("tcp", health, commentNoTrack, "NOTRACK"))
 			add(a, "raw", "OUTPUT", from("tcp", health, commentNoTrack, "NOTRACK"))
+		}
+		for _, p := range extraPorts {
+			dnsRules(strconv.Itoa(p))
 		}
 	}
 	return out

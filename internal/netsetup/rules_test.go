@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -356,4 +357,68 @@ func TestLockWait(t *testing.T) {
 		}
 		flock(unix.LOCK_UN)
 	})
+}
+
+// TestRulesExtraPort: a Corefile's blocks on another port (kubespray's
+// external zones on 1053) get the DNS rules on that port too, once each,
+// with both backends; the teardown takes them away with the rest. The
+// stock node-cache names its -dns.port only (checked with the oracle:
+// 1053 had no rule), so its second port is tracked by conntrack.
+func TestRulesExtraPort(t *testing.T) {
+	for _, backend := range []string{BackendLegacy, BackendNFT} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			inNetns(t, nil, func(t *testing.T) {
+				addrs := []netip.Addr{testV4, testV6}
+				adoptableLink(t, defaultInterfaceName)
+				addForeignRules(t, backend, addrs)
+				before := snapshot(t)
+				s, err := New(Config{Addrs: addrs, ExtraPorts: []int{1053}, HealthPort: 8080, SetupInterface: true, SetupIPTables: true,
+					Backend: backend, LockWait: 2 * time.Second, Logger: testLogger(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := t.Context()
+				if err := s.EnsureLink(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for range 2 {
+					if err := s.EnsureRules(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for _, f := range []family{ipv4, ipv6} {
+					tables := parseSave(saveOf(t, backend, f))
+					want := append(expectedRules(addrs, f, 53, 8080), expectedRules(addrs, f, 1053, 0)...)
+					ours := 0
+					for _, lines := range tables {
+						for _, l := range lines {
+							if strings.Contains(l, "nodelocaldns") {
+								ours++
+							}
+						}
+					}
+					for _, w := range want {
+						if n := slices.Index(tables[w.table], w.line); n < 0 {
+							t.Errorf("%s: missing -t %s %s", f, w.table, w.line)
+						}
+					}
+					if ours != len(want) {
+						t.Errorf("%s: %d rules name nodelocaldns, want %d", f, ours, len(want))
+					}
+				}
+				tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				if err := s.Teardown(tctx); err != nil {
+					t.Fatal(err)
+				}
+				if after := snapshot(t); after != before {
+					t.Errorf("rule set after teardown differs from before setup:\n--- before\n%s\n--- after\n%s", before, after)
+				}
+			})
+		})
+	}
+	if _, err := New(Config{Addrs: []netip.Addr{testV4}, ExtraPorts: []int{70000}}); err == nil {
+		t.Error("extra port 70000 accepted")
+	}
 }

@@ -473,9 +473,9 @@ func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, bool, error) {
 // replace one that does (fresh or within its stale window): that one is returned, kept true,
 // and the refresh counts as failed.
 func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*cache.Entry, bool, error) {
-	var e *cache.Entry
+	var e, fetched *cache.Entry
 	if err == nil {
-		e, err = cache.BuildStale(resp, q, pol.TTL, pol.ServFailTTL, pol.StaleWindow, r.clk.Now().UnixNano())
+		e, fetched, err = cache.BuildFetched(resp, q, pol.TTL, pol.ServFailTTL, pol.StaleWindow, r.clk.Now().UnixNano())
 	}
 	if err != nil {
 		r.stats.UpstreamErrors.Add(1)
@@ -492,7 +492,9 @@ func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*c
 	if !refreshed(e) {
 		r.refreshFailed(q, pol)
 	}
-	return e, false, nil
+	// The clients of this fetch get the answer's Extended DNS Errors when
+	// the block has no cache, as from CoreDNS (cache.BuildFetched).
+	return fetched, false, nil
 }
 
 // keep returns the entry the prefer_positive policy keeps instead of e: the cached one for q,

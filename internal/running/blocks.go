@@ -105,11 +105,14 @@ func (d *State) noteActs() {
 
 // compileView compiles a view from its policies, its chains (nil: none)
 // and, with several views, its own routes (nil: none), over the shared
-// route table and the CoreDNS metric zones now.
-func (d *State) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes) (*blocks.View, error) {
+// route table and the CoreDNS metric zones: metrics, the view's (nil: all).
+func (d *State) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes, metrics []string) (*blocks.View, error) {
+	if metrics == nil {
+		metrics = d.metricZones
+	}
 	return blocks.CompileView(blocks.Sources{
 		Default: d.policyDefault, Policy: sp.pol, PolicyZones: sp.zones,
-		Chains: c, Own: vr, Shared: d.routes, Metrics: d.metricZones,
+		Chains: c, Own: vr, Shared: d.routes, Metrics: metrics,
 		Answers: sp.answers, Sink: d.sink,
 	})
 }
@@ -121,6 +124,11 @@ func (d *State) sharedView(name []byte) *resolve.Policy { return d.shared.Load()
 // (server.Config.CoreDNSZone): the index in CoreDNSZones, -1 for none.
 func CoreDNSZone(p *resolve.Policy) int {
 	if b := blocks.Of(p); b != nil {
+		if b.Refused {
+			// No block here (another bind or port): CoreDNS refuses it
+			// before any zone and counts it as "dropped".
+			return server.CDDroppedZone
+		}
 		return b.Metric
 	}
 	return -1

@@ -57,7 +57,7 @@ func coreDNSCacheBlocks(cfg *config.Config) []metrics.CacheBlock {
 	out := make([]metrics.CacheBlock, len(cc.Servers))
 	for i, s := range cc.Servers {
 		out[i] = metrics.CacheBlock{Server: -1, Zones: strings.Join(s.Zones, ","), Cache: s.Cache != nil}
-		for j, a := range cfg.LocalIPs {
+		for j, a := range cfg.Sockets() {
 			if slices.Contains(config.BlocksSeenFrom(cc.Servers, a), i) {
 				out[i].Server = j
 				break

@@ -175,7 +175,7 @@ func (d *State) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
 		if e.chain != nil {
 			c = e.chain
 		}
-		if e.shared, err = d.compileView(sp, c, nil); err != nil {
+		if e.shared, err = d.compileView(sp, c, nil, nil); err != nil {
 			return e, fmt.Errorf("blocks: %w", err)
 		}
 	}
@@ -316,6 +316,7 @@ func restartFields(a, b *config.Config) []string {
 	}
 	cmp("listen addresses (bind)", a.LocalIPs, b.LocalIPs)
 	cmp("port", a.Port, b.Port)
+	cmp("listen sockets (blocks on other ports)", a.Sockets(), b.Sockets())
 	// The blocks' cache policies apply live (preparePolicies); the sizes and
 	// the recheck interval do not.
 	cmp("cache sizes", [4]int64{int64(a.Cache.SuccessCapacity), int64(a.Cache.DenialCapacity), a.Cache.MaxBytes, int64(a.Cache.StaleRecheck)},

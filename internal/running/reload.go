@@ -367,7 +367,7 @@ func (d *State) recompile(routes []forward.Route) error {
 	if d.shared.Load() == nil {
 		return nil
 	}
-	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
+	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil, nil)
 	if err != nil {
 		d.routes = old
 		return err
@@ -375,7 +375,7 @@ func (d *State) recompile(routes []forward.Route) error {
 	var views []*blocks.View
 	if d.views != nil {
 		for _, t := range d.views.tables {
-			v, err := d.compileView(t.sp, t.c, t.vr)
+			v, err := d.compileView(t.sp, t.c, t.vr, t.metrics)
 			if err != nil {
 				d.routes = old
 				return err

@@ -160,7 +160,7 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 	if err := d.initChain(d.forwardIn(d.shared.Load)); err != nil {
 		return nil, err
 	}
-	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil)
+	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 		return nil, err
 	}
 	// Blocks seen from some addresses answer otherwise (views.go).
-	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.LocalIPs); err != nil {
+	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.Sockets()); err != nil {
 		return nil, err
 	}
 	return d, nil

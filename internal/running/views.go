@@ -49,19 +49,25 @@ type viewTable struct {
 	sp sharedPolicy
 	c  *blocks.Chains
 	vr *blocks.Routes
+	// metrics are the CoreDNS metric zones by label index, "" where no
+	// block of the view has the zone: a name is labelled by the zone of
+	// the block serving it here (CoreDNS's prometheus counts under its own
+	// block's keys), e.g. "." for a zone another port's block has.
+	metrics []string
 }
 
-// newViews builds a resolver per view of cc over the listen addresses
-// listen (the running ones). It changes nothing of d but creating groups,
+// newViews builds a resolver per view of cc over the listen sockets
+// listen (the running ones, cfg.Sockets). It changes nothing of d but creating groups,
 // which the caller owns (closed on error here).
-func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.Addr) (vs *viewSet, err error) {
+func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.AddrPort) (vs *viewSet, err error) {
 	vs = &viewSet{cc: cc}
 	if cc == nil || cc.Views == nil {
 		return vs, nil
 	}
+	made := vs // the error returns set vs to nil
 	defer func() {
 		if err != nil {
-			for _, g := range vs.groups {
+			for _, g := range made.groups {
 				_ = g.Close()
 			}
 		}
@@ -77,7 +83,10 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 	slices.SortStableFunc(zones, func(a, b string) int { return len(b) - len(a) })
 	vs.addr = make([]uint8, len(listen))
 	for i, a := range listen {
-		vi := slices.IndexFunc(cc.Views, func(v config.View) bool { return slices.Contains(v.Addrs, a) })
+		// Port 0 (tests: any free port) is the address's first view.
+		vi := slices.IndexFunc(cc.Views, func(v config.View) bool {
+			return slices.ContainsFunc(v.Addrs, func(x netip.AddrPort) bool { return x == a || (a.Port() == 0 && x.Addr() == a.Addr()) })
+		})
 		if vi < 0 {
 			return nil, fmt.Errorf("listen address %s is in no view", a)
 		}
@@ -107,6 +116,12 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 				}
 				return -1
 			})}, vr: vr}
+		for _, z := range d.metricZones {
+			if !slices.ContainsFunc(v.Blocks, func(b int) bool { return slices.Contains(cc.Servers[b].Zones, z) }) {
+				z = ""
+			}
+			t.metrics = append(t.metrics, z)
+		}
 		next := d.forwardIn(t.v.Load) // the end of the view's chains
 		if t.c, err = d.buildChains(cc.Servers, v.Pick, next, t.v.Load); err != nil {
 			return nil, err
@@ -114,7 +129,7 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 		if vi == 0 {
 			vs.chain0 = t.c
 		}
-		view, err := d.compileView(t.sp, t.c, t.vr)
+		view, err := d.compileView(t.sp, t.c, t.vr, t.metrics)
 		if err != nil {
 			return nil, err
 		}
@@ -162,10 +177,10 @@ func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 // meaning, and CoreDNS too starts with new caches on reload). A change of
 // the listen addresses needs a restart: refused.
 func (d *State) prepareViews(n *config.Config) (*viewSet, error) {
-	if !slices.Equal(n.LocalIPs, d.cfg.LocalIPs) {
-		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.LocalIPs, n.LocalIPs)
+	if !slices.Equal(n.Sockets(), d.cfg.Sockets()) {
+		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.Sockets(), n.Sockets())
 	}
-	return d.newViews(n, n.DropIn.Corefile, d.cfg.LocalIPs)
+	return d.newViews(n, n.DropIn.Corefile, d.cfg.Sockets())
 }
 
 // viewsChanged reports whether a reloaded Corefile sees other views than

@@ -44,8 +44,9 @@ type tcpListener struct {
 // port 0 every UDP socket of an address shares the port the first one got.
 // On error nothing stays open.
 func (s *Server) Listen() error {
-	for _, a := range s.cfg.Addrs {
-		ap := netip.AddrPortFrom(a, uint16(s.cfg.Port))
+	for i, a := range s.cfg.Addrs {
+		ap := netip.AddrPortFrom(a, uint16(s.cfg.port(i)))
+		tap := ap
 		udp := s.adoptedUDP[ap]
 		delete(s.adoptedUDP, ap)
 		s.udp = append(s.udp, udp...)
@@ -58,12 +59,12 @@ func (s *Server) Listen() error {
 			s.udp = append(s.udp, l)
 			ap = l.local
 		}
-		if l := s.adoptedTCP[netip.AddrPortFrom(a, uint16(s.cfg.Port))]; l != nil {
-			delete(s.adoptedTCP, netip.AddrPortFrom(a, uint16(s.cfg.Port)))
+		if l := s.adoptedTCP[tap]; l != nil {
+			delete(s.adoptedTCP, tap)
 			s.tcp = append(s.tcp, l)
 			continue
 		}
-		ln, err := listenTCP(netip.AddrPortFrom(a, uint16(s.cfg.Port)))
+		ln, err := listenTCP(tap)
 		if err != nil {
 			s.closeListeners()
 			return fmt.Errorf("listen tcp %s: %w", ap, err)

@@ -18,6 +18,7 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -38,6 +39,10 @@ import (
 type Config struct {
 	Addrs []netip.Addr
 	Port  int
+	// Ports, when set, is the port of each Addrs[i] (0: Port): a Corefile's
+	// blocks on several ports listen on an address once per port, each
+	// socket with its own index (its view, its CoreDNS server label).
+	Ports []int
 	// UDPSockets is the number of SO_REUSEPORT sockets per address; 0
 	// means GOMAXPROCS, so every core can read its own socket.
 	UDPSockets int
@@ -210,6 +215,22 @@ func New(cfg Config) (*Server, error) {
 	}
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("server: no listen address")
+	}
+	if cfg.Ports != nil {
+		if len(cfg.Ports) != len(cfg.Addrs) {
+			return nil, errors.New("server: Ports must give one port per address")
+		}
+		seen := map[netip.AddrPort]bool{}
+		for i, a := range cfg.Addrs {
+			if p := cfg.Ports[i]; p < 0 || p > 65535 {
+				return nil, fmt.Errorf("server: port %d of %s", p, a)
+			}
+			ap := netip.AddrPortFrom(a.Unmap(), uint16(cfg.port(i)))
+			if seen[ap] {
+				return nil, fmt.Errorf("server: %s listed twice", ap)
+			}
+			seen[ap] = true
+		}
 	}
 	if len(cfg.Views) > 0 && cfg.Views[0] != cfg.Resolver {
 		return nil, errors.New("server: Views[0] must be Resolver")
@@ -450,4 +471,12 @@ func HealthQuery(id uint16) []byte {
 	b := wire.AppendUpstreamQuery(nil, &q, wire.MinUDPSize)
 	wire.SetID(b, id)
 	return b
+}
+
+// port is the port of Addrs[i].
+func (c *Config) port(i int) int {
+	if i < len(c.Ports) && c.Ports[i] != 0 {
+		return c.Ports[i]
+	}
+	return c.Port
 }

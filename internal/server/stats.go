@@ -254,8 +254,13 @@ const (
 )
 
 // CDDropped is CoreDNS's zone label for queries handled before any zone
-// (vars.Dropped): we count malformed queries there.
+// (vars.Dropped): we count malformed queries there, and the names no block
+// on the query's address and port serves (CDDroppedZone).
 const CDDropped = "dropped"
+
+// CDDroppedZone is what Config.CoreDNSZone returns for a name no block
+// serves where it arrived: CoreDNS refuses it and counts it as dropped.
+const CDDroppedZone = -2
 
 // cdCounters holds the cells of every (server, zone) block.
 type cdCounters struct {
@@ -347,7 +352,9 @@ func (s *Server) cdKey(srv int, v uint8, name []byte, tcp bool) cdKey {
 	}
 	z := len(s.cdz.zones) // dropped
 	if name != nil {
-		if z = s.cfg.CoreDNSZone(s.resolver(v).Policy(name)); z < 0 || z >= len(s.cdz.zones) || s.cdz.zones[z].Off {
+		if z = s.cfg.CoreDNSZone(s.resolver(v).Policy(name)); z == CDDroppedZone {
+			z = len(s.cdz.zones)
+		} else if z < 0 || z >= len(s.cdz.zones) || s.cdz.zones[z].Off {
 			return k
 		}
 	}
@@ -499,12 +506,13 @@ func (s *Server) CDSnapshot() []CDBlock {
 	return out
 }
 
-// cdServerIndex is the index in Config.Addrs of a local address, -1 if
-// none (an adopted socket on another address).
-func (s *Server) cdServerIndex(a netip.Addr) int {
-	a = a.Unmap()
+// cdServerIndex is the index in Config.Addrs of a local socket address,
+// -1 if none (an adopted socket on another address). A socket of port 0
+// (tests) is its address's first.
+func (s *Server) cdServerIndex(ap netip.AddrPort) int {
+	a := ap.Addr().Unmap()
 	for i, x := range s.cfg.Addrs {
-		if x.Unmap() == a {
+		if p := s.cfg.port(i); x.Unmap() == a && (p == 0 || p == int(ap.Port())) {
 			return i
 		}
 	}
@@ -514,10 +522,10 @@ func (s *Server) cdServerIndex(a netip.Addr) int {
 // cdServer is CoreDNS's server label of Addrs[i]: "dns://" and the
 // address and port it listens on.
 func (s *Server) cdServer(i int) string {
-	port := uint16(s.cfg.Port)
+	port := uint16(s.cfg.port(i))
 	s.mu.Lock()
 	for _, l := range s.udp {
-		if l.local.Addr() == s.cfg.Addrs[i].Unmap() {
+		if port == 0 && l.local.Addr() == s.cfg.Addrs[i].Unmap() {
 			port = l.local.Port()
 			break
 		}

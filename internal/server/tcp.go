@@ -202,7 +202,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 	state := connFirst
 	addrIdx := -1
 	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		addrIdx = s.cdServerIndex(la.AddrPort().Addr())
+		addrIdx = s.cdServerIndex(la.AddrPort())
 	}
 	if s.cd != nil {
 		req.cd = cdObserver{c: s.cd, srv: addrIdx}

@@ -256,13 +256,13 @@ func (s *Server) serveUDP(l *udpListener) {
 	req := &b.req
 	req.st = &l.stats
 	if s.cd != nil {
-		srv := s.cdServerIndex(l.local.Addr())
+		srv := s.cdServerIndex(l.local)
 		cd := newCDCounters(len(s.cfg.Addrs), s.cdz.n, true)
 		cd.srv = max(srv, 0)
 		l.cd.Store(cd)
 		req.cd = cdObserver{c: cd, srv: srv}
 	}
-	addrIdx := s.cdServerIndex(l.local.Addr())
+	addrIdx := s.cdServerIndex(l.local)
 	handed := false // a miss of the last batch readied a worker
 	for !l.stop.Load() {
 		if handed {

@@ -16,7 +16,9 @@
 // resolve.Asker): the first of the clients asking one question at once,
 // and its answer is then cached and served to every client until it
 // expires, exactly as CoreDNS's cache in front of template serves the first
-// client's answer to all. CoreDNS's `var`, `expr` and `ederror` options are
+// client's answer to all. `ederror CODE [TEXT]` adds an Extended DNS Error
+// option to the answer (Config.EDE); as in CoreDNS, a client sees it only
+// from a block without cache, whose cache would drop it. CoreDNS's `var` and `expr` options are
 // refused (not implemented).
 package template
 
@@ -50,7 +52,20 @@ type Config struct {
 	// Fallthrough: a name in one of these zones that no regex matches goes
 	// to the next plugin; nil: it gets SERVFAIL (CoreDNS's default).
 	Fallthrough []string
+	// EDE, when set, is `ederror`: an Extended DNS Error option (RFC 8914)
+	// in the answer's OPT.
+	EDE *EDE
 }
+
+// EDE is an Extended DNS Error: its info code and extra text.
+type EDE struct {
+	Code uint16
+	Text string
+}
+
+// MaxEDEText bounds an ederror's text: it rides in every answer the
+// template writes.
+const MaxEDEText = 255
 
 // Next is the rest of the chain: the plugins after template.
 type Next = directive.Next
@@ -311,6 +326,14 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 				return nil, err
 			}
 			m.Ns = append(m.Ns, rr)
+		}
+		if e := t.cfg.EDE; e != nil {
+			// As CoreDNS's template: an OPT (4096, DO) carrying the option.
+			// Clients see it when the block has no cache: CoreDNS's cache
+			// drops the OPT of every answer it passes (cache.BuildFetched).
+			m.SetEdns0(4096, true)
+			o := m.IsEdns0()
+			o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: e.Code, ExtraText: e.Text})
 		}
 		return m, nil
 	}

@@ -3,6 +3,8 @@ package dropin
 import (
 	"strings"
 	"testing"
+
+	"github.com/miekg/dns"
 )
 
 // stockArgs are the reference manifest's container args; the corpus adds
@@ -117,14 +119,24 @@ func corpusCases(t *testing.T) []corpusCase {
 		{
 			// nodelocaldns_external_zones, the inventory sample's first
 			// and third zones (nameservers: the stand-ins): a key on port
-			// 1053, a rewrite, log in those blocks only.
+			// 1053, a rewrite, log in those blocks only. Probed on port
+			// 53: example.com from its block (cache 5: denial TTL 5),
+			// example.io from "." (cache 30).
 			name:   "kubespray-external-zones",
 			source: "kubernetes-sigs/kubespray@46dbdd39 inventory/sample/group_vars/k8s_cluster/k8s-cluster.yml (nodelocaldns_external_zones), nodelocaldns-config.yml.j2",
-			conf: kubesprayCorefile(oracleKubeDNS, "example.com example.io:1053 {\n    errors\n    cache 5\n    reload\n    loop\n    bind 169.254.25.10\n    forward . "+oracleNodeDNS+"\n    prometheus :9253\n    log\n}\n"+
-				"mydomain.tld {\n    errors\n    cache 5\n    reload\n    rewrite name website.tld website.namespace.svc.cluster.local\n    loop\n    bind 169.254.25.10\n    forward . "+oracleKubeDNS+"\n    prometheus :9253\n    log\n}\n"),
-			args:        kubesprayArgs,
-			oursRefuses: "port 1053 differs from the block's port 53",
-			needs:       "a second DNS port (server keys on another port)",
+			conf:   kubesprayExternalZones,
+			args:   kubesprayArgs,
+			extra:  externalZonesQuestions,
+		},
+		{
+			// The same, probed on port 1053: example.io from its block,
+			// every other name REFUSED (no block there), as CoreDNS.
+			name:   "kubespray-external-zones-1053",
+			source: "kubernetes-sigs/kubespray@46dbdd39 inventory/sample/group_vars/k8s_cluster/k8s-cluster.yml (nodelocaldns_external_zones), nodelocaldns-config.yml.j2",
+			conf:   kubesprayExternalZones,
+			args:   kubesprayArgs,
+			port:   1053,
+			extra:  externalZonesQuestions,
 		},
 		{
 			name:   "kops",
@@ -253,6 +265,15 @@ func rke2Corefile(lrp bool) string {
 // kubesprayArgs are kubespray's DaemonSet args (the Corefile mounted as
 // written, -upstreamsvc coredns).
 var kubesprayArgs = []string{"-localip", "169.254.25.10", "-conf", "CONF", "-upstreamsvc", "coredns", "-setupiptables=false"}
+
+// kubesprayExternalZones is kubespray's Corefile with the inventory
+// sample's first and third external zones (nameservers: the stand-ins).
+var kubesprayExternalZones = kubesprayCorefile(oracleKubeDNS, "example.com example.io:1053 {\n    errors\n    cache 5\n    reload\n    loop\n    bind 169.254.25.10\n    forward . "+oracleNodeDNS+"\n    prometheus :9253\n    log\n}\n"+
+	"mydomain.tld {\n    errors\n    cache 5\n    reload\n    rewrite name website.tld website.namespace.svc.cluster.local\n    loop\n    bind 169.254.25.10\n    forward . "+oracleKubeDNS+"\n    prometheus :9253\n    log\n}\n")
+
+// externalZonesQuestions tell the external zones' blocks from ".": their
+// names on each port.
+var externalZonesQuestions = []corpusQ{{"www.example.com.", dns.TypeA}, {"www.example.io.", dns.TypeA}, {"nx.example.io.", dns.TypeAAAA}}
 
 // kubesprayCorefile renders kubespray's template with its defaults:
 // external zones first, then the four blocks; forwardTarget as given.

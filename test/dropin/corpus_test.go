@@ -102,11 +102,14 @@ type outcome struct {
 	logs    string
 }
 
-// corpusQuestions are asked of both binaries on an address both answer on.
-var corpusQuestions = []struct {
+// corpusQ is one question of the corpus.
+type corpusQ struct {
 	name  string
 	qtype uint16
-}{
+}
+
+// corpusQuestions are asked of both binaries on an address both answer on.
+var corpusQuestions = []corpusQ{
 	{"web.default.svc.cluster.local.", dns.TypeA},
 	{"web.default.svc.cluster.local.", dns.TypeAAAA},
 	{"nx.default.svc.cluster.local.", dns.TypeA},
@@ -178,7 +181,7 @@ func (c corpusCase) run(t *testing.T, bin string) outcome {
 	}
 	for round := range 2 {
 		for _, a := range o.addrs {
-			for _, q := range corpusQuestions {
+			for _, q := range append(slices.Clone(corpusQuestions), c.extra...) {
 				key := fmt.Sprintf("round %d %s %s at %s", round, q.name, dns.TypeToString[q.qtype], a)
 				r, err := askAt(ns, a, port, q.name, q.qtype, 3*time.Second)
 				if err != nil {
@@ -212,6 +215,8 @@ type corpusCase struct {
 	base, conf string
 	args       []string
 	port       int // the DNS port probed (53 when 0)
+	// extra are questions asked besides corpusQuestions.
+	extra []corpusQ
 	// Today's status, asserted: stockRefuses is in the stock's log when it
 	// does not start; oursRefuses in ours, with needs the feature that
 	// would make it start (the lead flips the case when it lands).

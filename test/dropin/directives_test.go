@@ -441,3 +441,115 @@ func TestDNS64WithoutAllowIPv4OnIPv4(t *testing.T) {
 		{"nx.example.org.", dns.TypeAAAA},
 	}, nil)
 }
+
+// edeOf asks name over UDP (with an EDNS OPT of 1232 bytes when edns) and
+// returns the answer's rcode, the first answer record without TTL, whether
+// it has an OPT, and its Extended DNS Errors as "code text".
+func edeOf(t *testing.T, addr, name string, qtype uint16, edns bool) (rcode, first string, opt bool, ede []string) {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	if edns {
+		m.SetEdns0(1232, false)
+	}
+	c := &dns.Client{Timeout: 3 * time.Second}
+	r, _, err := c.Exchange(m, addr)
+	if err != nil {
+		t.Fatalf("%s %s @%s: %v", name, dns.TypeToString[qtype], addr, err)
+	}
+	if len(r.Answer) > 0 {
+		r.Answer[0].Header().Ttl = 0
+		first = r.Answer[0].String()
+	}
+	if o := r.IsEdns0(); o != nil {
+		opt = true
+		for _, x := range o.Option {
+			if e, ok := x.(*dns.EDNS0_EDE); ok {
+				ede = append(ede, fmt.Sprintf("%d %q", e.InfoCode, e.ExtraText))
+			}
+		}
+	}
+	return dns.RcodeToString[r.Rcode], first, opt, ede
+}
+
+// template's ederror (CoreDNS 1.15) adds an Extended DNS Error to the
+// answer it writes. Behind a cache (the usual block) no client sees it:
+// CoreDNS's cache drops the answer's OPT before it stores or writes it, the
+// miss's answer too. From a block without cache every answer has it. The
+// same in both, to an EDNS client; to a client without EDNS we send no OPT
+// (RFC 6891 §7), where CoreDNS leaves the template's OPT in the answer.
+func TestTemplateEDEParityWithCoreDNS(t *testing.T) {
+	ours, core, _ := runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    template IN A ede.example {
+        answer "{{ .Name }} 60 IN A 10.1.2.3"
+        ederror 17 "filtered by the node's policy"
+    }
+    template IN AAAA ede.example {
+        rcode NXDOMAIN
+        authority "ede.example. 60 IN SOA ns.ede.example. host.ede.example. 1 2 3 4 60"
+        ederror 15
+    }
+    forward . %[2]s
+}
+nocache.example:%[1]d {
+    bind 127.0.0.1
+    template IN A nocache.example {
+        answer "{{ .Name }} 60 IN A 10.1.2.4"
+        ederror 17 "filtered by the node's policy"
+    }
+    template IN AAAA nocache.example {
+        rcode NXDOMAIN
+        authority "nocache.example. 60 IN SOA ns.nocache.example. host.nocache.example. 1 2 3 4 60"
+        ederror 15
+    }
+    template IN TXT nocache.example {
+        answer "{{ .Name }} 60 IN TXT \"x\""
+    }
+}
+`, []directiveCase{
+		{"a.ede.example.", dns.TypeA},
+		{"a.ede.example.", dns.TypeAAAA},
+		{"a.nocache.example.", dns.TypeA},
+		{"a.nocache.example.", dns.TypeAAAA},
+		{"a.nocache.example.", dns.TypeTXT},
+		{"www.example.org.", dns.TypeA},
+	}, nil)
+	for _, c := range []struct {
+		name  string
+		qtype uint16
+		want  []string // on the miss and after
+	}{
+		{"b.ede.example.", dns.TypeA, nil},
+		{"b.ede.example.", dns.TypeAAAA, nil},
+		{"b.nocache.example.", dns.TypeA, []string{`17 "filtered by the node's policy"`}},
+		{"b.nocache.example.", dns.TypeAAAA, []string{`15 ""`}},
+		{"b.nocache.example.", dns.TypeTXT, nil},
+		{"www.example.org.", dns.TypeAAAA, nil},
+	} {
+		key := c.name + " " + dns.TypeToString[c.qtype]
+		for round := range 2 {
+			var got [2]string
+			for i, srv := range []string{ours, core} {
+				rcode, first, opt, ede := edeOf(t, srv, c.name, c.qtype, true)
+				got[i] = fmt.Sprintf("%s %q opt %v EDE %v", rcode, first, opt, ede)
+				if !opt || fmt.Sprint(ede) != fmt.Sprint(c.want) {
+					t.Errorf("%s round %d @%s: %s, want EDE %v", key, round, srv, got[i], c.want)
+				}
+			}
+			if got[0] != got[1] {
+				t.Errorf("%s round %d: ours %s, coredns %s", key, round, got[0], got[1])
+			}
+		}
+	}
+	// Without EDNS: no OPT from us; CoreDNS's has the template's OPT.
+	for _, name := range []string{"c.ede.example.", "c.nocache.example."} {
+		_, _, opt, ede := edeOf(t, ours, name, dns.TypeA, false)
+		_, _, copt, cede := edeOf(t, core, name, dns.TypeA, false)
+		t.Logf("%s without EDNS: ours OPT %v EDE %v; coredns OPT %v EDE %v", name, opt, ede, copt, cede)
+		if opt {
+			t.Errorf("%s: ours sent an OPT to a client that sent none", name)
+		}
+	}
+}
