@@ -11,12 +11,14 @@ const maxPointers = 126
 // offset just past it in place. Every label is at most 63 bytes, the name
 // expanded is at most MaxNameLen bytes, and every compression pointer points
 // backwards: past the header and before the labels it continues (so a chain
-// of pointers always moves towards the start of the message and cannot loop).
+// of pointers always moves towards the start of the message and cannot loop),
+// and the labels reached through pointers end before the name itself.
 // Reads stay within b: to bound a name to rdata, pass b sliced at the rdata's
 // end.
 func CheckName(b []byte, off int) (int, error) {
 	end := -1     // offset past the name in place, set at the first pointer
 	seg := off    // start of the run of labels being read
+	start := off  // where the name is: what a pointer reaches lies before it
 	expanded := 0 // length of the name expanded so far
 	hops := 0
 	for {
@@ -53,6 +55,13 @@ func CheckName(b []byte, off int) (int, error) {
 		default:
 			expanded += 1 + l
 			if expanded+1 > MaxNameLen {
+				return 0, ErrFormat
+			}
+			// Labels reached through a pointer end before the name itself:
+			// a pointer's run that reads on into the name, or the record
+			// after it, names bytes that are also its type, class or TTL,
+			// and rewriting a TTL would change the name.
+			if end >= 0 && off+1+l >= start {
 				return 0, ErrFormat
 			}
 			off += 1 + l
