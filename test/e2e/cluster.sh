@@ -12,8 +12,8 @@
 #   deploy_nodelocaldns IMAGE [autopath]
 #                      deploy/daemonset.yaml rendered by docs/deploy.md's
 #                      iptables-mode sed into $work/nodelocaldns.yaml (with
-#                      autopath: its "- -autopath" line uncommented and the
-#                      service account token mounted, as its comment says),
+#                      autopath: its "- -autopath" line uncommented, as its
+#                      comment says; the manifest mounts the token it needs),
 #                      applied and rolled out
 #   innode CMD...      CMD in the node's network and mount namespaces
 #   k ARGS...          kubectl in the node
@@ -381,13 +381,13 @@ deploy_nodelocaldns() { # image [autopath]
 	(cd "$work" && localdns=$localdns kubedns=$kubedns domain=$domain image=$image \
 		repo=$repo bash -euc "cd \"\$repo\"; ${sedline//> nodelocaldns.yaml/> \"$work/nodelocaldns.yaml\"}")
 	if [ "$mode" = autopath ]; then
-		# The manifest's own instruction: uncomment -autopath and mount the
-		# token its pod watch needs. Both lines must be there to change.
+		# The manifest's own instruction: uncomment -autopath. Its pod
+		# watch needs the service account token, which the manifest mounts
+		# (the kube-dns endpoint watch needs it too): it must be true.
 		grep -q '^ *# - -autopath$' "$work/nodelocaldns.yaml" &&
-			grep -q '^ *automountServiceAccountToken: false$' "$work/nodelocaldns.yaml" ||
-			{ echo "$log_prefix: deploy/daemonset.yaml has no '# - -autopath' or 'automountServiceAccountToken: false' line" >&2; exit 1; }
-		sed -i -e 's/^\( *\)# - -autopath$/\1- -autopath/' \
-			-e 's/^\( *automountServiceAccountToken:\) false$/\1 true/' "$work/nodelocaldns.yaml"
+			grep -q '^ *automountServiceAccountToken: true$' "$work/nodelocaldns.yaml" ||
+			{ echo "$log_prefix: deploy/daemonset.yaml has no '# - -autopath' line, or does not mount the token (automountServiceAccountToken: true)" >&2; exit 1; }
+		sed -i -e 's/^\( *\)# - -autopath$/\1- -autopath/' "$work/nodelocaldns.yaml"
 	fi
 	k apply -f "$work/nodelocaldns.yaml" >/dev/null
 	k -n kube-system rollout status ds/nodelocaldns --timeout=180s >/dev/null
