@@ -14,7 +14,6 @@ import (
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -22,34 +21,21 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// State is the watch's standing with the API server.
-type State int32
+// State is the watch's standing with the API server: Starting, Synced,
+// Lost (the last known endpoints stay in use) or Forbidden (no RBAC for
+// endpointslices: the watch stopped and the ClusterIP is used).
+type State = kubewatch.State
 
+// The watch's states.
 const (
-	// Starting: the first list has not completed.
-	Starting State = iota
-	// Synced: the view follows the API server.
-	Synced
-	// Lost: the last list or watch failed; the last known endpoints stay in use.
-	Lost
-	// Forbidden: the API server refused the first list (no RBAC for endpointslices); the
-	// watch stopped and the ClusterIP is used.
-	Forbidden
+	Starting  = kubewatch.Starting
+	Synced    = kubewatch.Synced
+	Lost      = kubewatch.Lost
+	Forbidden = kubewatch.Forbidden
 )
-
-func (s State) String() string {
-	switch s {
-	case Synced:
-		return "synced"
-	case Lost:
-		return "lost"
-	case Forbidden:
-		return "forbidden"
-	}
-	return "starting"
-}
 
 // Defaults.
 const (
@@ -99,13 +85,11 @@ type Config struct {
 
 // Watch follows the Service's slices. Its accessors are safe for concurrent use.
 type Watch struct {
-	cfg    Config
-	log    *slog.Logger
-	lw     cache.ListerWatcher
-	state  atomic.Int32
-	cancel atomic.Pointer[context.CancelFunc]
-	// everSynced: only after the first sync may a successful call turn Lost into Synced.
-	everSynced atomic.Bool
+	cfg      Config
+	log      *slog.Logger
+	lw       cache.ListerWatcher
+	standing *kubewatch.Standing
+	cancel   atomic.Pointer[context.CancelFunc]
 
 	mu      sync.Mutex
 	slices  map[string]*discoveryv1.EndpointSlice // by name, trimmed
@@ -113,7 +97,7 @@ type Watch struct {
 	view    View
 	sent    bool // OnChange called at least once
 
-	metrics *watchMetrics
+	collectors []prometheus.Collector
 }
 
 // View is what the slices say now.
@@ -148,7 +132,14 @@ func New(cfg Config) (*Watch, error) {
 	}
 	w := &Watch{cfg: cfg, slices: map[string]*discoveryv1.EndpointSlice{}, dropped: map[string]int{},
 		log: cfg.Logger.With("component", "kube-dns-endpoints", "service", cfg.Namespace+"/"+cfg.Service)}
-	w.metrics = newWatchMetrics(w)
+	w.standing = kubewatch.NewStanding("kubedns", "endpoint_watch", kubewatch.StandingHelp{
+		Losses: "Times the kube-dns endpoint watch went from synced to lost (the last known endpoints stay in use).",
+		Errors: "Failed list or watch calls for kube-dns' EndpointSlices.",
+		Synced: "1 when the kube-dns endpoint watch follows the API server, 0 while starting, lost or forbidden.",
+	})
+	w.standing.StopOnForbidden = true
+	w.standing.Changed = w.changed
+	w.collectors = append(w.standing.Collectors(), endpointGauges(w)...)
 	sel := discoveryv1.LabelServiceName + "=" + cfg.Service
 	inner := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -183,14 +174,13 @@ func (w *Watch) Run(ctx context.Context) {
 			DeleteFunc: w.remove,
 		},
 	}, func() {
-		w.everSynced.Store(true)
-		w.setState(Synced, nil)
+		w.standing.FirstSync()
 		w.publish(true)
 	})
 }
 
 // State is the watch's current state.
-func (w *Watch) State() State { return State(w.state.Load()) }
+func (w *Watch) State() State { return w.standing.State() }
 
 // View is what the slices say now.
 func (w *Watch) View() View {
@@ -201,16 +191,12 @@ func (w *Watch) View() View {
 	return v
 }
 
-func (w *Watch) setState(s State, err error) {
-	old := w.State()
-	if old == s || old == Forbidden || !w.state.CompareAndSwap(int32(old), int32(s)) {
-		return // Forbidden ends the watch: it stays
-	}
-	switch s {
+// changed logs a change of state, one line each.
+func (w *Watch) changed(old, now State, err error) {
+	switch now {
 	case Forbidden:
 		w.log.Warn("kube-dns endpoints: the API server forbids listing endpointslices (RBAC: deploy/daemonset.yaml's Role); asking the ClusterIP until restarted", "err", err)
 	case Lost:
-		w.metrics.losses.Inc()
 		w.log.Warn("kube-dns endpoint watch lost: keeping the last known endpoints, the ClusterIP as fallback", "err", err)
 	case Synced:
 		v := w.View()
@@ -272,7 +258,7 @@ func (w *Watch) publish(synced bool) {
 		w.log.Warn("kube-dns endpoints: a slice has no TCP port named dns-tcp (nor one TCP port, nor the Service's port): its endpoints are not used", "slices", v.NoPort)
 	}
 	w.view = v
-	call := (changed || synced && !w.sent) && w.everSynced.Load()
+	call := (changed || synced && !w.sent) && w.standing.EverSynced()
 	if call {
 		w.sent = true
 	}
@@ -280,7 +266,7 @@ func (w *Watch) publish(synced bool) {
 	if call && w.cfg.OnChange != nil {
 		w.cfg.OnChange(slices.Clone(v.InUse))
 	}
-	if changed && w.everSynced.Load() && !synced {
+	if changed && w.standing.EverSynced() && !synced {
 		w.log.Info("kube-dns endpoints changed", "in_use", fmt.Sprint(v.InUse), "not_ready", v.NotReady, "over_max", v.OverMax)
 	}
 }
@@ -408,28 +394,12 @@ func trim(obj any) (any, error) {
 	return out, nil
 }
 
-// note marks the watch lost when a list or watch call fails and synced
-// again when one succeeds after the first sync; a Forbidden list or watch
-// before the first sync stops the watch (kubewatch.Noting's Note).
+// note records the outcome of a list or watch call (kubewatch.Noting's
+// Note); a Forbidden list before the first sync stops the watch.
 func (w *Watch) note(err error) {
-	if err != nil {
-		if kubewatch.NoLoss(err) {
-			return
+	if w.standing.Note(err) {
+		if c := w.cancel.Load(); c != nil {
+			(*c)()
 		}
-		w.metrics.errors.Inc()
-		if apierrors.IsForbidden(err) && !w.everSynced.Load() {
-			// No RBAC for endpointslices. Once synced, a 403 is a restarting API server
-			// whose authorizer is not ready yet: lost, and retried.
-			w.setState(Forbidden, err)
-			if c := w.cancel.Load(); c != nil {
-				(*c)()
-			}
-			return
-		}
-		w.setState(Lost, err)
-		return
-	}
-	if w.everSynced.Load() && w.State() == Lost {
-		w.setState(Synced, nil)
 	}
 }

@@ -3,8 +3,10 @@
 // internal/endpoints): a REST client for one API group with a scheme that
 // knows only that group, speaking protobuf; a list-watch that reports the
 // outcome of every list and watch call, so a watch can say whether it is
-// synced or lost; and an informer run until its context ends. What each
-// watch keeps, and what its states mean, stay with the watch.
+// synced or lost; the standing kept from those outcomes (starting, synced,
+// lost, forbidden) with its three metrics; and an informer run until its
+// context ends. What each watch keeps, and what it does when lost, stay
+// with the watch.
 package kubewatch
 
 import (

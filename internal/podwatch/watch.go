@@ -19,29 +19,19 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// State is the watch's standing with the API server.
-type State int32
+// State is the watch's standing with the API server: Starting, Synced or
+// Lost (the view may be stale: autopath is off until it recovers).
+type State = kubewatch.State
 
+// The watch's states.
 const (
-	// Starting: the first list has not completed.
-	Starting State = iota
-	// Synced: the view follows the API server.
-	Synced
-	// Lost: the last list or watch failed; the view may be stale.
-	Lost
+	Starting = kubewatch.Starting
+	Synced   = kubewatch.Synced
+	Lost     = kubewatch.Lost
 )
-
-func (s State) String() string {
-	switch s {
-	case Synced:
-		return "synced"
-	case Lost:
-		return "lost"
-	}
-	return "starting"
-}
 
 // DefaultResync is how often the informer re-delivers every pod to the
 // handler, recomputing its view from the stored objects (10 min: a safety
@@ -68,19 +58,16 @@ type Config struct {
 // Watch keeps the view of this node's pods. Lookup is safe for concurrent
 // use and takes no lock.
 type Watch struct {
-	cfg   Config
-	log   *slog.Logger
-	lw    cache.ListerWatcher
-	view  atomic.Pointer[view]
-	state atomic.Int32
-	// everSynced: the informer completed its first sync; only then may a
-	// successful call turn Lost into Synced.
-	everSynced atomic.Bool
+	cfg      Config
+	log      *slog.Logger
+	lw       cache.ListerWatcher
+	view     atomic.Pointer[view]
+	standing *kubewatch.Standing
 
 	mu      sync.Mutex // entries
 	entries map[string]podEntry
 
-	metrics *watchMetrics
+	collectors []prometheus.Collector
 }
 
 // New prepares a watch; Run starts it.
@@ -106,10 +93,19 @@ func New(cfg Config) (*Watch, error) {
 		return nil, fmt.Errorf("podwatch: %w", err)
 	}
 	w := &Watch{cfg: cfg, log: cfg.Logger.With("component", "podwatch"), entries: map[string]podEntry{}}
-	w.metrics = newWatchMetrics(w)
+	w.standing = kubewatch.NewStanding("autopath", "pod_watch", kubewatch.StandingHelp{
+		Losses: "Times the pod watch went from synced to lost (autopath off until it recovers).",
+		Errors: "Failed list or watch calls to the API server.",
+		Synced: "1 when the pod watch follows the API server (autopath on), 0 while starting or lost.",
+	})
+	w.standing.Changed = w.changed
+	w.collectors = append(w.standing.Collectors(), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "nodelocaldns", Subsystem: "autopath", Name: "pods",
+		Help: "Pods of this node with an address of their own known to the pod watch.",
+	}, func() float64 { return float64(w.Pods()) }))
 	w.view.Store(buildView(nil))
 	sel := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName)
-	w.lw = &kubewatch.Noting{LW: cache.NewListWatchFromClient(rc, "pods", metav1.NamespaceAll, sel), Note: w.note}
+	w.lw = &kubewatch.Noting{LW: cache.NewListWatchFromClient(rc, "pods", metav1.NamespaceAll, sel), Note: func(err error) { w.standing.Note(err) }}
 	return w, nil
 }
 
@@ -123,10 +119,7 @@ func (w *Watch) Run(ctx context.Context) {
 			UpdateFunc: func(_, obj any) { w.update(obj) },
 			DeleteFunc: w.remove,
 		},
-	}, func() {
-		w.everSynced.Store(true)
-		w.setState(Synced, nil)
-	})
+	}, w.standing.FirstSync)
 }
 
 // Lookup returns the pod holding ip and the watch state. A pod is returned
@@ -137,19 +130,15 @@ func (w *Watch) Lookup(ip netip.Addr) (*Pod, State) {
 }
 
 // State is the watch's current state.
-func (w *Watch) State() State { return State(w.state.Load()) }
+func (w *Watch) State() State { return w.standing.State() }
 
 // Pods is the number of pods with an address of their own in the view.
 func (w *Watch) Pods() int { return w.view.Load().pods }
 
-func (w *Watch) setState(s State, err error) {
-	old := State(w.state.Swap(int32(s)))
-	if old == s {
-		return
-	}
+// changed logs a change of state, one line each.
+func (w *Watch) changed(old, now State, err error) {
 	switch {
-	case s == Lost:
-		w.metrics.losses.Inc()
+	case now == Lost:
 		w.log.Warn("pod watch lost: autopath off until it recovers", "node", w.cfg.NodeName, "err", err)
 	case old == Starting:
 		w.log.Info("pod watch synced", "node", w.cfg.NodeName, "pods", w.Pods())
@@ -284,20 +273,4 @@ func trimDNSConfig(c *corev1.PodDNSConfig) *corev1.PodDNSConfig {
 		out.Options = append(out.Options, kept)
 	}
 	return out
-}
-
-// note marks the watch lost when a list or watch call fails and synced
-// again when one succeeds after the first sync (kubewatch.Noting's Note).
-func (w *Watch) note(err error) {
-	if err != nil {
-		if kubewatch.NoLoss(err) {
-			return
-		}
-		w.metrics.errors.Inc()
-		w.setState(Lost, err)
-		return
-	}
-	if w.everSynced.Load() && w.State() == Lost {
-		w.setState(Synced, nil)
-	}
 }
