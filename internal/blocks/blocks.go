@@ -31,8 +31,12 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/rwanswer"
+	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -62,9 +66,21 @@ type Block struct {
 	// Shuffle: the block has loadbalance (internal/loadbalance), every
 	// answer it sends is shuffled, hits too.
 	Shuffle bool
+	// Balance is loadbalance's weighted policy or prefer subnets (nil:
+	// plain round_robin).
+	Balance *loadbalance.Policy
+	// Trace is the block's trace (the Corefile's trace:
+	// internal/trace); nil: the block's queries are not traced.
+	Trace *trace.Tracer
 	// Whoami: the block answers every query with the client's own
 	// address and port (internal/whoami), before the cache.
 	Whoami bool
+	// Rewrite: the block's rewrite ttl and rcode rules, applied to every
+	// answer it sends, hits too (internal/rwanswer); nil: none.
+	Rewrite *rwanswer.Rules
+	// Taps are the block's dnstap directives (internal/dnstap); nil:
+	// none.
+	Taps []*dnstap.Tap
 }
 
 // View is the compiled table of one view. Safe for concurrent use; never
@@ -75,6 +91,9 @@ type View struct {
 	logs     bool // some block logs
 	shuffles bool // some block shuffles
 	whoami   bool // some block answers whoami
+	traces   bool // some block traces
+	rewrites bool // some block rewrites its answers
+	taps     bool // some block taps (dnstap)
 }
 
 type zone struct {
@@ -114,11 +133,15 @@ func Compile(zones []string, def Block, at func(zone string) (Block, error)) (*V
 		v.zones = append(v.zones, zone{wire: wire.AppendLower(nil, w), b: bp})
 	}
 	slices.SortStableFunc(v.zones, func(a, b zone) int { return cmp.Compare(len(b.wire), len(a.wire)) })
-	v.logs, v.shuffles, v.whoami = v.def.Log != nil, v.def.Shuffle, v.def.Whoami
+	v.logs, v.shuffles, v.whoami, v.traces = v.def.Log != nil, v.def.Shuffle, v.def.Whoami, v.def.Trace != nil
+	v.rewrites, v.taps = v.def.Rewrite != nil, len(v.def.Taps) > 0
 	for _, z := range v.zones {
+		v.rewrites = v.rewrites || z.b.Rewrite != nil
+		v.taps = v.taps || len(z.b.Taps) > 0
 		v.logs = v.logs || z.b.Log != nil
 		v.shuffles = v.shuffles || z.b.Shuffle
 		v.whoami = v.whoami || z.b.Whoami
+		v.traces = v.traces || z.b.Trace != nil
 	}
 	return v, nil
 }
@@ -127,6 +150,16 @@ func Compile(zones []string, def Block, at func(zone string) (Block, error)) (*V
 // shuffles and whether some answers whoami: the server asks a name's
 // block for them only then.
 func (v *View) Acts() (logs, shuffles, whoami bool) { return v.logs, v.shuffles, v.whoami }
+
+// Traces reports whether some block of the view traces its queries.
+func (v *View) Traces() bool { return v.traces }
+
+// Rewrites reports whether some block of the view has rewrite ttl or
+// rcode rules (Block.Rewrite).
+func (v *View) Rewrites() bool { return v.rewrites }
+
+// Taps reports whether some block of the view has dnstap.
+func (v *View) Taps() bool { return v.taps }
 
 // Lookup returns the block serving name (wire format, any case). It
 // allocates nothing.
@@ -193,10 +226,14 @@ type Sources struct {
 // Answers is what the block serving the names of Zone (in one view) does
 // to every answer it sends, besides caching.
 type Answers struct {
-	Zone    string        // lower-case FQDN
-	Log     []dnslog.Rule // the block's log rules; nil: no log
-	Shuffle bool          // loadbalance
-	Whoami  bool          // whoami answers the block's queries
+	Zone    string              // lower-case FQDN
+	Log     []dnslog.Rule       // the block's log rules; nil: no log
+	Shuffle bool                // loadbalance
+	Balance *loadbalance.Policy // loadbalance weighted or prefer; nil: round_robin
+	Whoami  bool                // whoami answers the block's queries
+	Trace   *trace.Tracer       // the block's trace; nil: none
+	Rewrite *rwanswer.Rules     // rewrite's ttl and rcode rules; nil: none
+	Taps    []*dnstap.Tap       // the block's dnstap directives, opened; nil: none
 }
 
 // CompileView compiles a view from its sources. Its zones are the union
@@ -235,7 +272,9 @@ func CompileView(s Sources) (*View, error) {
 			b.Group = sharedGroup(s.Shared, z)
 		}
 		if i := answersAt(s.Answers, z); i >= 0 {
-			b.Log, b.Shuffle, b.Whoami = logs[i], s.Answers[i].Shuffle, s.Answers[i].Whoami
+			b.Log, b.Shuffle, b.Balance, b.Whoami, b.Trace = logs[i], s.Answers[i].Shuffle, s.Answers[i].Balance, s.Answers[i].Whoami, s.Answers[i].Trace
+			b.Rewrite = s.Answers[i].Rewrite
+			b.Taps = s.Answers[i].Taps
 		}
 		return b, nil
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
@@ -39,6 +40,11 @@ type ChainEnv struct {
 	// own lookup (a template's CNAME target) finds its block there, as
 	// any query. nil: such lookups go to next.
 	Table func() *View
+	// Links makes the groups of a block's further forwards
+	// (corefile.Server.MoreForwards), one each, in order; the chains own
+	// them (Chains.Groups). nil: a block with several forwards is an
+	// error.
+	Links func(s *corefile.Server) ([]*forward.Group, error)
 }
 
 // blockChain is one block's chain.
@@ -57,13 +63,25 @@ type blockChain struct {
 // Built whole, never changed.
 type Chains struct {
 	blocks []*blockChain
+	groups []*forward.Group // the further forwards' groups (ChainEnv.Links)
 }
 
-// UsesRemote reports whether a template of any block uses .Remote, so
-// the server must record each query's client (Server.SetRecordAskers).
+// Groups are the groups the chains own (their blocks' further forwards):
+// whoever replaces the chains closes them, after the queries sent to them
+// are done.
+func (c *Chains) Groups() []*forward.Group {
+	if c == nil {
+		return nil
+	}
+	return c.groups
+}
+
+// UsesRemote reports whether a template of any block uses .Remote, or a
+// rewrite edns0 rule the client's address, so the server must record each
+// query's client (Server.SetRecordAskers).
 func UsesRemote(servers []*corefile.Server) bool {
 	for _, s := range servers {
-		if template.ConfigsUseRemote(s.Templates) {
+		if template.ConfigsUseRemote(s.Templates) || rewrite.UsesClient(s.Rewrites) {
 			return true
 		}
 	}
@@ -98,8 +116,11 @@ func BuildChains(env ChainEnv, servers []*corefile.Server, pick map[string]int, 
 		if s.Forward != nil {
 			except = s.Forward.Except
 		}
-		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64, except}
+		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64, except, linkSig(s)}
 		if err := b.build(env, s, c, next); err != nil {
+			for _, g := range c.groups {
+				_ = g.Close()
+			}
 			return nil, fmt.Errorf("%s: %w", s.Pos, err)
 		}
 		c.blocks = append(c.blocks, b)
@@ -125,7 +146,18 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 	env.Metrics = ce.Metrics
 	b.handlers = map[string]directive.Handler{}
 	except := false
-	if f := s.Forward; f != nil && len(f.Except) > 0 {
+	if len(s.MoreForwards) > 0 {
+		// Several forwards: CoreDNS runs them in turn (links.go).
+		if ce.Links == nil {
+			return errors.New("several forward directives: no groups for them")
+		}
+		gs, err := ce.Links(s)
+		if err != nil {
+			return err
+		}
+		c.groups = append(c.groups, gs...)
+		except, run = true, forwardLinks(s, run, gs)
+	} else if f := s.Forward; f != nil && len(f.Except) > 0 {
 		// forward's except: the excepted names go to the plugin after
 		// forward, which a node cache's block does not have: CoreDNS
 		// answers SERVFAIL ("no next plugin found"). Names with a block of

@@ -113,6 +113,9 @@ type Config struct {
 	// loopback unless an address is given explicitly (-pprof, the
 	// Corefile's pprof).
 	PProf string
+	// PProfBlock is the block profile's rate while pprof is served (the
+	// Corefile's pprof { block [RATE] }; 0: off).
+	PProfBlock int
 
 	// DropIn: the stock image's flags and the Corefile (stockflags.go,
 	// corefile.go).

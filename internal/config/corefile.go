@@ -37,6 +37,10 @@ type CorefileConfig struct {
 	// kube-dns ConfigMap's upstreamNameservers do not replace them (in
 	// node-cache they only fill __PILLAR__UPSTREAM__SERVERS__).
 	RootLiteral bool
+	// Links are the further forwards of the blocks that have several
+	// (corefile.Server.MoreForwards), by block, in order: the groups the
+	// blocks' chains hand names and answers on to (internal/blocks).
+	Links map[*corefile.Server][]ForwardLink
 
 	base   []byte                // the template, when rendered
 	params corefile.RenderParams // its substitutions without the ConfigMap

@@ -3,12 +3,16 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 )
 
 // mapCorefile translates the typed Corefile into the daemon's settings:
@@ -111,6 +115,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 		}
 	}
+	taps := map[string]bool{} // distinct dnstap directives (dnstap.MaxTaps)
 	for _, s := range srv {
 		blockPort = uint16(s.Port)
 		// bind
@@ -123,19 +128,18 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		}
 		for _, a := range s.Bind {
 			if a.IsUnspecified() {
-				w, err := c.wildcard(a)
-				if err != nil {
-					return fmt.Errorf("%w: %s: %v", ErrUsage, s.Pos, err)
+				// One wildcard socket, as CoreDNS's: 0.0.0.0 and :: are
+				// the same dual-stack socket (server's wildcard_linux.go).
+				if i := slices.IndexFunc(listen, netip.Addr.IsUnspecified); i >= 0 {
+					a = listen[i]
 				}
-				for _, l := range w {
-					addListen(l)
+				addListen(a)
+				// The interface and the rules are -localip's, as the
+				// stock's.
+				for _, l := range c.LocalIPs {
+					addCreated(l)
 				}
-				if c.SetupInterface {
-					for _, l := range c.LocalIPs {
-						addCreated(l)
-					}
-				}
-				mapped(s, "bind %s: every address of this host when it starts %v, as CoreDNS's wildcard socket (an address added later is served after a restart)", a, w)
+				mapped(s, "bind %s: every address of this host, now and later, one wildcard socket (as CoreDNS's: dual-stack, IPv4 and IPv6), each answer sent from the address its query was sent to", a)
 				continue
 			}
 			addListen(a)
@@ -226,11 +230,53 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		if f != nil {
 			mapped(s, "forward options: policy %s, max_fails %d, expire %v, health_check %v, max_concurrent %d: the group's %s",
 				f.Policy, f.MaxFails, f.Expire, f.HealthCheck, f.MaxConcurrent, forwardOptions(f, c.MaxInflight))
-			if len(f.Next) > 0 || f.NextOnNodata {
+			if (len(f.Next) > 0 || f.NextOnNodata) && len(s.MoreForwards) == 0 {
 				mapped(s, "forward next/next_on_nodata: the block has one forward, so the upstream's answer is returned as it is (CoreDNS hands it on only to a further forward)")
 			}
-			if len(f.Except) > 0 {
+			if len(f.Except) > 0 && len(s.MoreForwards) == 0 {
 				mapped(s, "forward except %v: names there that this block answers are not forwarded: SERVFAIL, as CoreDNS without a plugin after forward (a zone with a block of its own is answered by that block)", f.Except)
+			}
+		}
+		if len(s.MoreForwards) > 0 {
+			links, err := c.forwardLinks(s, isKube)
+			if err != nil {
+				return err
+			}
+			if cc.Links == nil {
+				cc.Links = map[*corefile.Server][]ForwardLink{}
+			}
+			cc.Links[s] = links
+			all := append([]*corefile.Forward{f}, s.MoreForwards...)
+			for i, g := range all {
+				var how []string
+				if g.From != "." {
+					how = append(how, "names outside "+g.From+" go on to the next forward")
+				}
+				if len(g.Except) > 0 {
+					how = append(how, fmt.Sprintf("names under %v go on to the next forward", g.Except))
+				}
+				if len(g.Next) > 0 || g.NextOnNodata {
+					var rcs []string
+					for _, rc := range g.Next {
+						rcs = append(rcs, dns.RcodeToString[rc])
+					}
+					if g.NextOnNodata {
+						rcs = append(rcs, "NODATA")
+					}
+					if i == len(all)-1 {
+						how = append(how, fmt.Sprintf("next %v: the last forward, so returned as it is (as CoreDNS)", rcs))
+					} else {
+						how = append(how, fmt.Sprintf("answers %v go on to the next forward", rcs))
+					}
+				}
+				group := "the block's group (above)"
+				if i > 0 {
+					group = fmt.Sprintf("a group of its own %v", links[i-1].Route.Servers)
+					if links[i-1].Kube {
+						group = fmt.Sprintf("a group of its own to kube-dns %v over pipelined TCP", links[i-1].Route.Servers)
+					}
+				}
+				mapped(s, "forward %d of %d (%s %v): %s; %s", i+1, len(all), g.From, upstreams(g), group, strings.Join(append(how, "the rest is answered here"), "; "))
 			}
 		}
 		// cache
@@ -276,6 +322,10 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				c.PProf = s.PProf
 			}
 			mapped(s, "pprof %s: /debug/pprof/ on %s, a listener of its own", s.PProf, c.PProf)
+			if s.PProfBlock != 0 {
+				c.PProfBlock = s.PProfBlock
+				mapped(s, "pprof block %d: the block profile on (/debug/pprof/block), one event per %d ns blocked", s.PProfBlock, s.PProfBlock)
+			}
 		}
 		if s.Log {
 			var rs []string
@@ -284,7 +334,13 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 			mapped(s, "log: CoreDNS's query log lines on stdout, for the queries this block answers: %s", strings.Join(rs, "; "))
 		}
-		if s.Whoami {
+		if s.Whoami && s.ForwardAnswersAll() {
+			// Gardener's documented coredns-custom example puts whoami in
+			// the blocks' overrides, beside their forward: CoreDNS never
+			// reaches it.
+			mapped(s, "whoami: never reached, as in CoreDNS: it runs after forward, and forward %s answers every name of this block; no query is answered by whoami", s.Forward.From)
+			c.note("%s: whoami is never reached (forward %s answers every name of the block first, as in CoreDNS): it answers nothing", s.Pos, s.Forward.From)
+		} else if s.Whoami {
 			// whoami comes after template, hosts and forward in plugin.cfg
 			// (and rewrite, dns64 act on what it answers): with any of them
 			// it answers only what they pass on.
@@ -306,8 +362,40 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 			}
 			mapped(s, "%s", note)
 		}
-		if s.Loadbalance {
+		for _, t := range s.Dnstap {
+			full := ""
+			if t.Full {
+				full = " full"
+			}
+			q := fmt.Sprintf("a queue of %d messages", t.QueueLen())
+			if asked := max(t.QueueMultiple, 1) * dnstap.QueueUnit; asked > t.QueueLen() {
+				q = fmt.Sprintf("a queue of %d messages (QUEUE asks for %d: at most %d here, each slot allocated at start)", t.QueueLen(), asked, dnstap.MaxQueueLen)
+			}
+			mapped(s, "dnstap %s%s: CLIENT_QUERY and CLIENT_RESPONSE of every query this block answers (cache hits too), identity %q, version %q; %s and at most %d MiB waiting in all taps, dropped and counted when the collector is slow or gone", t.Endpoint(), full, t.Identity, t.Version, q, dnstap.MaxQueueBytes>>20)
+			taps[t.Key()] = true
+			if len(taps) > dnstap.MaxTaps {
+				return usage("%s: dnstap: more than %d distinct dnstap directives in the Corefile (each a queue, a connection and a goroutine)", s.Pos, dnstap.MaxTaps)
+			}
+		}
+		if t := s.Trace; t != nil {
+			mapped(s, "trace: %s spans of one query in %d to %s, service %q (internal/trace): sent in the background, dropped and counted when the collector is slow or gone", t.Type, t.Every, t.Endpoint, t.Service)
+		}
+		switch b := s.Balance; {
+		case b != nil && b.Weights != nil:
+			w := b.Weights
+			mapped(s, "loadbalance weighted %s: one address of each A, AAAA or SRV answer of this block drawn by weight put first (cache hits too); %d names weighed, the file read again every %v when it changed", w.File, w.Names(), w.Reload)
+			if w.Names() == 0 {
+				if _, err := os.Stat(w.File); err != nil {
+					c.note("%s: loadbalance weighted: %v; read again every %v (CoreDNS warns and retries the same way)", s.Pos, err, w.Reload)
+				}
+			}
+		case b != nil:
+			mapped(s, "loadbalance: the A, AAAA and MX records of every answer of this block shuffled (round_robin), then the addresses in %v first, in that order (prefer), cache hits too", b.Prefer)
+		case s.Loadbalance:
 			mapped(s, "loadbalance: the A, AAAA and MX records of every answer of this block shuffled (round_robin), cache hits too")
+		}
+		if s.Metadata {
+			mapped(s, "metadata: the labels log sets (log/type, log/class) have values in this block's log formats; no other directive sets one before a query is forwarded (template's .Meta and rewrite edns0 {/label} values stay empty, as in CoreDNS with the stock node-cache's plugins)")
 		}
 		if t := s.Timeouts; t != nil {
 			// One DNS server serves every block, as CoreDNS's blocks on one
@@ -325,7 +413,10 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 					c.TCPIdleTimeout = t.Idle
 				}
 			}
-			mapped(s, "timeouts read %v write %v idle %v: client TCP connections (0: unchanged)", t.Read, t.Write, t.Idle)
+			if t.MaxTCPQueries != 0 {
+				c.DropIn.TCPMaxQueries = t.MaxTCPQueries
+			}
+			mapped(s, "timeouts read %v write %v idle %v maxtcpqueries %d: client TCP connections (0: unchanged; -1: unlimited)", t.Read, t.Write, t.Idle, t.MaxTCPQueries)
 		}
 		if s.Bufsize > 0 {
 			if set["max-udp-size"] && c.MaxUDPSize != s.Bufsize {
@@ -351,7 +442,11 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		// The health and metrics addresses derived from -localip follow
 		// the listen addresses when -localip is not among them (bind
 		// 0.0.0.0 without -setupinterface: a pod's own addresses).
-		if old := c.LocalIPs[0]; !slices.Contains(listen, old) {
+		// With the wildcard, -localip stays theirs when -setupinterface
+		// creates it (the wildcard serves it; 0.0.0.0 would clash with
+		// the node's own services on a host network).
+		wildLocal := slices.ContainsFunc(listen, netip.Addr.IsUnspecified) && c.SetupInterface && !c.LocalMode
+		if old := c.LocalIPs[0]; !slices.Contains(listen, old) && !wildLocal {
 			for flag, hp := range map[string]*string{"health-listen-address": &c.HealthAddr, "metrics-listen-address": &c.MetricsAddr} {
 				if ap, err := netip.ParseAddrPort(*hp); err == nil && ap.Addr() == old && !set[flag] {
 					*hp = netip.AddrPortFrom(listen[0], ap.Port()).String()
@@ -397,7 +492,7 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 		c.DropIn.NodeCacheMetricsAddr = nodeCache
 		mapped(srv[0], "-metrics-listen-address %s: node-cache's own endpoint, served too (/metrics, /health, /ready)", nodeCache)
 	}
-	if !c.LocalMode && slices.Contains(c.Sockets(), c.KubeDNS) {
+	if !c.LocalMode && (slices.Contains(c.Sockets(), c.KubeDNS) || (int(c.KubeDNS.Port()) == c.Port && serves(c.LocalIPs, c.KubeDNS.Addr()))) {
 		return usage("kube-dns %s (from %s) is one of the Corefile's listen addresses (bind): forwarding there loops; forward to a second Service in front of the kube-dns pods (__PILLAR__CLUSTER__DNS__, -upstreamsvc kube-dns-upstream)", c.KubeDNS, c.KubeDNSSource)
 	}
 	dropped, err := checkDNS64(srv, c.LocalIPs)

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -76,7 +77,7 @@ func (c *Config) zonePolicies(cc *CorefileConfig, set map[string]bool) error {
 				continue
 			}
 			first[z] = true
-			zp, _ := c.zonePolicy(s, z, set)
+			zp, _ := c.zonePolicy(uncachedOutside(s, z), z, set)
 			zp.TTL.Tag = uint16(i + 1)
 			cc.ZonePolicies = append(cc.ZonePolicies, zp)
 		}
@@ -96,38 +97,47 @@ func uncachedOutside(s *corefile.Server, z string) *corefile.Server {
 	return &cp
 }
 
-// cacheZones are the zones of block si's cache limit that hold names si
-// answers among blocks: each strictly inside one of si's zones that the
-// limit does not cover, and neither a zone of a block nor inside a block
-// zone longer than si's zone holding it (that block answers those names).
+// cacheZones are the zones inside block si's zones whose names its cache
+// treats apart from the rest of its zone, each needing a policy of its
+// own: the zones of its cache limit (`cache [TTL] ZONE...`) strictly
+// inside one of si's zones that the limit does not cover, and the zones of
+// `disable success|denial ZONE...` strictly inside one of si's zones; in
+// both cases neither a zone of a block nor inside a block zone longer than
+// si's zone holding it (that block answers those names).
 func cacheZones(srv []*corefile.Server, blocks []int, si int) []string {
 	s := srv[si]
-	if s.Cache == nil || len(s.Cache.Zones) == 0 {
+	if s.Cache == nil {
 		return nil
 	}
 	under := func(name, zone string) bool { return zone == "." || name == zone || strings.HasSuffix(name, "."+zone) }
 	var out []string
-	for _, cz := range s.Cache.Zones {
+	add := func(cz string, limit bool) {
 		own := -1 // length of si's longest zone holding cz
 		for _, z := range s.Zones {
-			if under(cz, z) && cz != z && !s.Cache.Covers(z) {
+			if under(cz, z) && cz != z && (!limit || !s.Cache.Covers(z)) {
 				own = max(own, len(z))
 			}
 		}
-		if own < 0 {
-			continue
+		if own < 0 || slices.Contains(out, cz) {
+			return
 		}
-		taken := false
 		for _, b := range blocks {
 			for _, w := range srv[b].Zones {
 				if under(cz, w) && (cz == w || len(w) > own) {
-					taken = true
+					return // taken
 				}
 			}
 		}
-		if !taken {
-			out = append(out, cz)
-		}
+		out = append(out, cz)
+	}
+	for _, cz := range s.Cache.Zones {
+		add(cz, true)
+	}
+	for _, dz := range s.Cache.DisableSuccessZones {
+		add(dz, false)
+	}
+	for _, dz := range s.Cache.DisableDenialZones {
+		add(dz, false)
 	}
 	return out
 }
@@ -151,11 +161,12 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 		sMax, dMax = pick("cluster-success-ttl", c.Cache.ClusterSuccessTTL, ca.SuccessTTL), pick("cluster-denial-ttl", c.Cache.ClusterDenialTTL, ca.DenialTTL)
 	}
 	sMin, dMin := pick("min-ttl", c.Cache.MinTTL, ca.SuccessMinTTL), pick("min-ttl", c.Cache.MinTTL, ca.DenialMinTTL)
+	noSuccess, noDenial := ca.DisabledAt(z)
 	zp.TTL = cache.Policy{
 		SuccessMax: sMax, DenialMax: dMax,
 		// CoreDNS: min(max(ttl, MINTTL), TTL): the cap wins over the floor.
 		MinTTL: min(sMin, sMax), DenialMinSet: true, DenialMinTTL: min(dMin, dMax),
-		NoSuccess: ca.DisableSuccess, NoDenial: ca.DisableDenial,
+		NoSuccess: noSuccess, NoDenial: noDenial,
 		Uniform: true, DenialNoSOA: true, KeepTTL: ca.KeepTTL,
 	}
 	if !set["prefetch"] {
@@ -163,6 +174,9 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 	}
 	var note string
 	zp.ServFailTTL = pick("servfail-ttl", c.Cache.ServFailTTL, min(ca.ServFail, maxServFailTTL))
+	if noDenial && !set["servfail-ttl"] {
+		zp.ServFailTTL = 0 // CoreDNS's disable denial keeps SERVFAIL out too
+	}
 	if ca.ServFail > maxServFailTTL && !set["servfail-ttl"] {
 		note = fmt.Sprintf("%s: cache servfail %v: SERVFAIL is cached %v at most", s.Pos, ca.ServFail, maxServFailTTL)
 	}

@@ -1,7 +1,9 @@
 package config
 
 import (
+	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -77,7 +79,8 @@ nocache.example:53 {
 		corp.TTL.DenialMax != 20*time.Second || corp.TTL.DenialMinTTL != 20*time.Second || // floor under the cap, as CoreDNS's min(max(ttl, MINTTL), TTL)
 		corp.TTL.PrefetchHits != 3 || corp.TTL.PrefetchPercent != 20 ||
 		corp.StaleWindow != 10*time.Minute || corp.StaleClientTimeout != c.ForwardTimeout ||
-		corp.ServFailTTL != 5*time.Second || !corp.TTL.NoDenial || corp.TTL.NoSuccess || !corp.TTL.KeepTTL {
+		corp.ServFailTTL != 0 || !corp.TTL.NoDenial || corp.TTL.NoSuccess || !corp.TTL.KeepTTL { // disable denial: SERVFAIL not cached either, as CoreDNS
+
 		t.Errorf("corp.example: %+v", corp)
 	}
 	if !strings.Contains(strings.Join(c.DropIn.Notes, "\n"), "cache servfail 1m0s: SERVFAIL is cached 5s at most") {
@@ -91,6 +94,51 @@ nocache.example:53 {
 	}
 	if c.Cache.SuccessCapacity != 9984+100+10000 || c.Cache.DenialCapacity != 9984+50+10000 {
 		t.Errorf("capacities do not add up: %d %d", c.Cache.SuccessCapacity, c.Cache.DenialCapacity)
+	}
+}
+
+// `disable success|denial ZONE...`: the names under those zones are not
+// cached (success) or their denials and SERVFAILs are not (denial); a zone
+// strictly inside the block's gets a policy of its own, one that another
+// block serves stays that block's; the last line of a kind wins, as
+// CoreDNS's; a zone holding the block's disables the whole block.
+func TestCacheDisableZones(t *testing.T) {
+	c, err := corefileConfig(t, `other.example:53 {
+    cache 30
+    forward . 10.0.0.3
+}
+.:53 {
+    cache 30 {
+        disable success nocache.example other.example
+        disable denial skip.example
+        disable denial Nodenial.example. x.nodenial.example
+    }
+    forward . 10.0.0.2
+}
+whole.example:53 {
+    cache 30 {
+        disable success example
+    }
+    forward . 10.0.0.2
+}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, zp := range c.DropIn.Corefile.ZonePolicies {
+		got[zp.Zone] = fmt.Sprintf("success=%v denial=%v servfail=%v", !zp.TTL.NoSuccess, !zp.TTL.NoDenial, zp.ServFailTTL)
+	}
+	want := map[string]string{
+		"other.example.":      "success=true denial=true servfail=5s",
+		".":                   "success=true denial=true servfail=5s",
+		"nocache.example.":    "success=false denial=true servfail=5s",
+		"nodenial.example.":   "success=true denial=false servfail=0s",
+		"x.nodenial.example.": "success=true denial=false servfail=0s",
+		"whole.example.":      "success=false denial=true servfail=5s",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("zone policies\n got %v\nwant %v", got, want)
 	}
 }
 
@@ -210,9 +258,14 @@ corp.example:53 {
 	if err != nil || !strings.Contains(strings.Join(c.DropIn.Corefile.Mapping, "\n"), "forward except [corp.example.]: names there") {
 		t.Errorf("except without a block: %v", err)
 	}
-	_, err = corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  health_check 1s domain example.org\n }\n}\n")
-	if err == nil || !strings.Contains(err.Error(), "domain is not supported") {
-		t.Errorf("health_check domain: %v", err)
+	c, err = corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  health_check 1s no_rec domain Example.ORG\n }\n}\n")
+	if err != nil || c.DropIn.NodeForward == nil || c.DropIn.NodeForward.ProbeName != "example.org." || c.DropIn.NodeForward.ProbeInterval != time.Second {
+		t.Errorf("health_check domain: %v %+v", err, c.DropIn.NodeForward)
+	}
+	for _, bad := range []string{"health_check 1s domain", "health_check 1s domain a..b", "health_check 1s frob", "health_check"} {
+		if _, err := corefileConfig(t, ".:53 {\n forward . 10.0.0.2 {\n  "+bad+"\n }\n}\n"); err == nil || !strings.Contains(err.Error(), "health_check") {
+			t.Errorf("%s: %v", bad, err)
+		}
 	}
 }
 

@@ -19,6 +19,12 @@ func Describe(w io.Writer, c *Config) {
 	} else {
 		p("listen:           %v port %d (udp x%d sockets per address, tcp)", c.LocalIPs, c.Port, c.UDPSockets)
 	}
+	for _, a := range c.LocalIPs {
+		if a.IsUnspecified() {
+			p("                  %s: every address of this host, now and later, one wildcard socket (dual-stack); each UDP answer leaves from the address its query was sent to", a)
+			break
+		}
+	}
 	p("udp sizes:        answers to a client up to its EDNS size, at most %d (512 without EDNS); we advertise %d", c.MaxClientUDPSize, c.MaxUDPSize)
 	if c.LocalMode {
 		p("kube-dns:         none (local mode): every name goes to the node's resolvers")

@@ -33,6 +33,11 @@ func describeDropIn(p func(string, ...any), c *Config) {
 		if o := c.DropIn.NodeForward; o != nil {
 			p("node group:       %s", o)
 		}
+		for _, s := range cc.Servers {
+			for i, l := range cc.Links[s] {
+				p("forward %d:        block %s: %s -> %v (tcp %v); %s", i+2, l.Route.From, l.Route.Zone, l.Route.Servers, l.Route.ForceTCP, l.Route.Opts)
+			}
+		}
 		if cc.Views == nil {
 			for _, zp := range cc.ZonePolicies {
 				p("zone %-12s served by the block at %s: %s", zp.Zone, zp.Block, zp)

@@ -25,7 +25,9 @@ var fetchSide = map[string]string{
 func checkDNS64(servers []*corefile.Server, listen []netip.Addr) (dropped []*corefile.Server, err error) {
 	v4, v6 := false, false
 	for _, a := range listen {
-		if a.Unmap().Is4() {
+		if a.IsUnspecified() { // the wildcard socket: dual-stack
+			v4, v6 = true, true
+		} else if a.Unmap().Is4() {
 			v4 = true
 		} else {
 			v6 = true

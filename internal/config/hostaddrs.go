@@ -13,16 +13,6 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 )
 
-// MaxWildcardAddrs bounds what bind 0.0.0.0 expands to. CoreDNS opens one
-// wildcard socket; we open sockets per address (the UDP loop answers from
-// the socket's own address), so a node whose interfaces carry hundreds of
-// addresses would get hundreds of sockets: past the bound the start is
-// refused, naming the count. 64: a node's own addresses, a pod's (eth0, lo,
-// IPv4 and IPv6) are a handful. Interfaces that are down are left out:
-// kube-proxy's IPVS mode puts every ClusterIP on kube-ipvs0, a dummy link it
-// never sets up.
-const MaxWildcardAddrs = 64
-
 // ifaceAddrs lists an interface's addresses, IPv6 link-local ones with
 // the interface as their zone (as a socket bound to one needs).
 func ifaceAddrs(ifi *net.Interface) ([]netip.Addr, error) {
@@ -83,49 +73,41 @@ func (c *Config) foundOnHost(s *corefile.Server, a netip.Addr) bool {
 	return false
 }
 
-// wildcard expands bind 0.0.0.0 or bind :: to every address of this host
-// (its network namespace): CoreDNS's wildcard socket is dual-stack (Go
-// listens on [::] for "udp" 0.0.0.0, `ss -lnu` shows *:53 for the stock
-// node-cache) and answers on every address, the -localip addresses that
-// -setupinterface creates among them. IPv6 link-local addresses are left
-// out: every pod's veth carries one on a node.
-func (c *Config) wildcard(a netip.Addr) ([]netip.Addr, error) {
+// hostAddrs lists the addresses of this host's (network namespace's)
+// interfaces that are up, without IPv6 link-local ones. Interfaces that
+// are down are left out: kube-proxy's IPVS mode puts every ClusterIP on
+// kube-ipvs0, a dummy link it never sets up.
+func hostAddrs() []netip.Addr {
 	ifs, err := net.Interfaces()
 	if err != nil {
-		return nil, fmt.Errorf("bind %s: list interfaces: %w", a, err)
+		return nil
 	}
 	var out []netip.Addr
-	add := func(ip netip.Addr) {
-		if !slices.Contains(out, ip) {
-			out = append(out, ip)
-		}
-	}
-	if c.SetupInterface && !c.LocalMode {
-		for _, l := range c.LocalIPs {
-			add(l)
-		}
-	}
 	for i := range ifs {
 		if ifs[i].Flags&net.FlagUp == 0 {
 			continue
 		}
-		addrs, err := ifaceAddrs(&ifs[i])
-		if err != nil {
-			return nil, fmt.Errorf("bind %s: %w", a, err)
-		}
+		addrs, _ := ifaceAddrs(&ifs[i])
 		for _, ip := range addrs {
-			if ip.Zone() == "" {
-				add(ip)
+			if ip.Zone() == "" && !slices.Contains(out, ip) {
+				out = append(out, ip)
 			}
 		}
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("bind %s: this host has no address", a)
+	return out
+}
+
+// serves reports whether a query to a reaches one of the listen addresses
+// own: a is one of them, or one is the wildcard (bind 0.0.0.0) and a is an
+// address of this host. A forward there loops.
+func serves(own []netip.Addr, a netip.Addr) bool {
+	if contains(own, a) {
+		return true
 	}
-	if len(out) > MaxWildcardAddrs {
-		return nil, fmt.Errorf("bind %s: this host has %d addresses, more than %d (a socket per address): bind the ones to serve", a, len(out), MaxWildcardAddrs)
+	if slices.ContainsFunc(own, netip.Addr.IsUnspecified) {
+		return contains(hostAddrs(), a.Unmap())
 	}
-	return out, nil
+	return false
 }
 
 // ErrCannotListen is CheckListen's error: an address the daemon would

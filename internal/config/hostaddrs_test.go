@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -82,34 +83,51 @@ func TestBindTheInterfaceWeCreate(t *testing.T) {
 	}
 }
 
-// bind 0.0.0.0 is every address of the host, as CoreDNS's wildcard socket
-// (the LRP mode: a pod's own addresses), plus -localip when
-// -setupinterface creates it; the interface gets -localip only.
+// bind 0.0.0.0 is one wildcard listen address, as CoreDNS's socket (the
+// LRP mode: a pod's own addresses, now and later); bind :: is the same
+// socket; the interface and the rules get -localip only; a resolver at one
+// of the host's addresses is our own (a loop), a resolver elsewhere is not.
 func TestBindWildcard(t *testing.T) {
-	lo := loAddrs(t)
 	c, err := corefileConfig(t, ".:53 {\n    bind 0.0.0.0\n    forward . 192.0.2.53\n}\n", "-setupinterface=false", "-setupiptables=false")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range lo {
-		if a.Zone() == "" && !slices.Contains(c.LocalIPs, a) {
-			t.Errorf("bind 0.0.0.0: listen %v lacks lo's %s", c.LocalIPs, a)
-		}
-	}
-	if slices.Contains(c.LocalIPs, netip.MustParseAddr("169.254.20.10")) {
-		t.Errorf("bind 0.0.0.0 -setupinterface=false: listen %v has -localip, which nothing creates", c.LocalIPs)
+	any4 := netip.IPv4Unspecified()
+	if !slices.Equal(c.LocalIPs, []netip.Addr{any4}) {
+		t.Errorf("bind 0.0.0.0: listen %v, want [0.0.0.0]", c.LocalIPs)
 	}
 	if err := c.CheckListen(); err != nil {
 		t.Errorf("CheckListen: %v", err)
 	}
+	var out strings.Builder
+	Describe(&out, c)
+	if !strings.Contains(out.String(), "every address of this host, now and later, one wildcard socket") {
+		t.Errorf("-check-config does not say what the wildcard listens on:\n%s", out.String())
+	}
 
-	c, err = corefileConfig(t, ".:53 {\n    bind 0.0.0.0\n    forward . 192.0.2.53\n}\n")
+	c, err = corefileConfig(t, ".:53 {\n    bind 0.0.0.0\n    forward . 192.0.2.53\n}\nexample.org:53 {\n    bind ::\n    forward . 192.0.2.54\n}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ll := netip.MustParseAddr("169.254.20.10")
-	if c.LocalIPs[0] != ll || !slices.Equal(c.InterfaceIPs, []netip.Addr{ll}) || !slices.Contains(c.LocalIPs, netip.MustParseAddr("127.0.0.1")) {
-		t.Errorf("bind 0.0.0.0: listen %v interface %v, want -localip first, the host's addresses, and the interface -localip only", c.LocalIPs, c.InterfaceIPs)
+	if !slices.Equal(c.LocalIPs, []netip.Addr{any4}) || !slices.Equal(c.InterfaceIPs, []netip.Addr{ll}) {
+		t.Errorf("bind 0.0.0.0 and ::: listen %v interface %v, want [0.0.0.0] and -localip", c.LocalIPs, c.InterfaceIPs)
+	}
+	if got := BlocksSeenFrom(c.DropIn.Corefile.Servers, netip.AddrPortFrom(any4, 53)); !slices.Equal(got, []int{0, 1}) {
+		t.Errorf("the wildcard socket sees blocks %v, want both (bind 0.0.0.0 and bind ::)", got)
+	}
+	if c.HealthAddr != "169.254.20.10:8080" || c.MetricsAddr != "169.254.20.10:9253" {
+		t.Errorf("bind 0.0.0.0 with -setupinterface: health %s metrics %s, want -localip's", c.HealthAddr, c.MetricsAddr)
+	}
+
+	dir := t.TempDir()
+	rc := dir + "/resolv.conf"
+	if err := os.WriteFile(rc, []byte("nameserver 127.0.0.1\nnameserver 192.0.2.53\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := LoadResolvConf(rc, []netip.Addr{any4}, 53)
+	if err != nil || len(ns) != 1 || ns[0].Addr() != netip.MustParseAddr("192.0.2.53") {
+		t.Errorf("resolv.conf behind the wildcard: %v %v, want only 192.0.2.53 (127.0.0.1 is ours)", ns, err)
 	}
 }
 

@@ -41,7 +41,7 @@ func LoadResolvConf(path string, own []netip.Addr, ownPort int) ([]netip.AddrPor
 	var out []netip.AddrPort
 	var dropped []string
 	for _, s := range servers {
-		if ownPort == 53 && contains(own, s) {
+		if ownPort == 53 && serves(own, s) {
 			dropped = append(dropped, s.String())
 			continue
 		}

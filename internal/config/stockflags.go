@@ -40,6 +40,9 @@ type DropIn struct {
 	// and write for client TCP connections (0: the server's defaults);
 	// its idle sets Config.TCPIdleTimeout.
 	TCPReadTimeout, TCPWriteTimeout time.Duration
+	// TCPMaxQueries is the Corefile's timeouts maxtcpqueries: a client TCP
+	// connection is closed after this many queries (0 or -1: unlimited).
+	TCPMaxQueries int
 	// KubeDNSAlso are the cluster domain forward's other servers, after
 	// KubeDNS (kubespray's coredns_dual: two kube-dns Services): the
 	// kube-dns group asks them by the block's policy, with failover.

@@ -70,7 +70,9 @@ func viewBlocks(srv []*corefile.Server, ap netip.AddrPort) []int {
 		for _, b := range s.Bind {
 			b = b.Unmap()
 			switch {
-			case b == a:
+			case b == a || (b.IsUnspecified() && a.IsUnspecified()):
+				// 0.0.0.0 and :: are one wildcard socket: a block binding
+				// either is on it.
 				exact = true
 			case b.IsUnspecified():
 				// CoreDNS listens on "udp"/"tcp" 0.0.0.0 or ::, which Go
@@ -108,13 +110,13 @@ func pickBlock(srv []*corefile.Server, blocks []int, name string) int {
 
 // blockSig is what of a block decides how a query is answered: its cache,
 // its forward, its fetch-side directives, what it does to every answer
-// (log, loadbalance) and whoami. Two blocks with equal signatures answer alike.
+// (log, loadbalance, dnstap), whoami and trace. Two blocks with equal signatures answer alike.
 func blockSig(s *corefile.Server) any {
 	var rw []string
 	for _, r := range s.Rewrites {
 		rw = append(rw, r.String())
 	}
-	return []any{s.Cache, s.Forward, s.Templates, s.Hosts, rw, s.DNS64, s.LogRules, s.Loadbalance, s.Whoami}
+	return []any{s.Cache, s.Forward, s.MoreForwards, s.Templates, s.Hosts, rw, s.DNS64, s.LogRules, s.Loadbalance, s.Balance, s.Whoami, s.Trace, s.Dnstap}
 }
 
 // buildViews groups the listen addresses by the blocks they see and builds
@@ -189,7 +191,7 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 		for _, p := range v.Blocks {
 			for _, z := range cacheZones(srv, v.Blocks, p) {
 				if !slices.ContainsFunc(v.ZonePolicies, func(zp ZonePolicy) bool { return zp.Zone == z }) {
-					zp, _ := c.zonePolicy(srv[p], z, set)
+					zp, _ := c.zonePolicy(uncachedOutside(srv[p], z), z, set)
 					zp.TTL.Tag = uint16(p + 1)
 					v.ZonePolicies = append(v.ZonePolicies, zp)
 				}

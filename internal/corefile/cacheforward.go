@@ -113,16 +113,34 @@ func setupCache(s *Server, d *Directive) error {
 			}
 			c.ServFail = t
 		case "disable":
-			if len(a) != 1 {
-				return badOpt(d, o, "disable takes success or denial (disabling for some zones only is not supported)")
+			// CoreDNS: disable success|denial [ZONE...]; without zones the
+			// root (every name); a later line of a kind replaces the
+			// earlier one.
+			if len(a) == 0 {
+				return badOpt(d, o, "disable takes success or denial, then zones")
+			}
+			var zones []string
+			all := len(a) == 1
+			for _, z := range a[1:] {
+				nz, err := normalizeZone(z)
+				if err != nil {
+					return badOpt(d, o, "invalid disabled zone: %v", err)
+				}
+				all = all || nz == "."
+				if !slices.Contains(zones, nz) {
+					zones = append(zones, nz)
+				}
+			}
+			if all {
+				zones = nil
 			}
 			switch a[0] {
 			case "success":
-				c.DisableSuccess = true
+				c.DisableSuccess, c.DisableSuccessZones = all, zones
 			case "denial":
-				c.DisableDenial = true
+				c.DisableDenial, c.DisableDenialZones = all, zones
 			default:
-				return badOpt(d, o, "disable: %q is not success or denial", a[0])
+				return badOpt(d, o, "cache type for disable must be \"success\" or \"denial\"")
 			}
 		case "keepttl":
 			if len(a) != 0 {
@@ -297,6 +315,32 @@ func setupForward(s *Server, d *Directive) error {
 				}
 				f.Next = append(f.Next, rc)
 			}
+		case "failover":
+			if len(a) == 0 {
+				return badOpt(d, o, "failover takes at least one rcode")
+			}
+			for _, v := range a {
+				rc, ok := dns.StringToRcode[strings.ToUpper(v)]
+				switch {
+				case !ok:
+					return badOpt(d, o, "%s is not a valid rcode", v)
+				case rc == dns.RcodeSuccess:
+					return badOpt(d, o, "NoError cannot be used in failover")
+				case rc > 15:
+					return badOpt(d, o, "failover: %s is an extended rcode (not supported: the header's rcodes only)", v)
+				}
+				f.Failover |= 1 << rc
+			}
+		case "max_connect_attempts":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			n, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				return badOpt(d, o, "%s: %q is not a count", o.Name, v)
+			}
+			f.MaxConnectAttempts, f.MaxConnectAttemptsSet = int(n), true
 		case "next_on_nodata":
 			if len(a) != 0 {
 				return badOpt(d, o, "%s takes no arguments", o.Name)
@@ -348,16 +392,30 @@ func setupForward(s *Server, d *Directive) error {
 				return badOpt(d, o, "expire: %q is not a duration", v)
 			}
 		case "health_check":
-			// no_rec: our probe never asks for recursion (". IN NS", RD
-			// clear), so it is what we do anyway; domain is not supported.
-			if len(a) == 2 && a[1] == "no_rec" {
-				a = a[:1]
-			}
-			if len(a) != 1 {
-				return badOpt(d, o, "health_check takes DURATION [no_rec] (domain is not supported: our probe asks \". IN NS\" without recursion)")
+			// CoreDNS: DURATION [no_rec] [domain NAME], in any order after
+			// the duration. no_rec: our probe never asks for recursion
+			// ("NAME IN NS", RD clear), so it is what we do anyway.
+			if len(a) == 0 {
+				return badOpt(d, o, "health_check takes DURATION [no_rec] [domain NAME]")
 			}
 			if f.HealthCheck, err = time.ParseDuration(a[0]); err != nil || f.HealthCheck < 0 {
 				return badOpt(d, o, "health_check: %q is not a duration", a[0])
+			}
+			for i := 1; i < len(a); i++ {
+				switch a[i] {
+				case "no_rec":
+				case "domain":
+					if i+1 >= len(a) {
+						return badOpt(d, o, "health_check: domain takes a name")
+					}
+					i++
+					if _, ok := dns.IsDomainName(a[i]); !ok || len(a[i]) > 253 {
+						return badOpt(d, o, "health_check: invalid domain name %s", a[i])
+					}
+					f.HealthDomain = strings.ToLower(dns.Fqdn(a[i]))
+				default:
+					return badOpt(d, o, "health_check: unknown option %s (DURATION [no_rec] [domain NAME])", a[i])
+				}
 			}
 		case "except":
 			if len(a) == 0 {
@@ -376,18 +434,30 @@ func setupForward(s *Server, d *Directive) error {
 			return badOpt(d, o, "option %s is not supported", o.Name)
 		}
 	}
-	for _, u := range f.To[1:] {
-		if u.TLS != f.To[0].TLS {
-			return bad(d, "tls:// and plain upstreams in one forward are not supported (one transport per forward)")
+	for _, u := range f.To {
+		if u.ServerName != "" && f.TLS != nil && f.TLS.ServerName != "" {
+			return bad(d, "both forward (%q) and proxy level (%q) TLS servernames are set for upstream proxy %q", f.TLS.ServerName, u.ServerName, u.Addr)
 		}
+	}
+	// tls:// and plain targets may mix (each is asked over its own
+	// transport, as CoreDNS's); a resolv.conf's nameservers beside tls://
+	// targets are not built.
+	if f.UsesTLS() && slices.ContainsFunc(f.To, func(u Upstream) bool { return u.ResolvConf != "" }) {
+		return bad(d, "a resolv.conf beside tls:// upstreams in one forward is not supported (give its nameservers as addresses)")
 	}
 	if f.ForceTCP && f.PreferUDP {
 		return bad(d, "force_tcp and prefer_udp exclude each other")
 	}
-	if s.Forward != nil {
-		return bad(d, "one forward per block")
+	switch {
+	case s.Forward == nil:
+		s.Forward = f
+	case len(s.MoreForwards)+1 >= maxForwards:
+		return bad(d, "more than %d forward directives in one block", maxForwards)
+	default:
+		// CoreDNS runs a block's forwards in the order written, each
+		// handing on what it does not take (Server.MoreForwards).
+		s.MoreForwards = append(s.MoreForwards, f)
 	}
-	s.Forward = f
 	return nil
 }
 
@@ -408,11 +478,31 @@ func parseUpstream(t string) (Upstream, error) {
 		}
 		t = t[i+3:]
 	}
+	// CoreDNS's splitZone: IP%NAME, IP%NAME:PORT, IP:PORT%NAME,
+	// [IPv6%NAME]:PORT; NAME is a tls:// target's server name.
+	var name string
+	if i := strings.LastIndexByte(t, '%'); i >= 0 {
+		host, zone := t[:i], t[i+1:]
+		if strings.HasPrefix(host, "[") {
+			host += "]"
+		}
+		if j := strings.LastIndexByte(zone, ':'); j >= 0 {
+			host += zone[j:]
+			zone = strings.TrimSuffix(zone[:j], "]")
+		}
+		if !tls {
+			return Upstream{}, errf("%%%s on a plain target: CoreDNS drops it (a TLS server name for tls:// targets only; an IPv6 zone is not supported)", zone)
+		}
+		if _, ok := dns.IsDomainName(zone); !ok || zone == "" {
+			return Upstream{}, errf("%q is not a TLS server name", zone)
+		}
+		t, name = host, zone
+	}
 	if ap, err := netip.ParseAddrPort(t); err == nil {
 		if ap.Port() == 0 || ap.Addr().Zone() != "" {
 			return Upstream{}, errf("not IP[:port]")
 		}
-		return Upstream{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), TLS: tls}, nil
+		return Upstream{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), TLS: tls, ServerName: name}, nil
 	}
 	a, err := netip.ParseAddr(t)
 	if err != nil || a.Zone() != "" {
@@ -422,7 +512,7 @@ func parseUpstream(t string) (Upstream, error) {
 	if tls {
 		port = 853 // DNS over TLS (RFC 7858)
 	}
-	return Upstream{Addr: netip.AddrPortFrom(a.Unmap(), port), TLS: tls}, nil
+	return Upstream{Addr: netip.AddrPortFrom(a.Unmap(), port), TLS: tls, ServerName: name}, nil
 }
 
 type strErr string

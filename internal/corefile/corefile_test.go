@@ -13,6 +13,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -209,7 +210,7 @@ func TestImportGlobRelative(t *testing.T) {
 // directive and what is supported.
 func TestUnsupportedOneLineErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
-		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: timeouts, reload, bufsize, bind, debug, health, pprof, prometheus, errors, log, dns64, loadbalance"},
+		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: metadata, timeouts, reload, bufsize, bind, debug, trace, health, pprof, prometheus, errors, log, dnstap, dns64, loadbalance"},
 		{"hosts /etc {\n}", ":2: hosts: hosts file \"/etc\" is a directory"},
 		{"hosts {\n bogus a.example\n}", ":3: hosts: \"bogus a.example\" is not an option nor an entry"},
 		{"hosts {\n ttl 0\n}", ":3: hosts: ttl takes"},
@@ -227,20 +228,29 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"template IN A {\n ederror 70000\n}", ":3: template: extended DNS error code 70000 is not a number from 0 to 65535"},
 		{"template IN A {\n ederror 17 " + strings.Repeat("x", 256) + "\n}", ":3: template: extended DNS error text of 256 bytes: at most 255"},
 		{"rewrite name a", ":2: rewrite: too few arguments for a name rule"},
-		{"rewrite ttl a 30", ":2: rewrite: ttl rules are not supported (name, type and class rules only)"},
+		{"rewrite ttl a 3-2", ":2: rewrite: invalid TTL '3-2' for a ttl rule"},
+		{"rewrite rcode a NXDOMAIN", ":2: rewrite: too few (2) arguments for a rcode rule"},
+		{"rewrite edns0 local set 0xffee {client_port}", ":2: rewrite: variable {client_port} is not supported"},
+		{"metadata {\n x\n}", ":3: metadata: option x is not supported"},
+		{"metadata a..b", ":2: metadata: \"a..b.\" is not a domain name"},
+		{"metadata\n log . \"{/forward/upstream}\"", ":3: log: the metadata label forward/upstream"},
+		{"rewrite edns0 subnet set 33 56", ":2: rewrite: invalid IPv4 bit mask length 33"},
+		{"rewrite cname bogus a b", ":2: rewrite: unknown cname rewrite type: bogus"},
 		{"rewrite name exact a b {\n answer auto\n}", ":3: rewrite: option answer is not supported"},
 		{"dns64 10.0.0.0/8", ":2: dns64: \"10.0.0.0/8\" is not an IPv6 prefix"},
 		{"dns64 {\n prefix 64:ff9b::/33\n}", ":3: dns64: invalid prefix length 33"},
 		{"dns64 {\n frob\n}", ":3: dns64: unknown property frob"},
 		{"frobnicate", ":2: unknown directive frobnicate"},
 		{"forward . https://1.1.1.1", ":2: forward: TO \"https://1.1.1.1\": transport https:// is not supported"},
-		{"forward . tls://1.1.1.1 8.8.8.8", ":2: forward: tls:// and plain upstreams in one forward are not supported"},
+		{"forward . tls://1.1.1.1 /etc/resolv.conf", ":2: forward: a resolv.conf beside tls:// upstreams in one forward is not supported"},
 		{"forward . tls://1.1.1.1 {\n tls a b c d\n}", ":3: forward: tls takes [CA], [CERT KEY] or [CERT KEY CA]"},
 		{"forward . tls://1.1.1.1 {\n tls_servername\n}", ":3: forward: tls_servername takes one argument"},
 		{"forward . 1.1.1.1 {\n frob x\n}", ":3: forward: option frob is not supported; supported: forward FROM TO..."},
 		{"cache {\n serve_stale 1h verify 5s 30 1m\n}", ":3: cache: serve_stale response TTL \"30\" is not a duration"},
 		{"cache {\n serve_stale_policy prefer_positive\n}", ":2: cache: serve_stale_policy requires serve_stale"},
-		{"cache {\n disable success example.org\n}", ":3: cache: disable takes success or denial"},
+		{"cache {\n disable sometimes example.org\n}", ":3: cache: cache type for disable must be \"success\" or \"denial\""},
+		{"cache {\n disable\n}", ":3: cache: disable takes success or denial"},
+		{"cache {\n disable denial a..b\n}", ":3: cache: invalid disabled zone"},
 		{"health {\n  frob\n}", ":3: health: option frob is not supported"},
 		{"bind eth0", ":2: bind: \"eth0\" is not an IP address"},
 		{"log . {\n class denial frob\n}", ":3: log: class: invalid class \"frob\""},
@@ -248,17 +258,67 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"log . {\n class\n}", ":3: log: class takes at least one"},
 		{"cache 0", ":2: cache: TTL 0: must be positive"},
 		{"timeouts", ":2: timeouts: a timeouts block with no timeouts"},
-		{"trace zipkin localhost:9411", ":2: directive trace is not supported by nodelocaldns: nodelocaldns exports no spans"},
-		{"loadbalance weighted /w", ":2: loadbalance: the weighted policy is not supported"},
+		{"loadbalance weighted /nonexistent/w {\n reload 0\n}", ":2: loadbalance: weight file open error"},
+		{"loadbalance weighted", ":2: loadbalance: missing weight file argument"},
+		{"loadbalance weighted /w {\n prefer 10.0.0.0/8\n}", ":3: loadbalance: unknown property 'prefer'"},
+		{"loadbalance weighted /w {\n reload soon\n}", ":3: loadbalance: invalid reload duration 'soon'"},
+		{"forward . tls://1.1.1.1%dns.example {\n tls_servername x.example\n}", ":2: forward: both forward (\"x.example\") and proxy level (\"dns.example\") TLS servernames"},
+		{"forward . 1.1.1.1%eth0", "on a plain target"},
+		{"forward . 1.1.1.1 {\n failover NOERROR\n}", ":3: forward: NoError cannot be used in failover"},
+		{"forward . 1.1.1.1 {\n max_connect_attempts x\n}", ":3: forward: max_connect_attempts: \"x\" is not a count"},
+		{"pprof {\n block often\n}", ":3: pprof: property 'block' invalid integer value 'often'"},
+		{"pprof {\n mutex\n}", ":3: pprof: unknown property 'mutex'"},
+		{"trace zipkin localhost:9411 {\n foo 1\n }", ":3: trace: option foo is not supported"},
+		{"trace otlp localhost:4317", ":2: trace: tracing endpoint type 'otlp' is not supported"},
+		{"trace datadog localhost:8126 {\n zipkin_max_batch_size 10\n }", ":3: trace: zipkin_max_batch_size applies to zipkin only"},
+		{"trace {\n datadog_analytics_rate 0.5\n }", ":3: trace: datadog_analytics_rate applies to datadog only"},
+		{"trace datadog localhost:8126 {\n datadog_analytics_rate 2\n }", ":3: trace: datadog analytics rate must be between 0 and 1"},
+		{"trace {\n every x\n }", ":3: trace: every: \"x\" is not a count"},
 		{"loadbalance random", ":2: loadbalance: unknown policy: random"},
-		{"loadbalance {\n prefer 10.0.0.0/8\n}", ":3: loadbalance: prefer is not supported"},
+		{"loadbalance {\n prefer 10.0.0.0/33\n}", ":3: loadbalance: invalid CIDR \"10.0.0.0/33\""},
+		{"loadbalance {\n frob 10.0.0.0/8\n}", ":3: loadbalance: unknown property 'frob'"},
 		{"timeouts {\n read 500ms\n}", ":3: timeouts: read: 500ms needs to be between 1 second and 24 hours"},
-		{"timeouts {\n maxtcpqueries 5\n}", ":3: timeouts: option maxtcpqueries is not supported"},
+		{"timeouts {\n maxtcpqueries 0\n}", ":3: timeouts: maxtcpqueries provided '0' needs to be -1 (unlimited) or a positive integer"},
+		{"timeouts {\n maxtcpqueries many\n}", ":3: timeouts: invalid value for maxtcpqueries 'many'"},
+		{"timeouts {\n frob 5\n}", ":3: timeouts: option frob is not supported"},
 		{"prometheus 9253", ":2: prometheus: \"9253\": not HOST:PORT"},
+		{"dnstap", ":2: dnstap: takes a socket"},
+		{"dnstap /s full 1 1 x", ":2: dnstap: takes a socket and at most three more arguments"},
+		{"dnstap /s nofull", ":2: dnstap: the second argument is full or nothing, not \"nofull\""},
+		{"dnstap /s full 0", ":2: dnstap: write buffer (MiB) \"0\": want 1 to 1024"},
+		{"dnstap /s full 1 4097", ":2: dnstap: queue (x10000 messages) \"4097\": want 1 to 4096"},
+		{"dnstap tcp://127.0.0.1", ":2: dnstap: tcp://127.0.0.1: want tcp://HOST:PORT"},
+		{"dnstap /s {\n skipverify\n}", ":3: dnstap: skipverify is for a tls:// socket"},
+		{"dnstap /s {\n identity\n}", ":3: dnstap: identity takes one argument"},
+		{"dnstap /s {\n extra {type}\n}", ":3: dnstap: extra with {placeholders} is not supported"},
+		{"dnstap /s {\n frob\n}", ":3: dnstap: option frob is not supported"},
 	} {
 		_, err := load(t, ".:53 {\n"+tc.body+"\n}\n")
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "/Corefile:") {
 			t.Errorf("%q: got %v, want one line containing %q", tc.body, err, tc.want)
+		}
+	}
+}
+
+// TestDnstapForms: every form CoreDNS 1.13 (the stock's) and 1.15 read.
+func TestDnstapForms(t *testing.T) {
+	srv, err := load(t, ".:53 {\ndnstap /tmp/a.sock\ndnstap unix:///tmp/b.sock full\ndnstap tcp://127.0.0.1:6000 full 8 2 {\n identity node-a\n version v9\n extra hello\n}\ndnstap tls://collector.example:6000 {\n skipverify\n}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := srv[0].Dnstap
+	if len(d) != 4 {
+		t.Fatalf("got %d taps", len(d))
+	}
+	want := []dnstap.Config{
+		{Network: "unix", Address: "/tmp/a.sock", WriteBufferMiB: 1, QueueMultiple: 1, Identity: dnstap.Hostname(), Version: dnstap.DefaultVersion()},
+		{Network: "unix", Address: "/tmp/b.sock", Full: true, WriteBufferMiB: 1, QueueMultiple: 1, Identity: dnstap.Hostname(), Version: dnstap.DefaultVersion()},
+		{Network: "tcp", Address: "127.0.0.1:6000", Full: true, WriteBufferMiB: 8, QueueMultiple: 2, Identity: "node-a", Version: "v9", Extra: "hello"},
+		{Network: "tls", Address: "collector.example:6000", WriteBufferMiB: 1, QueueMultiple: 1, Identity: dnstap.Hostname(), Version: dnstap.DefaultVersion(), SkipVerify: true},
+	}
+	for i := range want {
+		if d[i] != want[i] {
+			t.Errorf("tap %d: got %+v, want %+v", i, d[i], want[i])
 		}
 	}
 }

@@ -1,7 +1,9 @@
 package corefile
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"sort"
@@ -12,6 +14,8 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 )
 
 // coreDNSOrder is CoreDNS 1.15's plugin.cfg: the order in which a block's
@@ -56,34 +60,34 @@ func init() {
 	directiveTable = map[string]directive{
 		"bind":        {setup: setupBind, repeatable: true, forms: "bind ADDRESS|IFACE... [{ except ADDRESS|IFACE... }]"},
 		"bufsize":     {setup: setupBufsize, forms: "bufsize [SIZE]"},
-		"cache":       {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]; serve_stale_policy prefer_positive; servfail DURATION; disable success|denial; keepttl }"},
+		"cache":       {setup: setupCache, forms: "cache [TTL] { success CAP [TTL [MINTTL]]; denial CAP [TTL [MINTTL]]; prefetch AMOUNT [DURATION [PERCENT%]]; serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]]; serve_stale_policy prefer_positive; servfail DURATION; disable success|denial [ZONE...]; keepttl }"},
 		"debug":       {setup: boolDirective(func(s *Server) { s.Debug = true }), noop: true, forms: "debug"},
+		"dnstap":      {setup: setupDnstap, repeatable: true, forms: "dnstap SOCKET (PATH, unix://PATH, tcp://HOST:PORT, tls://HOST:PORT) [full [WRITEBUFFER_MIB [QUEUE_x10000]]] [{ identity IDENTITY; version VERSION; extra EXTRA; skipverify }]"},
 		"dns64":       {setup: setupDNS64, forms: "dns64 [PREFIX] [{ prefix PREFIX; translate_all; allow_ipv4 }]"},
 		"errors":      {setup: setupErrors, noop: true, forms: "errors [{ consolidate DURATION REGEXP [LEVEL]; stacktrace }]"},
-		"forward":     {setup: setupForward, forms: "forward FROM TO... (TO: IP[:PORT], dns://, tls://, a resolv.conf) { tls [CERT KEY] [CA]; tls_servername NAME; force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION; except ZONE...; max_concurrent N; failfast_all_unhealthy_upstreams; next RCODE...; next_on_nodata }"},
+		"forward":     {setup: setupForward, repeatable: true, forms: "forward FROM TO... (TO: IP[:PORT], dns://, tls://IP[%NAME], a resolv.conf) { tls [CERT KEY] [CA]; tls_servername NAME; force_tcp; prefer_udp; policy random|round_robin|sequential; max_fails N; expire DURATION; health_check DURATION [no_rec] [domain NAME]; except ZONE...; max_concurrent N; failfast_all_unhealthy_upstreams; failover RCODE...; max_connect_attempts N; next RCODE...; next_on_nodata }"},
 		"hosts":       {setup: setupHosts, forms: "hosts [FILE [ZONE...]] { ADDRESS NAME...; ttl SECONDS; no_reverse; reload DURATION; fallthrough [ZONE...]; fallthrough_unsupported }"},
 		"health":      {setup: setupHealth, forms: "health [ADDRESS] [{ lameduck DURATION }]"},
 		"log":         {setup: setupLog, repeatable: true, forms: "log [NAME...] [FORMAT] [{ class all|success|denial|error... }]"},
 		"loop":        {setup: boolDirective(func(s *Server) { s.Loop = true }), noop: true, forms: "loop"},
-		"pprof":       {setup: setupPProf, forms: "pprof [ADDRESS]"},
+		"pprof":       {setup: setupPProf, forms: "pprof [ADDRESS] [{ block [RATE] }]"},
 		"prometheus":  {setup: setupPrometheus, forms: "prometheus [ADDRESS]"},
 		"reload":      {setup: setupReload, noop: true, forms: "reload [INTERVAL [JITTER]]"},
-		"rewrite":     {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }"},
-		"loadbalance": {setup: setupLoadbalance, forms: "loadbalance [round_robin]"},
-		"timeouts":    {setup: setupTimeouts, forms: "timeouts { read DURATION; write DURATION; idle DURATION } (1s to 24h)"},
+		"rewrite":     {setup: setupRewrite, repeatable: true, forms: "rewrite [continue|stop] name [exact|prefix|suffix|substring|regex] FROM TO [answer auto | answer name FROM TO | answer value FROM TO]..., or the same inside { }; rewrite [continue|stop] type|class FROM TO; rewrite [continue|stop] ttl [exact|prefix|suffix|substring|regex] NAME TTL|MIN-MAX; rewrite [continue|stop] rcode [exact|prefix|suffix|substring|regex] NAME FROM TO; rewrite [continue|stop] edns0 local set|replace|append CODE VALUE|{qname}|{qtype}|{client_ip} [revert], edns0 nsid|subnet set|replace|append ... [revert], edns0 local|nsid|subnet unset ...; rewrite [continue|stop] cname [exact|prefix|suffix|substring|regex] FROM TO"},
+		"loadbalance": {setup: setupLoadbalance, forms: "loadbalance [round_robin] [{ prefer CIDR... }], loadbalance weighted FILE [{ reload DURATION }]"},
+		"timeouts":    {setup: setupTimeouts, forms: "timeouts { read DURATION; write DURATION; idle DURATION; maxtcpqueries MAXIMUM } (1s to 24h; MAXIMUM > 0 or -1)"},
+		"trace":       {setup: setupTrace, forms: "trace [zipkin|datadog] [ENDPOINT] { every AMOUNT; service NAME; client_server [BOOL]; datadog_analytics_rate RATE; zipkin_max_backlog_size SIZE; zipkin_max_batch_size SIZE; zipkin_max_batch_interval DURATION }"},
 		"whoami":      {setup: boolDirective(func(s *Server) { s.Whoami = true }), forms: "whoami"},
+		"metadata":    {setup: setupMetadata, forms: "metadata [ZONE...]"},
 		"template":    {setup: setupTemplate, repeatable: true, forms: "template CLASS TYPE [ZONE...] { match REGEX...; answer RR...; additional RR...; authority RR...; rcode CODE; fallthrough [ZONE...] }"},
 	}
 }
 
 // refusedWhy says why a directive the stock node-cache compiles in
 // (`node-cache -plugins`) is refused: each would be accepted and ignored
-// otherwise, which a Corefile must never be.
-var refusedWhy = map[string]string{
-	"trace":    "nodelocaldns exports no spans (CoreDNS sends one per query to a zipkin or datadog collector); accepting it would drop them silently",
-	"dnstap":   "nodelocaldns streams no dnstap messages; accepting it would drop them silently",
-	"metadata": "no directive of nodelocaldns reads or sets metadata (the log's {/label} placeholders print -)",
-}
+// otherwise, which a Corefile must never be. Empty since dnstap, trace and
+// metadata are read: every directive the stock compiles in is.
+var refusedWhy = map[string]string{}
 
 // Supported lists the directives we read, in CoreDNS's order.
 func Supported() []string {
@@ -227,31 +231,90 @@ func setupReload(s *Server, d *Directive) error {
 	return nil
 }
 
-// setupLoadbalance reads `loadbalance [round_robin]`. CoreDNS's weighted
-// policy (a weight file per name) and prefer (subnets first) are refused.
+// setupMetadata reads `metadata [ZONE...]`. The labels the stock
+// node-cache's plugins give a query are set by log (log/type, log/class,
+// whatever the zones: CoreDNS's collector makes the labels' map for every
+// query of the block, the zones only choose which providers run, and none
+// of the stock's plugins is one) and forward (forward/upstream, not
+// provided here: a log format showing it is refused in buildServer).
+func setupMetadata(s *Server, d *Directive) error {
+	if err := noBlock(d); err != nil {
+		return err
+	}
+	for _, a := range d.Args {
+		if _, err := normalizeZone(a.Text); err != nil {
+			return bad(d, "%v", err)
+		}
+	}
+	s.Metadata = true
+	return nil
+}
+
+// setupLoadbalance reads `loadbalance [round_robin | weighted FILE]
+// [{ ... }]` as CoreDNS 1.15's loadbalance plugin: round_robin's block
+// takes `prefer CIDR...` lines, weighted's `reload DURATION` (default
+// 30 s, 0: never). The weight file is read here, so one that does not
+// parse stops the start (and -check-config); one that does not open yet
+// is read again every reload, as CoreDNS retries it.
 func setupLoadbalance(s *Server, d *Directive) error {
+	p := &loadbalance.Policy{}
 	switch {
-	case len(d.Args) > 0 && d.Args[0].Text == "weighted":
-		return bad(d, "the weighted policy is not supported (round_robin only)")
-	case len(d.Args) > 1:
-		return bad(d, "unknown property for %s", d.Args[0].Text)
-	case len(d.Args) == 1 && d.Args[0].Text != "round_robin":
+	case len(d.Args) == 0 || d.Args[0].Text == "round_robin":
+		if len(d.Args) > 1 {
+			return bad(d, "unknown property for %s", d.Args[0].Text)
+		}
+		for _, o := range d.Block {
+			if o.Name != "prefer" {
+				return badOpt(d, o, "unknown property '%s'", o.Name)
+			}
+			for _, a := range o.Args {
+				_, n, err := net.ParseCIDR(a.Text)
+				if err != nil {
+					return badOpt(d, o, "invalid CIDR %q: %v", a.Text, err)
+				}
+				p.Prefer = append(p.Prefer, n)
+			}
+		}
+	case d.Args[0].Text == "weighted":
+		if len(d.Args) < 2 {
+			return bad(d, "missing weight file argument")
+		}
+		if len(d.Args) > 2 {
+			return bad(d, "unexpected argument(s)")
+		}
+		reload := loadbalance.DefaultWeightReload
+		for _, o := range d.Block {
+			if o.Name != "reload" {
+				return badOpt(d, o, "unknown property '%s'", o.Name)
+			}
+			if len(o.Args) != 1 {
+				return badOpt(d, o, "reload takes one duration")
+			}
+			r, err := time.ParseDuration(o.Args[0].Text)
+			if err != nil || r < 0 {
+				return badOpt(d, o, "invalid reload duration '%s'", o.Args[0].Text)
+			}
+			reload = r
+		}
+		w, err := loadbalance.NewWeights(d.Args[1].Text, reload)
+		if w == nil {
+			return bad(d, "%v", err)
+		}
+		p.Weights = w
+	default:
 		return bad(d, "unknown policy: %s", d.Args[0].Text)
 	}
-	if len(d.Block) > 0 {
-		o := d.Block[0]
-		if o.Name == "prefer" {
-			return badOpt(d, o, "prefer is not supported (round_robin shuffles every address alike)")
-		}
-		return badOpt(d, o, "unknown property %q", o.Name)
-	}
 	s.Loadbalance = true
+	if p.Weights != nil || len(p.Prefer) > 0 {
+		s.Balance = p
+	}
 	return nil
 }
 
 // setupTimeouts reads `timeouts` as CoreDNS 1.15's timeouts plugin does:
 // a block of read, write and idle, each a duration (a bare number is
-// seconds) between 1 s and 24 h, at least one.
+// seconds) between 1 s and 24 h, and maxtcpqueries (a positive count or
+// -1, unlimited), at least one.
 func setupTimeouts(s *Server, d *Directive) error {
 	if len(d.Args) > 0 {
 		return bad(d, "takes no arguments, got %q", d.Args[0].Text)
@@ -262,6 +325,17 @@ func setupTimeouts(s *Server, d *Directive) error {
 			return badOpt(d, o, "%s takes one duration", o.Name)
 		}
 		v := o.Args[0].Text
+		if o.Name == "maxtcpqueries" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return badOpt(d, o, "invalid value for maxtcpqueries '%s'", v)
+			}
+			if n == 0 || n < -1 {
+				return badOpt(d, o, "maxtcpqueries provided '%d' needs to be -1 (unlimited) or a positive integer", n)
+			}
+			t.MaxTCPQueries = n
+			continue
+		}
 		if _, err := strconv.Atoi(v); err == nil {
 			v += "s"
 		}
@@ -280,7 +354,7 @@ func setupTimeouts(s *Server, d *Directive) error {
 		case "idle":
 			t.Idle = dur
 		default:
-			return badOpt(d, o, "option %s is not supported (maxtcpqueries is not: our TCP connections are bounded by -max-tcp-conns and idle timeouts)", o.Name)
+			return badOpt(d, o, "option %s is not supported", o.Name)
 		}
 	}
 	if len(d.Block) == 0 {
@@ -355,9 +429,34 @@ func setupPrometheus(s *Server, d *Directive) (err error) {
 	return err
 }
 
+// setupPProf reads `pprof [ADDRESS] [{ block [RATE] }]` as CoreDNS's
+// pprof plugin: block turns the block profile on, one event sampled per
+// RATE nanoseconds blocked (default 1: every event).
 func setupPProf(s *Server, d *Directive) (err error) {
-	s.PProf, err = setupAddr(d, DefaultPProf)
-	return err
+	blk := d.Block
+	d.Block = nil
+	defer func() { d.Block = blk }()
+	if s.PProf, err = setupAddr(d, DefaultPProf); err != nil {
+		return err
+	}
+	for _, o := range blk {
+		if o.Name != "block" {
+			return badOpt(d, o, "unknown property '%s'", o.Name)
+		}
+		switch len(o.Args) {
+		case 0:
+			s.PProfBlock = 1
+		case 1:
+			n, err := strconv.Atoi(o.Args[0].Text)
+			if err != nil {
+				return badOpt(d, o, "property 'block' invalid integer value '%v'", o.Args[0].Text)
+			}
+			s.PProfBlock = n
+		default:
+			return badOpt(d, o, "block takes at most one rate")
+		}
+	}
+	return nil
 }
 
 func setupHealth(s *Server, d *Directive) error {
@@ -415,3 +514,77 @@ func splitHostPort(a string) (int, error) {
 }
 
 func sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }
+
+// setupDnstap reads `dnstap SOCKET [full [WRITEBUFFER [QUEUE]]] { identity
+// X; version X; extra X; skipverify }` as CoreDNS 1.13 (the stock's) and
+// 1.15 read it. Where CoreDNS ignores a word (a second argument that is
+// not `full`, arguments past the fourth, an unknown option, an option's
+// second argument) we refuse it: nothing written is dropped silently.
+// An extra with {placeholders} is refused: CoreDNS fills them from the
+// request and metadata per message, we send extra as written.
+func setupDnstap(s *Server, d *Directive) error {
+	a := d.ArgStrings()
+	if len(a) == 0 || len(a) > 4 {
+		return bad(d, "takes a socket and at most three more arguments")
+	}
+	c := dnstap.Config{WriteBufferMiB: 1, QueueMultiple: 1, Identity: dnstap.Hostname(), Version: dnstap.DefaultVersion()}
+	var err error
+	if c.Network, c.Address, err = dnstap.ParseEndpoint(a[0]); err != nil {
+		return bad(d, "%v", err)
+	}
+	if len(a) >= 2 {
+		if a[1] != "full" {
+			return bad(d, "the second argument is full or nothing, not %q (CoreDNS ignores it)", a[1])
+		}
+		c.Full = true
+	}
+	num := func(v string, max int, what string) (int, error) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > max {
+			return 0, fmt.Errorf("%s %q: want 1 to %d", what, v, max)
+		}
+		return n, nil
+	}
+	if len(a) >= 3 {
+		if c.WriteBufferMiB, err = num(a[2], dnstap.MaxWriteBufferMiB, "write buffer (MiB)"); err != nil {
+			return bad(d, "%v", err)
+		}
+	}
+	if len(a) >= 4 {
+		if c.QueueMultiple, err = num(a[3], dnstap.MaxQueueMultiple, "queue (x10000 messages)"); err != nil {
+			return bad(d, "%v", err)
+		}
+	}
+	for _, o := range d.Block {
+		switch o.Name {
+		case "skipverify":
+			if len(o.Args) != 0 {
+				return badOpt(d, o, "skipverify takes no argument")
+			}
+			if c.Network != "tls" {
+				return badOpt(d, o, "skipverify is for a tls:// socket (CoreDNS ignores it elsewhere)")
+			}
+			c.SkipVerify = true
+		case "identity", "version", "extra":
+			if len(o.Args) != 1 {
+				return badOpt(d, o, "%s takes one argument", o.Name)
+			}
+			v := o.Args[0].Text
+			switch o.Name {
+			case "identity":
+				c.Identity = v
+			case "version":
+				c.Version = v
+			case "extra":
+				if strings.ContainsAny(v, "{}") {
+					return badOpt(d, o, "%v", errors.New("extra with {placeholders} is not supported (we send extra as written; no directive of ours sets metadata)"))
+				}
+				c.Extra = v
+			}
+		default:
+			return badOpt(d, o, "option %s is not supported", o.Name)
+		}
+	}
+	s.Dnstap = append(s.Dnstap, c)
+	return nil
+}

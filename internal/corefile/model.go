@@ -10,9 +10,12 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
+	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 )
 
 // Server is one server block, typed: what it listens on, which zones it
@@ -33,12 +36,20 @@ type Server struct {
 	BindIfaces map[string][]netip.Addr
 	binds      []bindSpec // bind directives as written, resolved by Build
 
-	Cache      *Cache
-	Forward    *Forward
-	Health     *Health
-	Prometheus string // listen address; "" when absent
-	PProf      string // listen address; "" when absent
-	Bufsize    int    // 0 when absent
+	Cache   *Cache
+	Forward *Forward
+	// MoreForwards are the block's further forward directives, in the
+	// order written (CoreDNS runs them in turn: a name one's FROM or
+	// except does not take, or an answer its next or next_on_nodata
+	// names, goes on to the next); Forward is the first.
+	MoreForwards []*Forward
+	Health       *Health
+	Prometheus   string // listen address; "" when absent
+	PProf        string // listen address; "" when absent
+	// PProfBlock is pprof's block [RATE]: the block profile's rate
+	// (runtime.SetBlockProfileRate; 0: not given).
+	PProfBlock int
+	Bufsize    int // 0 when absent
 	Log        bool
 	// LogRules are the block's log lines' rules, in the order written
 	// (internal/dnslog); Log says there is at least one.
@@ -49,11 +60,22 @@ type Server struct {
 	Debug    bool
 	// Loadbalance: loadbalance (round_robin) shuffles the block's answers.
 	Loadbalance bool
+	// Balance is loadbalance's weighted policy or prefer subnets; nil:
+	// plain round_robin (or no loadbalance).
+	Balance *loadbalance.Policy
 	// Whoami: whoami answers each client its own address and port
 	// (internal/whoami).
 	Whoami bool
+	// Metadata: the block has metadata; its log rules' Metadata is set.
+	Metadata bool
+	// Dnstap are the block's dnstap directives, in the order written
+	// (internal/dnstap): each gets every query the block answers.
+	Dnstap []dnstap.Config
 	// Timeouts is the timeouts directive (nil when absent).
 	Timeouts *Timeouts
+	// Trace is the trace directive, normalized (internal/trace); nil when
+	// absent.
+	Trace *trace.Config
 
 	// Directives that answer on the fetch side of the cache (see
 	// internal/daemon/chain.go), in the order written where several.
@@ -65,6 +87,37 @@ type Server struct {
 	// Plugins are the directives present, in CoreDNS's execution order
 	// (plugin.cfg), not the order of the lines.
 	Plugins []Plugin
+}
+
+// ForwardAnswersAll reports whether the block's forward answers every name
+// the block serves: its FROM holds every zone of the block, and no except,
+// next or next_on_nodata hands a name or an answer on to the directives
+// CoreDNS runs after forward (plugin.cfg), such as whoami.
+func (s *Server) ForwardAnswersAll() bool {
+	// With further forwards, the first alone answering every name is
+	// enough (nothing is handed on); otherwise a name may pass them all.
+	f := s.Forward
+	if f == nil || len(f.Except) > 0 || len(f.Next) > 0 || f.NextOnNodata {
+		return false
+	}
+	for _, z := range s.Zones {
+		if !inZone(z, f.From) {
+			return false
+		}
+	}
+	return true
+}
+
+// WhoamiAnswers reports whether whoami answers the block's queries: it is
+// there and no forward answers every name first (CoreDNS runs whoami after
+// forward, so such a whoami is never reached).
+func (s *Server) WhoamiAnswers() bool {
+	return s.Whoami && !s.ForwardAnswersAll()
+}
+
+// inZone reports whether the lower-case FQDN name is zone or under it.
+func inZone(name, zone string) bool {
+	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
 }
 
 // Config is the configuration of the fetch-side directive name in s, what
@@ -114,13 +167,29 @@ type Cache struct {
 	ServeStaleRecheckSet    bool
 	PreferPositive          bool
 	ServFail                time.Duration
-	DisableSuccess          bool
-	DisableDenial           bool
-	KeepTTL                 bool
+	// DisableSuccess and DisableDenial: `disable success|denial` for
+	// every name; DisableSuccessZones and DisableDenialZones: for the
+	// names under these zones only (`disable success|denial ZONE...`).
+	// Denial covers SERVFAIL too, as CoreDNS's.
+	DisableSuccess      bool
+	DisableDenial       bool
+	DisableSuccessZones []string
+	DisableDenialZones  []string
+	KeepTTL             bool
 	// Zones limits the cache to these zones (`cache [TTL] ZONE...`; nil:
 	// every name of the block, as without): the block's other names are
 	// not cached, as CoreDNS's cache passes them on.
 	Zones []string
+}
+
+// DisabledAt reports whether the cache keeps no positive (success) and no
+// negative (denial) answers for the names of zone z: disabled for every
+// name, or for a zone that is z or holds it.
+func (c *Cache) DisabledAt(z string) (success, denial bool) {
+	holds := func(zones []string) bool {
+		return slices.ContainsFunc(zones, func(d string) bool { return d == "." || z == d || strings.HasSuffix(z, "."+d) })
+	}
+	return c.DisableSuccess || holds(c.DisableSuccessZones), c.DisableDenial || holds(c.DisableDenialZones)
 }
 
 // Covers reports whether the cache holds every name of the block zone z
@@ -152,6 +221,7 @@ const (
 	maxStaleRecheck      = 5 * time.Minute
 	maxServFailTTL       = 5 * time.Minute
 	maxForwardUpstreams  = 15 // CoreDNS's forward refuses more
+	maxForwards          = 16 // forward directives in one block (each is a group of its own)
 	DefaultHealthAddr    = ":8080"
 	DefaultPrometheus    = "localhost:9153"
 	DefaultPProf         = "localhost:6053"
@@ -166,21 +236,33 @@ type Forward struct {
 	To     []Upstream
 	Except []string
 	// Options as CoreDNS documents them, defaults filled in.
-	ForceTCP      bool
-	PreferUDP     bool
-	Policy        string // random, round_robin, sequential
-	MaxFails      int
-	Expire        time.Duration
-	HealthCheck   time.Duration
+	ForceTCP    bool
+	PreferUDP   bool
+	Policy      string // random, round_robin, sequential
+	MaxFails    int
+	Expire      time.Duration
+	HealthCheck time.Duration
+	// HealthDomain is health_check's domain: the name a down upstream is
+	// probed for (lower-case FQDN; "": the root, CoreDNS's default).
+	HealthDomain  string
 	MaxConcurrent int
 	// FailFast is failfast_all_unhealthy_upstreams: SERVFAIL at once when
 	// every upstream is down.
 	FailFast bool
 	// Next are next's rcodes and NextOnNodata next_on_nodata: with them
-	// CoreDNS hands such an answer to the next forward of the block;
-	// with one forward per block the answer is returned as it is.
+	// CoreDNS hands such an answer to the next forward of the block
+	// (Server.MoreForwards); the last forward returns it as it is.
 	Next         []int
 	NextOnNodata bool
+	// Failover are failover's rcodes, a bit per rcode (1<<rcode): an
+	// answer with one of them moves on to the next upstream, as SERVFAIL
+	// and REFUSED always do here.
+	Failover uint16
+	// MaxConnectAttempts caps the tries of one query over all upstreams
+	// (max_connect_attempts; 0: no cap); unset: CoreDNS's two per
+	// upstream, our walk's two passes.
+	MaxConnectAttempts    int
+	MaxConnectAttemptsSet bool
 	// TLS is the tls option's files (CoreDNS's `tls [CERT KEY] [CA]`) and
 	// tls_servername, for the tls:// upstreams; nil when neither is given.
 	TLS *ForwardTLS
@@ -195,9 +277,10 @@ type ForwardTLS struct {
 	ServerName    string
 }
 
-// UsesTLS reports whether the forward's upstreams are tls:// ones.
+// UsesTLS reports whether some of the forward's upstreams are tls:// ones
+// (the others, if any, are plain: Upstream.TLS says which).
 func (f *Forward) UsesTLS() bool {
-	return len(f.To) > 0 && f.To[0].TLS
+	return slices.ContainsFunc(f.To, func(u Upstream) bool { return u.TLS })
 }
 
 // Upstream is one forward target: an address, or a resolv.conf path whose
@@ -206,11 +289,17 @@ type Upstream struct {
 	Addr       netip.AddrPort
 	ResolvConf string
 	TLS        bool // tls://: DNS over TLS (RFC 7858), port 853 by default
+	// ServerName is the target's own TLS server name (CoreDNS's
+	// tls://IP%NAME), over the forward's tls_servername; "": that.
+	ServerName string
 }
 
 func (u Upstream) String() string {
 	if u.ResolvConf != "" {
 		return u.ResolvConf
+	}
+	if u.TLS && u.ServerName != "" {
+		return "tls://" + u.Addr.String() + "%" + u.ServerName
 	}
 	if u.TLS {
 		return "tls://" + u.Addr.String()
@@ -222,6 +311,9 @@ func (u Upstream) String() string {
 // idle timeouts (0: not given).
 type Timeouts struct {
 	Read, Write, Idle time.Duration
+	// MaxTCPQueries is maxtcpqueries: a TCP connection is closed after
+	// this many queries (-1: unlimited; 0: not given).
+	MaxTCPQueries int
 }
 
 // Health is the `health` directive.
@@ -387,7 +479,7 @@ func splitPorts(s *Server, defPort int) []*Server {
 	var ports []int
 	byPort := map[int]*Server{}
 	for _, k := range s.Keys {
-		zone, port, _ := parseKey(k, defPort) // checked by buildServer
+		zones, port, _ := parseKey(k, defPort) // checked by buildServer
 		t := byPort[port]
 		if t == nil {
 			c := *s
@@ -397,8 +489,10 @@ func splitPorts(s *Server, defPort int) []*Server {
 			ports = append(ports, port)
 		}
 		t.Keys = append(t.Keys, k)
-		if !slices.Contains(t.Zones, zone) {
-			t.Zones = append(t.Zones, zone)
+		for _, zone := range zones {
+			if !slices.Contains(t.Zones, zone) {
+				t.Zones = append(t.Zones, zone)
+			}
 		}
 	}
 	if len(ports) == 1 {
@@ -414,7 +508,7 @@ func splitPorts(s *Server, defPort int) []*Server {
 func buildServer(b *Block, o Options) (*Server, error) {
 	s := &Server{Pos: b.Pos, Port: -1}
 	for _, k := range b.Keys {
-		zone, port, err := parseKey(k.Text, o.DefaultPort)
+		zones, port, err := parseKey(k.Text, o.DefaultPort)
 		if err != nil {
 			return nil, errAt(k.Pos, "server block key %q: %v", k.Text, err)
 		}
@@ -422,8 +516,10 @@ func buildServer(b *Block, o Options) (*Server, error) {
 			s.Port = port // the first key's; splitPorts gives each port its block
 		}
 		s.Keys = append(s.Keys, k.Text)
-		if !slices.Contains(s.Zones, zone) {
-			s.Zones = append(s.Zones, zone)
+		for _, zone := range zones {
+			if !slices.Contains(s.Zones, zone) {
+				s.Zones = append(s.Zones, zone)
+			}
 		}
 	}
 	seen := map[string]Pos{}
@@ -448,31 +544,102 @@ func buildServer(b *Block, o Options) (*Server, error) {
 		s.Plugins = append(s.Plugins, Plugin{Name: d.Name, Pos: d.Pos, Args: d.ArgStrings(), NoOp: spec.noop})
 	}
 	slices.SortStableFunc(s.Plugins, func(a, b Plugin) int { return order(a.Name) - order(b.Name) })
+	if s.Metadata {
+		for i := range s.LogRules {
+			if strings.Contains(s.LogRules[i].Format, "{/forward/upstream}") {
+				return nil, errAt(seen["log"], "log: the metadata label forward/upstream (the upstream a forwarded query was sent to) is not provided by nodelocaldns; provided: %s", strings.Join(dnslog.MetadataLabels, ", "))
+			}
+			s.LogRules[i].Metadata = true
+		}
+	}
 	return s, nil
 }
 
-// parseKey splits a server block key into zone and port: `zone`,
-// `zone:port`, `dns://zone[:port]`, with or without the trailing dot.
-func parseKey(k string, defPort int) (string, int, error) {
+// parseKey splits a server block key into zones and port: `zone`,
+// `zone:port`, `dns://zone[:port]`, with or without the trailing dot, and
+// a network (`10.0.0.0/15`, `fd00::/30`), which is its reverse zones
+// (cidrZones), as CoreDNS reads such a key; a key with a slash that is not
+// a network is a name, as in CoreDNS.
+func parseKey(k string, defPort int) ([]string, int, error) {
 	if i := strings.Index(k, "://"); i >= 0 {
 		if scheme := strings.ToLower(k[:i]); scheme != "dns" {
-			return "", 0, fmt.Errorf("transport %s:// is not supported (plain DNS only: dns:// or no scheme)", scheme)
+			return nil, 0, fmt.Errorf("transport %s:// is not supported (plain DNS only: dns:// or no scheme)", scheme)
 		}
 		k = k[i+3:]
 	}
 	port := defPort
-	if i := strings.LastIndexByte(k, ':'); i >= 0 {
+	if i := strings.LastIndexByte(k, ':'); i >= 0 && !strings.Contains(k[i:], "/") && (strings.Count(k, ":") == 1 || strings.HasPrefix(k, "[") || strings.Contains(k, "/")) {
 		p, err := strconv.Atoi(k[i+1:])
 		if err != nil || p < 1 || p > 65535 {
-			return "", 0, fmt.Errorf("%q is not a port", k[i+1:])
+			return nil, 0, fmt.Errorf("%q is not a port", k[i+1:])
 		}
-		port, k = p, k[:i]
+		port, k = p, strings.TrimSuffix(strings.TrimPrefix(k[:i], "["), "]")
 	}
 	if strings.Contains(k, "/") {
-		return "", 0, fmt.Errorf("CIDR keys (reverse zones as networks) are not supported; write the in-addr.arpa or ip6.arpa zone")
+		if zs, err := cidrZones(k); err == nil {
+			return zs, port, nil
+		}
+		// Not a network (10.0.0.0/33): a name, as CoreDNS takes it.
 	}
 	z, err := normalizeZone(k)
-	return z, port, err
+	return []string{z}, port, err
+}
+
+// cidrZones are the reverse zones of the network n, as CoreDNS makes them
+// of a CIDR key: the prefix rounded up to a whole label (8 bits in
+// in-addr.arpa, 4 in ip6.arpa) and one zone per network of that length
+// within n (10.0.0.0/15 is 0.10.in-addr.arpa. and 1.10.in-addr.arpa.;
+// 172.16.5.0/26 is 64 zones, one per address). At most 128 zones (a
+// prefix one bit past a label boundary).
+func cidrZones(n string) ([]string, error) {
+	p, err := netip.ParsePrefix(n)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not a network: %v", n, err)
+	}
+	p = p.Masked()
+	step := 8
+	if p.Addr().Is6() {
+		step = 4
+	}
+	bits := (p.Bits() + step - 1) / step * step
+	count := 1 << (bits - p.Bits())
+	var zones []string
+	a := p.Addr()
+	for range count {
+		b := a.AsSlice()
+		var labels []string
+		if step == 8 {
+			for i := bits/8 - 1; i >= 0; i-- {
+				labels = append(labels, strconv.Itoa(int(b[i])))
+			}
+			labels = append(labels, "in-addr", "arpa")
+		} else {
+			for i := bits/4 - 1; i >= 0; i-- {
+				nib := b[i/2] >> 4
+				if i%2 == 1 {
+					nib = b[i/2] & 0x0f
+				}
+				labels = append(labels, strconv.FormatUint(uint64(nib), 16))
+			}
+			labels = append(labels, "ip6", "arpa")
+		}
+		zones = append(zones, strings.Join(labels, ".")+".")
+		// The next network of length bits: add 1 at bit position bits.
+		for i := (bits - 1) / 8; i >= 0; i-- {
+			inc := byte(1)
+			if i == (bits-1)/8 {
+				inc = byte(1) << (7 - (bits-1)%8)
+			}
+			v := b[i] + inc
+			carry := v < b[i]
+			b[i] = v
+			if !carry {
+				break
+			}
+		}
+		a, _ = netip.AddrFromSlice(b)
+	}
+	return zones, nil
 }
 
 func normalizeZone(z string) (string, error) {

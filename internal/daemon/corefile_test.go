@@ -163,3 +163,35 @@ func TestCorefileViewAndBindChangeRefused(t *testing.T) {
 		t.Fatalf("setup errors %d, want %d (counted once)", got, errs+1)
 	}
 }
+
+// A block with several forwards hands a name on as CoreDNS does (here the
+// first forward's NXDOMAIN, with next NXDOMAIN, to the second), and an
+// edit of the further forward applies on reload: the names it answered
+// are dropped from the cache with the old chain, and asked of the new
+// target.
+func TestCorefileSeveralForwardsReload(t *testing.T) {
+	nx := startUpstream(t, func(r *dns.Msg) *dns.Msg {
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeNameError)
+		return m
+	})
+	b := startUpstream(t, answerA("10.0.0.2"))
+	c := startUpstream(t, answerA("10.0.0.3"))
+	text := func(u *upstream) string {
+		return fmt.Sprintf("example.org:53 {\n  bind 127.0.0.1\n  cache 30\n  forward . %s {\n    next NXDOMAIN\n  }\n  forward . %s\n}\n"+
+			".:53 {\n  bind 127.0.0.1\n  forward . /etc/resolv.conf\n}\n", nx.addr, u.addr)
+	}
+	conf := filepath.Join(t.TempDir(), "Corefile")
+	e := startCorefile(t, conf, text(b))
+	if got := e.firstA(t, "x.example.org."); got != "10.0.0.2" {
+		t.Fatalf("before: %s", got)
+	}
+	if nx.count() != 1 || b.count() != 1 {
+		t.Fatalf("asked the first %d times, the second %d, want once each", nx.count(), b.count())
+	}
+	writeAtomic(t, conf, text(c))
+	e.eventually(t, "c", "example.org.", "10.0.0.3")
+	if got := e.firstA(t, "x.example.org."); got != "10.0.0.3" {
+		t.Fatalf("x.example.org. after the edit: %s, cached from the old second forward", got)
+	}
+}

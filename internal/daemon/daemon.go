@@ -28,6 +28,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -151,6 +153,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		TCPIdleTimeout:   cfg.TCPIdleTimeout,
 		TCPReadTimeout:   cfg.DropIn.TCPReadTimeout, // the Corefile's timeouts; 0: the server's default
 		TCPWriteTimeout:  cfg.DropIn.TCPWriteTimeout,
+		TCPMaxQueries:    cfg.DropIn.TCPMaxQueries,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
 		CoreDNSZones:     running.CoreDNSZones(cdBlocks),
@@ -179,6 +182,10 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		if ifAddrs == nil {
 			ifAddrs = cfg.LocalIPs
 		}
+		// The wildcard (bind 0.0.0.0) is no interface address: the
+		// interface and the rules are -localip's (config puts them in
+		// InterfaceIPs).
+		ifAddrs = slices.DeleteFunc(slices.Clone(ifAddrs), netip.Addr.IsUnspecified)
 		d.net, err = netsetup.New(netsetup.Config{
 			InterfaceName:  cfg.InterfaceName,
 			Addrs:          ifAddrs,
@@ -300,6 +307,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		// Not fatal either: a profile is for debugging.
 		if _, err := d.Metrics.ServePProf(hctx, a, d.log); err != nil {
 			d.log.Error("pprof not served", "addr", a, "err", err)
+		} else if d.cfg.PProfBlock != 0 {
+			runtime.SetBlockProfileRate(d.cfg.PProfBlock) // the Corefile's pprof { block }, as CoreDNS sets it
 		}
 	}
 	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint

@@ -315,3 +315,55 @@ func TestTwinAdoptsSocketsAndProbesReachEachInstance(t *testing.T) {
 		}
 	}
 }
+
+// TestTwinAdoptsWildcardSockets: two instances listening on the wildcard
+// (bind 0.0.0.0) meet as twins as well, the second adopting the first's
+// wildcard sockets; after the first exits the second answers on an
+// address nobody listed (127.0.0.2), over UDP from that address, and TCP.
+func TestTwinAdoptsWildcardSockets(t *testing.T) {
+	node := startUpstream(t, records)
+	mk0, _, port, pidns := twins(t, node.addr)
+	mk := func() *config.Config {
+		c := mk0()
+		c.LocalIPs = []netip.Addr{netip.IPv4Unspecified()}
+		return c
+	}
+	const pidA, pidB = 5000003, 5000004
+	_, logsA, stopA := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidA))
+	_, logsB, _ := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidB))
+	if !strings.Contains(logsB.String(), "serving a twin's listening sockets") || !strings.Contains(logsB.String(), "udp=2 tcp=1") {
+		t.Fatalf("B did not adopt A's wildcard sockets:\n%s", logsB)
+	}
+	if err := stopA(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logsA.String(), "handed listening sockets to a twin") {
+		t.Fatalf("A did not hand over:\n%s", logsA)
+	}
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), uint16(port))
+	pc, err := net.ListenUDP("udp4", nil) // unconnected: the answer's source is read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("after.example.com.", dns.TypeA)
+	q, _ := m.Pack()
+	if _, err := pc.WriteToUDPAddrPort(q, dst); err != nil {
+		t.Fatal(err)
+	}
+	_ = pc.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 1500)
+	n, from, err := pc.ReadFromUDPAddrPort(buf)
+	r := new(dns.Msg)
+	if err == nil {
+		err = r.Unpack(buf[:n])
+	}
+	if err != nil || r.Rcode != dns.RcodeSuccess || from != dst {
+		t.Fatalf("udp to B at %s after A exited: from %s: %v %v", dst, from, r, err)
+	}
+	c := &dns.Client{Net: "tcp", Timeout: 2 * time.Second}
+	if r, _, err := c.Exchange(m, dst.String()); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("tcp to B at %s after A exited: %v %v", dst, r, err)
+	}
+}

@@ -88,8 +88,22 @@ type Rule struct {
 	Classes Class
 	// Format is the line's format, {common} and {combined} expanded.
 	Format string
+	// Metadata: the block has the Corefile's metadata, so the labels the
+	// log itself sets (CoreDNS's log/type and log/class, the answer's
+	// response type and class) have values; other {/label}s print "-",
+	// as without it.
+	Metadata bool
 }
 
 func (r Rule) String() string {
+	if r.Metadata {
+		return fmt.Sprintf("%s class %s format %q metadata", r.Scope, r.Classes, r.Format)
+	}
 	return fmt.Sprintf("%s class %s format %q", r.Scope, r.Classes, r.Format)
 }
+
+// MetadataLabels are the metadata labels with values here, as the stock
+// node-cache's plugins set them (only log sets any of the labels a log
+// line can show: forward's forward/upstream is not provided,
+// internal/corefile refuses a format showing it with metadata on).
+var MetadataLabels = []string{"log/type", "log/class"}

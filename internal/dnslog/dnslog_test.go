@@ -185,3 +185,34 @@ func BenchmarkLog(b *testing.B) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestMetadataLabels: with the block's metadata, {/log/type} and
+// {/log/class} are the answer's response type and class; other labels,
+// and every label without metadata, are "-".
+func TestMetadataLabels(t *testing.T) {
+	soa := "example.org. 60 IN SOA ns.example.org. h.example.org. 1 2 3 4 60"
+	for _, tc := range []struct {
+		resp func(r *dns.Msg)
+		want string
+	}{
+		{func(r *dns.Msg) { r.Answer = append(r.Answer, rr(t, "www.example.org. 30 IN A 192.0.2.1")) }, "NOERROR success - -"},
+		{func(r *dns.Msg) { r.Rcode = dns.RcodeNameError; r.Ns = append(r.Ns, rr(t, soa)) }, "NXDOMAIN denial - -"},
+		{func(r *dns.Msg) { r.Ns = append(r.Ns, rr(t, soa)) }, "NODATA denial - -"},
+		{func(r *dns.Msg) { r.Ns = append(r.Ns, rr(t, "example.org. 60 IN NS ns.example.org.")) }, "DELEGATION success - -"},
+		{func(r *dns.Msg) { r.Rcode = dns.RcodeServerFailure }, "SERVERERROR error - -"},
+		{func(r *dns.Msg) { r.Rcode = dns.RcodeRefused }, "OTHERERROR error - -"},
+	} {
+		e := entry(t, "www.example.org.", dns.TypeA, false, tc.resp)
+		for _, meta := range []bool{true, false} {
+			var out bytes.Buffer
+			NewSink(&out).Compile([]Rule{{Scope: ".", Classes: All, Format: "{/log/type} {/log/class} {/forward/upstream} {/x/y}", Metadata: meta}}).Log(e)
+			want := tc.want
+			if !meta {
+				want = "- - - -"
+			}
+			if got := strings.TrimSpace(strings.TrimPrefix(out.String(), "[INFO] ")); got != want {
+				t.Errorf("metadata %v: %q, want %q", meta, got, want)
+			}
+		}
+	}
+}

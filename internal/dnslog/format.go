@@ -45,7 +45,9 @@ const (
 	phDuration
 	phRflags
 	phLiteral
-	phMetadata // {/label}: metadata, which no directive of ours sets: "-"
+	phMetadata  // {/label}: metadata no directive of ours sets: "-"
+	phMetaType  // {/log/type} with metadata: the answer's response type
+	phMetaClass // {/log/class} with metadata: the answer's class
 )
 
 var labels = map[string]int{
@@ -103,6 +105,28 @@ func parseFormat(s string) format {
 	return f
 }
 
+// withMetadata is f with the labels the log sets (log/type, log/class)
+// given their values, as with the Corefile's metadata.
+func (f format) withMetadata() format {
+	out := slices.Clone(f)
+	for i, n := range out {
+		if n.typ != phMetadata {
+			continue
+		}
+		switch n.lit {
+		case "{/log/type}":
+			out[i].typ = phMetaType
+		case "{/log/class}":
+			out[i].typ = phMetaClass
+		}
+	}
+	return out
+}
+
+// typeNames are CoreDNS's response.Type names.
+var typeNames = [...]string{tNoError: "NOERROR", tNameError: "NXDOMAIN", tServerError: "SERVERERROR", tNoData: "NODATA",
+	tDelegation: "DELEGATION", tMeta: "META", tUpdate: "UPDATE", tOtherError: "OTHERERROR"}
+
 // appendLine appends e formatted by f.
 func (f format) appendLine(b []byte, e *Entry) []byte {
 	for _, n := range f {
@@ -118,6 +142,14 @@ func (n node) appendValue(b []byte, e *Entry) []byte {
 		return append(b, n.lit...)
 	case phMetadata:
 		return append(b, emptyValue...)
+	case phMetaType:
+		m := new(dns.Msg)
+		if err := m.Unpack(e.Resp); err != nil {
+			return append(b, typeNames[tOtherError]...)
+		}
+		return append(b, typeNames[typify(m, time.Now().UTC())]...)
+	case phMetaClass:
+		return append(b, Classify(e.Resp, time.Now().UTC()).String()...)
 	case phType:
 		if s, ok := dns.TypeToString[q.Type]; ok {
 			return append(b, s...)

@@ -45,7 +45,11 @@ func (s *Sink) Compile(rules []Rule) *Log {
 	}
 	l := &Log{sink: s}
 	for _, r := range rules {
-		l.rules = append(l.rules, rule{scope: strings.ToLower(dns.Fqdn(r.Scope)), classes: r.Classes, format: parseFormat(r.Format)})
+		f := parseFormat(r.Format)
+		if r.Metadata {
+			f = f.withMetadata()
+		}
+		l.rules = append(l.rules, rule{scope: strings.ToLower(dns.Fqdn(r.Scope)), classes: r.Classes, format: f})
 	}
 	return l
 }

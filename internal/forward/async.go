@@ -84,6 +84,7 @@ type asyncExchange struct {
 	u        *upstream // the first try's server
 	seen     uint64    // u's answers when the try began
 	start    time.Time // on the group's clock
+	reasked  bool      // the first try's server asked again over TCP (resumeTCP)
 }
 
 var asyncPool = sync.Pool{New: func() any { return new(asyncExchange) }}
@@ -114,7 +115,7 @@ func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
 // resumeClosed is tcpPool.exchange's second send after the first try's connection closed
 // before answering (with err), bounded by the rest of the try; then the walk goes on.
 func (a *asyncExchange) resumeClosed(err error) {
-	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	ctx, cancel := a.context()
 	defer cancel()
 	var ans []byte
 	if ctx.Err() == nil {
@@ -129,6 +130,9 @@ func (a *asyncExchange) resumeClosed(err error) {
 // closed, or canceled: the caller gave up) is not the server's fault: its error is marked so.
 func (a *asyncExchange) accounted(ans []byte, err error, canceled bool) error {
 	g, u := a.g, a.u
+	if t, ok := a.done.(Tapper); ok && t.Tapping() {
+		t.Tried(u.name, g.cfg.Proto == TCP || a.reasked, a.start, a.query, ans)
+	}
 	switch {
 	case err != nil && (canceled || errors.Is(err, ErrClosed)):
 		return fmt.Errorf("%w: %w", errAbandoned, err)
@@ -177,7 +181,7 @@ func (a *asyncExchange) tried(ans []byte, err error) {
 // resume goes on with the walk, blocking; redo: the server nextServer chose last was not tried
 // yet (or its try is to be made again whole).
 func (a *asyncExchange) resume(redo bool) {
-	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	ctx, cancel := a.context()
 	defer cancel()
 	g := a.g
 	if redo && a.u != nil {
@@ -192,13 +196,24 @@ func (a *asyncExchange) resume(redo bool) {
 // resumeTCP asks the first try's server again over TCP after a truncated or oversized UDP
 // answer, with a try of its own (Group.try), and goes on.
 func (a *asyncExchange) resumeTCP() {
-	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	ctx, cancel := a.context()
 	defer cancel()
 	tctx, tcancel, timer := a.g.tryContext(ctx)
-	ans, err := exchangeTCPOnce(tctx, a.u.name, a.query, a.q)
+	ans, err := exchangeTCPOnce(tctx, a.u.name, nil, a.query, a.q)
 	release(tcancel, timer)
+	a.reasked = true
 	err = a.accounted(ans, err, errors.Is(ctx.Err(), context.Canceled))
 	a.goOn(ctx, ans, err)
+}
+
+// context is the rest of the exchange's time, carrying its Tapper (the
+// walk's tries are tapped as the first was).
+func (a *asyncExchange) context() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+	if t, ok := a.done.(Tapper); ok && t.Tapping() {
+		ctx = WithTapper(ctx, t)
+	}
+	return ctx, cancel
 }
 
 // finish hands the result to the caller and recycles a.

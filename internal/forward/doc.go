@@ -1,6 +1,9 @@
 // Package forward sends cache misses to upstream DNS servers: upstream Groups with health checks
-// and failover, and the transports (pipelined TCP pool; UDP with TCP on TC). Which group a name
-// goes to is not decided here: a Route is compiled into internal/blocks' table.
+// and failover, and the transports (pipelined TCP pool, over TLS for DNS-over-TLS servers; UDP
+// with TCP on TC). Each server of a group keeps its transport: a TLS group may hold plain
+// servers (GroupConfig.Plain, a forward's plain targets beside its tls:// ones), asked over UDP
+// or TCP, with one walk, health and limit over all. Which group a name goes to is not decided
+// here: a Route is compiled into internal/blocks' table.
 //
 // It owns nothing else: it must not cache answers, import Prometheus or other internal packages,
 // or log per query. Measurements go to an Observer the caller implements; operator-worthy events

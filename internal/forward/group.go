@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -81,12 +83,37 @@ type GroupConfig struct {
 	// A Corefile forward's options (zero values: our defaults).
 	MaxFails      int           // consecutive failures marking a server down (0: 3; <0: never, CoreDNS's max_fails 0)
 	ProbeInterval time.Duration // first wait before probing a down server (0: 500 ms; CoreDNS's health_check)
+	// ServerNames are TLS server names of single servers (CoreDNS's
+	// tls://IP%NAME), over TLS's ServerName; with TLS only.
+	ServerNames map[netip.AddrPort]string
+	// FailoverRcodes: an answer whose rcode's bit (1<<rcode) is set moves on
+	// to the next server like SERVFAIL and REFUSED (CoreDNS's failover); the
+	// last one is returned when no server gives another.
+	FailoverRcodes uint16
+	// MaxTries caps the tries of one query that get no answer (a timeout,
+	// a refused connection), over all servers (CoreDNS's
+	// max_connect_attempts; an answer moved on by rcode does not count);
+	// 0: the walk's two passes only.
+	MaxTries int
+	// RefuseOverload: a query past MaxInflight fails with an error that also
+	// wraps wire.RcodeError(REFUSED), so its client gets REFUSED (CoreDNS's
+	// max_concurrent); without it, SERVFAIL.
+	RefuseOverload bool
+	// ProbeName is the name a down server is probed for, "NAME IN NS" ("": the root;
+	// CoreDNS's health_check ... domain NAME).
+	ProbeName string
 	// Spread starts each query at the next server in turn (CoreDNS's policy random or
 	// round_robin) instead of the first healthy one in order (sequential).
 	Spread bool
 	// TLS, when set, makes the TCP connections DNS over TLS (RFC 7858) with this client
 	// configuration (CoreDNS's tls:// upstreams, tls and tls_servername); Proto must be TCP.
 	TLS *tls.Config
+	// Plain are servers of a TLS group asked in plain DNS: a forward's
+	// dns:// targets beside its tls:// ones (CoreDNS's transport is per
+	// target), over UDP, or over TCP with PlainTCP (force_tcp). The
+	// group's policy, failover, health and limits span both. Only with TLS.
+	Plain    map[netip.AddrPort]bool
+	PlainTCP bool
 	// FailFast fails a query at once (ErrAllDown) when every server is marked down,
 	// instead of asking one of them (CoreDNS's failfast_all_unhealthy_upstreams).
 	FailFast bool
@@ -108,6 +135,8 @@ type Group struct {
 	inflight atomic.Int64
 	next     atomic.Uint32 // turns among the servers when all are down
 	turn     atomic.Uint32 // GroupConfig.Spread: the next query's first server
+
+	probeName []byte // cfg.ProbeName in wire form; nil: the root
 
 	ctx    context.Context // cancelled by Close; parent of health probes
 	cancel context.CancelFunc
@@ -150,12 +179,27 @@ func NewGroup(cfg GroupConfig, obs Observer) (*Group, error) {
 	}
 	log = log.With("component", "forward", "group", cfg.Name)
 	g := &Group{cfg: cfg, clk: clock.Or(cfg.Clock), name: cfg.Name, obs: obs, log: log}
+	if cfg.ProbeName != "" {
+		buf := make([]byte, 256)
+		n, err := dns.PackDomainName(dns.Fqdn(cfg.ProbeName), buf, 0, nil, false)
+		if err != nil {
+			return nil, fmt.Errorf("group %q: probe name %q: %w", cfg.Name, cfg.ProbeName, err)
+		}
+		g.probeName = buf[:n]
+	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	for _, a := range cfg.Servers {
 		u := &upstream{addr: a, name: a.String()}
-		if cfg.Proto == TCP {
+		switch plain := cfg.TLS != nil && cfg.Plain[a]; {
+		case cfg.Proto == TCP && !(plain && !cfg.PlainTCP):
 			u.tcp = newTCPPool(a, &g.cfg, g.clk, obs, log)
-		} else {
+			if plain {
+				u.tcp.tls = nil // a plain server of a TLS group, with force_tcp
+			} else if n := cfg.ServerNames[a]; n != "" && cfg.TLS != nil {
+				u.tcp.tls = cfg.TLS.Clone()
+				u.tcp.tls.ServerName = n
+			}
+		default: // a UDP group, or a plain server of a TLS group
 			u.udp = newUDPMux(&g.cfg, u.name, g.clk, obs, log)
 		}
 		g.ups = append(g.ups, u)
@@ -181,6 +225,14 @@ func (c *GroupConfig) validate() error {
 	}
 	if c.TLS != nil && c.Proto != TCP {
 		return errors.New("TLS needs the TCP protocol")
+	}
+	if len(c.Plain) > 0 && c.TLS == nil {
+		return errors.New("plain servers are for a TLS group")
+	}
+	if c.ProbeName != "" {
+		if _, ok := dns.IsDomainName(c.ProbeName); !ok {
+			return fmt.Errorf("invalid probe name %q", c.ProbeName)
+		}
 	}
 	if c.PoolSize < 0 || c.MaxPerConn < 0 || c.MaxQueriesPerConn < 0 || c.MaxInflight < 0 ||
 		c.IdleTimeout < 0 || c.TryTimeout < 0 {
@@ -253,6 +305,9 @@ func (g *Group) enter(query []byte) (question, error) {
 	if g.inflight.Add(1) > int64(g.cfg.MaxInflight) {
 		g.inflight.Add(-1)
 		g.obs.Failure(g.name, "", KindOverloaded)
+		if g.cfg.RefuseOverload {
+			return question{}, fmt.Errorf("group %s: %w (%d, max_concurrent): %w", g.name, ErrOverloaded, g.cfg.MaxInflight, wire.RcodeError(wire.RcodeRefused))
+		}
 		return question{}, fmt.Errorf("group %s: %w (%d)", g.name, ErrOverloaded, g.cfg.MaxInflight)
 	}
 	g.obs.Inflight(g.name, 1)
@@ -274,6 +329,7 @@ type walk struct {
 	epStart        int         // the endpoint the passes start at
 	pass, start, k int         // pass number, its first server, the next position in it
 	tried          int         // servers tried in this pass
+	failedTries    int         // tries that got no answer, in every pass (GroupConfig.MaxTries)
 	allDown        bool
 	last           int // position (in the pass) of the server tried last; -1: the all-down try
 	fallback       []byte
@@ -313,6 +369,9 @@ func (g *Group) passStart() int {
 func (g *Group) nextServer(w *walk) *upstream {
 	n := len(w.eps) + len(g.ups)
 	for w.pass < maxPasses && !w.allDown {
+		if g.cfg.MaxTries > 0 && w.failedTries >= g.cfg.MaxTries {
+			return nil
+		}
 		for w.k < n {
 			k := w.k
 			w.k++
@@ -354,12 +413,14 @@ func (g *Group) take(w *walk, q question, ans []byte, err error) (final bool, _ 
 			return true, nil, fmt.Errorf("group %s: %w", g.name, err)
 		}
 		w.lastErr = err
+		w.failedTries++
 		if w.allDown {
 			return true, nil, g.noAnswer(w, nil)
 		}
 		return false, nil, nil
 	}
-	if rc := wire.Rcode(ans); !w.allDown && (rc == wire.RcodeServFail || rc == wire.RcodeRefused) && g.healthyAfter(w, w.last) {
+	if rc := wire.Rcode(ans); !w.allDown && (rc == wire.RcodeServFail || rc == wire.RcodeRefused || g.cfg.FailoverRcodes&(1<<(rc&0xF)) != 0) &&
+		g.healthyAfter(w, w.last) {
 		w.fallback = ans
 		return false, nil, nil
 	}
@@ -416,6 +477,9 @@ func (g *Group) attempt(ctx context.Context, u *upstream, query []byte, q questi
 	}
 	if err == nil {
 		ans, err = g.try(ctx, u, query, q, false)
+		if t := tapperOf(ctx); t != nil && !errors.Is(err, errRetired) {
+			t.Tried(u.name, g.cfg.Proto == TCP, start, query, ans)
+		}
 	}
 	if err != nil {
 		if errors.Is(err, errRetired) {
@@ -444,13 +508,13 @@ var errTryTimeout = fmt.Errorf("try timed out: %w", context.DeadlineExceeded)
 // try is one attempt on one server, bounded by TryTimeout. The answer keeps the wire ID. A
 // probe of a TCP upstream uses a connection of its own, never a pooled one.
 func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, probe bool) ([]byte, error) {
-	if g.cfg.Proto == TCP {
+	if u.tcp != nil {
 		if !probe {
 			return u.tcp.exchange(ctx, query, q) // bounded by the pool's try timer
 		}
 		tctx, cancel, timer := g.tryContext(ctx)
 		defer release(cancel, timer)
-		return exchangeTCPOnce(tctx, u.name, query, q)
+		return exchangeTCPOnce(tctx, u.name, u.tcp.tls, query, q) // over TLS to a tls:// server
 	}
 	// UDP: the try is bounded by a recycled timer of the upstream's sockets (see
 	// udpMux.exchange), without a context of its own (5 allocations per miss).
@@ -462,7 +526,7 @@ func (g *Group) try(ctx context.Context, u *upstream, query []byte, q question, 
 	// same server, with a try of its own.
 	tctx, cancel, timer := g.tryContext(ctx)
 	defer release(cancel, timer)
-	return exchangeTCPOnce(tctx, u.name, query, q)
+	return exchangeTCPOnce(tctx, u.name, nil, query, q)
 }
 
 // tryContext returns ctx bounded by TryTimeout on the group's clock (its cause then

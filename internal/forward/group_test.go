@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -228,8 +229,17 @@ func TestOverloaded(t *testing.T) {
 	if d := time.Since(start); d > 100*time.Millisecond {
 		t.Errorf("ErrOverloaded took %v", d)
 	}
+	if rc := wire.RcodeError(0); errors.As(err, &rc) {
+		t.Errorf("without RefuseOverload the error carries rcode %d", rc)
+	}
 	if rec.failuresOf("", KindOverloaded) != 1 {
 		t.Error("overload not counted")
+	}
+	// max_concurrent: the same error, carrying REFUSED for the client.
+	g.cfg.RefuseOverload = true
+	_, err = g.Exchange(context.Background(), query(t, "fourth.example.", 4))
+	if rc := wire.RcodeError(0); !errors.Is(err, ErrOverloaded) || !errors.As(err, &rc) || rc != wire.RcodeRefused {
+		t.Errorf("RefuseOverload: err %v", err)
 	}
 	close(release)
 	wg.Wait()
@@ -326,5 +336,72 @@ func TestNewGroupValidates(t *testing.T) {
 	defer g.Close()
 	if g.cfg.PoolSize != DefaultPoolSize || g.cfg.TryTimeout != DefaultTryTimeout || g.cfg.MaxInflight != DefaultMaxInflight {
 		t.Errorf("defaults not applied: %+v", g.cfg)
+	}
+}
+
+// health_check's domain: a down server is probed for "NAME IN NS", recursion
+// not desired; without it for ". IN NS".
+func TestProbeAsksTheHealthCheckDomain(t *testing.T) {
+	for _, tc := range []struct{ probe, want string }{{"", "."}, {"Health.Example", "health.example."}} {
+		dead := deadAddr(t)
+		clk := newFake()
+		rec := newRecorder()
+		g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{dead}, Proto: TCP, Clock: clk, MaxFails: 1, ProbeName: tc.probe}, rec)
+		g.Exchange(context.Background(), query(t, "a.example.", 1))
+		if !rec.hasHealth(dead.String() + " down") {
+			t.Fatalf("not down: %v", rec.healthEvents())
+		}
+		var mu sync.Mutex
+		var asked []string
+		startTCPOn(t, dead.String(), serveWith(func(q []byte) []byte {
+			m := new(dns.Msg)
+			if err := m.Unpack(q); err == nil && len(m.Question) == 1 {
+				mu.Lock()
+				asked = append(asked, fmt.Sprintf("%s %s rd=%v", strings.ToLower(m.Question[0].Name), dns.TypeToString[m.Question[0].Qtype], m.RecursionDesired))
+				mu.Unlock()
+			}
+			return answerFor(q)
+		}))
+		advanceWhen(t, clk, 1, probeInterval)
+		waitFor(t, 5*time.Second, "probe to mark the upstream up", func() bool {
+			return slices.Equal(rec.healthTransitions(dead.String()), []string{"down", "up"})
+		})
+		mu.Lock()
+		if want := tc.want + " NS rd=false"; len(asked) != 1 || asked[0] != want {
+			t.Errorf("probe %q asked %v, want [%s]", tc.probe, asked, want)
+		}
+		mu.Unlock()
+	}
+	if _, err := NewGroup(GroupConfig{Name: "x", Servers: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53")}, Proto: TCP, ProbeName: "a..b"}, nil); err == nil {
+		t.Error("an invalid probe name was taken")
+	}
+}
+
+// FailoverRcodes: an answer with such an rcode moves on to the next server,
+// like SERVFAIL; without it the answer is final. MaxTries caps the tries
+// that get no answer: with one, a dead first server ends the walk.
+func TestFailoverRcodesAndMaxTries(t *testing.T) {
+	nx := startTCP(t, serveWith(func(q []byte) []byte { return replyWith(q, dns.RcodeNameError) }))
+	good := startTCP(t, servePipelined)
+	for _, tc := range []struct {
+		mask uint16
+		want int
+	}{{0, dns.RcodeNameError}, {1 << dns.RcodeNameError, dns.RcodeSuccess}, {1 << dns.RcodeFormatError, dns.RcodeNameError}} {
+		g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{nx.addr, good.addr}, Proto: TCP, FailoverRcodes: tc.mask}, nil)
+		ans, err := g.Exchange(context.Background(), query(t, "f.example.", 7))
+		if err != nil || wire.Rcode(ans) != tc.want {
+			t.Errorf("failover %b: rcode %d (%v), want %d", tc.mask, wire.Rcode(ans), err, tc.want)
+		}
+	}
+	dead := deadAddr(t)
+	for _, tc := range []struct {
+		max int
+		ok  bool
+	}{{0, true}, {1, false}, {2, true}} {
+		g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{dead, good.addr}, Proto: TCP, MaxFails: -1, MaxTries: tc.max}, nil)
+		_, err := g.Exchange(context.Background(), query(t, "m.example.", 8))
+		if (err == nil) != tc.ok {
+			t.Errorf("MaxTries %d: %v", tc.max, err)
+		}
 	}
 }

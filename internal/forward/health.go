@@ -59,7 +59,7 @@ func (g *Group) startProbe(u *upstream) {
 	go g.probe(u)
 }
 
-// probe queries a down upstream for ". IN NS" (recursion not desired, so the upstream need not
+// probe queries a down upstream for ". IN NS" (or GroupConfig.ProbeName; recursion not desired, so the upstream need not
 // reach the Internet) until it is up again, then ends. Any valid answer counts, whatever its
 // rcode: the upstream is alive. A TCP upstream is probed over a connection of its own, so a
 // pooled connection that stopped delivering answers cannot keep it down.
@@ -78,7 +78,7 @@ func (g *Group) probe(u *upstream) {
 			return // an endpoint no longer followed: nothing to bring back
 		}
 		if u.down.Load() {
-			query := probeQuery(uint16(rand.Uint32()))
+			query := probeQuery(uint16(rand.Uint32()), g.probeName)
 			q, _ := parseQuery(query)
 			if _, err := g.try(g.ctx, u, query, q, true); err == nil {
 				g.answered(u)

@@ -739,6 +739,12 @@ func (c *tcpConn) writeLoop() {
 			if err == nil {
 				_, err = c.nc.Write(out)
 			}
+			if err == nil {
+				// Cleared: an inline write (writeNow, through the raw conn) fails at
+				// once on a deadline that has passed, and closed the connection 2 s
+				// after any write of this goroutine.
+				err = c.nc.SetWriteDeadline(time.Time{})
+			}
 			if err != nil {
 				// The stream may hold half a frame: close it.
 				c.closeWith(fmt.Errorf("write to %s: %w", p.upstream, err))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"strings"
@@ -432,5 +433,35 @@ func TestTCPLargeAnswerGrowsBuffer(t *testing.T) {
 	}
 	if got, err := readGrowing(bytes.NewReader([]byte{1, 2, 3}), 65535); err != io.ErrUnexpectedEOF || got != nil {
 		t.Fatalf("lying length: %d bytes, %v", len(got), err)
+	}
+}
+
+// A pooled connection the writer goroutine wrote on keeps working past
+// writeTimeout: its write deadline is cleared after each write, else the
+// next inline write (through the raw conn) failed at once with an i/o
+// timeout, closing the connection and failing a try (found by the dnstap
+// parity test: a FORWARDER_QUERY of its own for the failed try).
+func TestTCPPoolInlineWriteAfterWriterDeadline(t *testing.T) {
+	srv := startTCP(t, servePipelined)
+	rec := newRecorder()
+	g := newGroup(t, GroupConfig{Servers: []netip.AddrPort{srv.addr}, Proto: TCP, PoolSize: 1}, rec)
+	// The first query dials, and its frame is the writer goroutine's; many
+	// at once then: while one writes inline the others queue for the writer.
+	exchangeMany(t, g, 1, func(i int) string { return "first.svc.cluster.local." }, checkTXT)
+	exchangeMany(t, g, 200, func(i int) string { return fmt.Sprintf("w%d.svc.cluster.local.", i) }, checkTXT)
+	time.Sleep(writeTimeout + 300*time.Millisecond)
+	for i := range 3 {
+		// ExchangeAsync writes its frame inline (writeNow).
+		name := fmt.Sprintf("after%d.svc.cluster.local.", i)
+		_, ans, err := exchangeAsync(t, g, query(t, name, uint16(i+1)), 3*time.Second)
+		if err != nil || checkTXT(ans, name, uint16(i+1)) != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	rec.mu.Lock()
+	failures := maps.Clone(rec.failures)
+	rec.mu.Unlock()
+	if len(failures) != 0 || srv.accepted.Load() != 1 {
+		t.Errorf("failures %v, %d connections accepted (want none, 1)", failures, srv.accepted.Load())
 	}
 }

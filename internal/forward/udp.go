@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -731,9 +732,15 @@ func reaskOverTCP(ans []byte, err error) bool {
 
 // exchangeTCPOnce sends one query over a fresh TCP connection and reads its answer: the re-ask
 // after a truncated UDP answer, rare enough not to need a pool.
-func exchangeTCPOnce(ctx context.Context, addr string, query []byte, q question) ([]byte, error) {
+func exchangeTCPOnce(ctx context.Context, addr string, tc *tls.Config, query []byte, q question) ([]byte, error) {
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	var nc net.Conn
+	var err error
+	if tc != nil { // a DNS-over-TLS server: the handshake within ctx
+		nc, err = (&tls.Dialer{NetDialer: &d, Config: tc}).DialContext(ctx, "tcp", addr)
+	} else {
+		nc, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

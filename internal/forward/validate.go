@@ -84,12 +84,18 @@ func truncated(msg []byte) bool {
 	return len(msg) >= wire.HeaderLen && wire.Flags(msg)&wire.FlagTC != 0
 }
 
-// probeQuery returns ". IN NS" with a random ID and RD clear.
-func probeQuery(id uint16) []byte {
-	m := make([]byte, wire.HeaderLen, wire.HeaderLen+5)
+var rootName = []byte{0}
+
+// probeQuery returns "NAME IN NS" with a random ID and RD clear; name is
+// in wire form (nil: the root, ".").
+func probeQuery(id uint16, name []byte) []byte {
+	if len(name) == 0 {
+		name = rootName
+	}
+	m := make([]byte, wire.HeaderLen, wire.HeaderLen+len(name)+4)
 	wire.SetID(m, id)
 	wire.SetCounts(m, 1, 0, 0, 0)
-	m = append(m, 0) // root name
+	m = append(m, name...)
 	m = binary.BigEndian.AppendUint16(m, wire.TypeNS)
 	return binary.BigEndian.AppendUint16(m, wire.ClassINET)
 }

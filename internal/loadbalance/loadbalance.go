@@ -1,5 +1,5 @@
-// Package loadbalance is the Corefile's `loadbalance` directive (the
-// round_robin policy, its default): each NOERROR answer of a block with it
+// Package loadbalance is the Corefile's `loadbalance` directive. Its
+// round_robin policy (the default): each NOERROR answer of a block with it
 // has its A, AAAA and MX records shuffled, as CoreDNS's loadbalance plugin
 // shuffles them. CoreDNS's plugin.cfg puts loadbalance before cache, so
 // every answer is shuffled, cache hits too: the server applies Shuffle to
@@ -10,7 +10,12 @@
 // whose owner names are compression pointers) are shuffled in place, with
 // no allocation; anything else is unpacked, shuffled as CoreDNS's
 // roundRobin does (CNAMEs, other records, addresses, MX) and packed again.
-// It opens no sockets and matches no names.
+//
+// Its other policies (Policy): weighted, a weight file naming addresses
+// whose chance to come first it raises (read again on a change), and
+// prefer, subnets whose addresses come first; their answers are always
+// unpacked and packed again, and only blocks with them pay for it. It
+// opens no sockets; the only file it reads is a weight file.
 package loadbalance
 
 import (
@@ -34,15 +39,26 @@ func Shuffle(resp []byte) []byte {
 	} else if done {
 		return resp // not an answer worth shuffling (a zone transfer, nothing to move)
 	}
-	m := new(dns.Msg)
-	if err := m.Unpack(resp); err != nil || len(m.Question) == 0 {
+	m, opt, ok := unpackAnswer(resp)
+	if !ok {
 		return resp
+	}
+	m.Answer, m.Ns, m.Extra = roundRobin(m.Answer), roundRobin(m.Ns), roundRobin(m.Extra)
+	return repack(m, opt, resp)
+}
+
+// unpackAnswer unpacks a NOERROR answer to reorder its records: not a
+// zone transfer; its OPT record taken out of the additional section
+// (CoreDNS adds the OPT after loadbalance: it stays last). ok is false
+// when there is nothing to reorder.
+func unpackAnswer(resp []byte) (m *dns.Msg, opt []dns.RR, ok bool) {
+	m = new(dns.Msg)
+	if err := m.Unpack(resp); err != nil || len(m.Question) == 0 {
+		return nil, nil, false
 	}
 	if q := m.Question[0].Qtype; q == dns.TypeAXFR || q == dns.TypeIXFR {
-		return resp
+		return nil, nil, false
 	}
-	// CoreDNS adds the OPT record after loadbalance: it stays last.
-	var opt []dns.RR
 	m.Extra = slices.DeleteFunc(m.Extra, func(rr dns.RR) bool {
 		if rr.Header().Rrtype == dns.TypeOPT {
 			opt = append(opt, rr)
@@ -50,13 +66,37 @@ func Shuffle(resp []byte) []byte {
 		}
 		return false
 	})
-	m.Answer, m.Ns, m.Extra = roundRobin(m.Answer), roundRobin(m.Ns), append(roundRobin(m.Extra), opt...)
+	return m, opt, true
+}
+
+// repack packs m, reordered, with its OPT last again (resp, the answer as
+// it was, when it does not pack).
+func repack(m *dns.Msg, opt []dns.RR, resp []byte) []byte {
+	m.Extra = append(m.Extra, opt...)
 	m.Compress = true
 	out, err := m.Pack()
 	if err != nil {
 		return resp
 	}
 	return out
+}
+
+// byKind splits records as CoreDNS's balancing orders them: CNAMEs,
+// addresses (A, AAAA), MX and the rest.
+func byKind(in []dns.RR) (cname, address, mx, rest []dns.RR) {
+	for _, r := range in {
+		switch r.Header().Rrtype {
+		case dns.TypeCNAME:
+			cname = append(cname, r)
+		case dns.TypeA, dns.TypeAAAA:
+			address = append(address, r)
+		case dns.TypeMX:
+			mx = append(mx, r)
+		default:
+			rest = append(rest, r)
+		}
+	}
+	return
 }
 
 // rec is one record's place in a message.
@@ -184,19 +224,7 @@ func roundRobin(in []dns.RR) []dns.RR {
 	if len(in) <= 1 {
 		return in
 	}
-	var cname, address, mx, rest []dns.RR
-	for _, r := range in {
-		switch r.Header().Rrtype {
-		case dns.TypeCNAME:
-			cname = append(cname, r)
-		case dns.TypeA, dns.TypeAAAA:
-			address = append(address, r)
-		case dns.TypeMX:
-			mx = append(mx, r)
-		default:
-			rest = append(rest, r)
-		}
-	}
+	cname, address, mx, rest := byKind(in)
 	shuffle(address)
 	shuffle(mx)
 	out := append(cname, rest...)

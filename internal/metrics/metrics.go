@@ -9,14 +9,17 @@ package metrics
 
 import (
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 )
 
 const ns = "nodelocaldns"
@@ -104,6 +107,18 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 		Namespace: ns, Subsystem: "upstream", Name: "inflight_queries", Help: "Queries awaiting an upstream answer, by group.",
 	}, []string{"group"})
 	r.MustRegister(m.upstreamDuration, m.upstreamFailures, m.upstreamHealthy, m.upstreamConns, m.upstreamInflight)
+
+	// The Corefile's trace (internal/trace): its exporters' counts, read
+	// at scrape time.
+	for _, rc := range []struct {
+		result string
+		n      *atomic.Uint64
+	}{{"sent", &trace.Counters.Sent}, {"dropped_backlog", &trace.Counters.DroppedBacklog}, {"dropped_send", &trace.Counters.DroppedSend}} {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: ns, Name: "trace_spans_total", ConstLabels: prometheus.Labels{"result": rc.result},
+			Help: "Spans of the Corefile's trace, by result: sent (the collector accepted them), dropped_backlog (the backlog was full: the collector slower than the traced queries, or gone), dropped_send (the collector refused them or could not be reached).",
+		}, func() float64 { return float64(rc.n.Load()) }))
+	}
 
 	if srv != nil || c != nil {
 		r.MustRegister(&snapshotCollector{srv: srv, cache: c})
@@ -228,12 +243,14 @@ var (
 	descEvictions = prometheus.NewDesc(ns+"_cache_evictions_total", "Entries evicted to stay within capacity or the byte budget.", nil, nil)
 	descEntries   = prometheus.NewDesc(ns+"_cache_entries", "Entries in the cache, by type.", []string{"type"}, nil)
 	descBytes     = prometheus.NewDesc(ns+"_cache_bytes", "Memory accounted to cache entries.", nil, nil)
+	descTapSent   = prometheus.NewDesc(ns+"_dnstap_sent_total", "dnstap messages written to the collectors of the Corefile's dnstap directives.", nil, nil)
+	descTapDrop   = prometheus.NewDesc(ns+"_dnstap_dropped_total", "dnstap messages dropped: the queue full (a slow collector), no collector connected, or a write that failed.", nil, nil)
 )
 
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes, descPrefetch, descLKGServed, descLKGKept, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop} {
+		descEntries, descBytes, descPrefetch, descLKGServed, descLKGKept, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop, descTapSent, descTapDrop} {
 		ch <- d
 	}
 }
@@ -272,6 +289,9 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descHealth, c.HealthChecks)
 		counter(descReflector, c.ReflectorDrops)
 	}
+	sent, dropped := dnstap.Counts()
+	counter(descTapSent, sent)
+	counter(descTapDrop, dropped)
 	if s.cache != nil {
 		st := s.cache.Stats()
 		for _, k := range cache.Kinds() {

@@ -59,16 +59,30 @@ type askerKey struct{}
 // (wire.Query.From of the flight's first asker): what a template's .Remote
 // shows. It is the zero Addr when the transport did not record it, or for
 // a prefetch, which no client is waiting on.
-func Asker(ctx context.Context) netip.Addr {
-	a, _ := ctx.Value(askerKey{}).(netip.Addr)
+func Asker(ctx context.Context) netip.Addr { return AskerPort(ctx).Addr() }
+
+// AskerPort is Asker with the client's port (wire.Query.FromPort; 0 when
+// the transport did not record it).
+func AskerPort(ctx context.Context) netip.AddrPort {
+	a, _ := ctx.Value(askerKey{}).(netip.AddrPort)
 	return a
+}
+
+// AskerOf is AskerPort of a fetch started through StartFunc: the first
+// asker of the flight done is the result of; the zero AddrPort for a
+// prefetch or a done that is not a flight's.
+func AskerOf(done FetchDone) netip.AddrPort {
+	if c, ok := done.(*call); ok && c.q.From.IsValid() {
+		return netip.AddrPortFrom(c.q.From, c.q.FromPort)
+	}
+	return netip.AddrPort{}
 }
 
 // WithAsker returns ctx carrying a as the asker, for a caller that resolves
 // on a client's behalf through Resolve with a query it built itself
 // (autopath's candidates): it sets the query's From from Asker(ctx).
 func WithAsker(ctx context.Context, a netip.Addr) context.Context {
-	return context.WithValue(ctx, askerKey{}, a)
+	return context.WithValue(ctx, askerKey{}, netip.AddrPortFrom(a, 0))
 }
 
 // policyKey is the context key of the policy of the question a fetch asks.
@@ -461,7 +475,7 @@ func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), policyKey{}, pol), r.cfg.FetchTimeout)
 	defer cancel()
 	if q.From.IsValid() {
-		ctx = WithAsker(ctx, q.From)
+		ctx = context.WithValue(ctx, askerKey{}, netip.AddrPortFrom(q.From, q.FromPort))
 	}
 	uq := wire.AppendUpstreamQuery(make([]byte, 0, 64+len(q.Name)), q, r.cfg.UDPSize)
 	resp, err := r.cfg.Fetch(ctx, wire.NameString(q.Name), uq)

@@ -22,14 +22,37 @@
 // asked (CoreDNS leaves the rewritten one in it, which clients reject; as
 // for name rules, it is restored here).
 //
-// Rules other than `name`, `type` and `class` (edns0, ttl, cname, rcode)
-// and the `metadata` form are refused by the Corefile reader.
+// `ttl` and `rcode` rules (`rewrite [continue|stop] ttl|rcode [exact|
+// prefix|suffix|substring|regex] NAME TTL|FROM TO`) act on the answer, which
+// CoreDNS rewrites after its cache: they are parsed here and applied by the
+// server to every answer of the block, cache hits too (internal/rwanswer,
+// Answers); here they only end the walk of a block's rules (`stop`) where
+// they match, as in CoreDNS.
+//
+// `edns0` rules (`rewrite [continue|stop] edns0 local|nsid|subnet
+// set|replace|append|unset ...`) change the options of the query sent
+// upstream, as CoreDNS's change the request its forward sends: static and
+// hex values, {qname}, {qtype} and {client_ip} (the address of the client
+// whose question started the fetch: resolve.Asker) and subnet from it. The
+// answer is cached and shared, as in CoreDNS (its cache keys no option);
+// clients asking one name at once share one fetch, so the options are the
+// first one's (CoreDNS sends each concurrent miss with its own). The
+// client's own options are not forwarded (the upstream query is built
+// apart, with only the DO bit), so `replace` finds only what an earlier
+// rule put there, and `revert` has nothing to restore. {client_port},
+// {server_ip}, {server_port}, {protocol} and metadata {/label} values are
+// refused: the fetch does not know them.
+//
+// `cname` rules rewrite CNAME targets in the answer and look the new
+// target up (cname.go). The name rule's `metadata` form is refused.
 package rewrite
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -38,6 +61,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
+	"github.com/nodelocaldns/nodelocaldns/internal/rwanswer"
 )
 
 // Match types of a name rule.
@@ -117,6 +141,7 @@ func (r *suffixRewriter) rewrite(s string) string {
 type responseRule struct {
 	value bool
 	rw    stringRewriter
+	cname *cnameRule // a cname rule (rw unused)
 }
 
 func (rr responseRule) apply(r dns.RR) {
@@ -164,7 +189,12 @@ type Rule struct {
 	pattern          *regexp.Regexp
 	auto             bool
 	static           []responseRule
-	description      string
+	// answer is a ttl or rcode rule as the answer side applies it.
+	answer *rwanswer.Step
+	// edns0 is an edns0 rule, cname a cname rule.
+	edns0       *edns0Rule
+	cname       *cnameRule
+	description string
 }
 
 // String is the rule as written (for errors and logs).
@@ -214,8 +244,28 @@ func ParseRule(args []string) (*Rule, error) {
 		}
 		r.kind, r.fromType, r.toType = t, from, to
 		return r, nil
-	case "edns0", "ttl", "cname", "rcode":
-		return nil, fmt.Errorf("%s rules are not supported (name, type and class rules only)", t)
+	case "ttl", "rcode":
+		a, err := parseAnswerRule(t, args[1:])
+		if err != nil {
+			return nil, err
+		}
+		a.Stop = r.stop
+		r.kind, r.answer = t, a
+		return r, nil
+	case "edns0":
+		e, err := parseEdns0(args[1:])
+		if err != nil {
+			return nil, err
+		}
+		r.kind, r.edns0 = t, e
+		return r, nil
+	case "cname":
+		c, err := parseCNAME(args[1:])
+		if err != nil {
+			return nil, err
+		}
+		r.kind, r.cname = t, c
+		return r, nil
 	default:
 		return nil, fmt.Errorf("invalid rule type %q", args[0])
 	}
@@ -371,6 +421,14 @@ func (r *Rule) replacementSuffix() string { return r.to }
 type Handler struct {
 	rules []*Rule
 	Stats Stats
+	// Lookup resolves a cname rule's new target through its block; nil:
+	// cname rules do nothing.
+	Lookup directive.Lookup
+	// Log is where a failed lookup is told; nil: nowhere.
+	Log *slog.Logger
+	// Asker gives the client a fetch asks for (edns0 rules' {client_ip}
+	// and subnet); nil: none.
+	Asker func(ctx context.Context) netip.Addr
 }
 
 // New returns the handler of rules.
@@ -385,6 +443,36 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 	var back []responseRule
 	done := false
 	for _, rule := range h.rules {
+		if rule.cname != nil {
+			// Applies to every question, on the answer (CoreDNS's
+			// RewriteDone).
+			back, done = append(back, responseRule{cname: rule.cname}), true
+			if rule.stop {
+				break
+			}
+			continue
+		}
+		if rule.edns0 != nil {
+			var client netip.Addr
+			if h.Asker != nil {
+				client = h.Asker(ctx)
+			}
+			if rule.edns0.apply(r, client) {
+				done = true
+				if rule.stop {
+					break
+				}
+			}
+			continue
+		}
+		if rule.answer != nil {
+			// ttl and rcode rules act on the answer (Answers); a match
+			// with stop ends the walk here too.
+			if rule.stop && rule.answer.Match(strings.ToLower(r.Question[0].Name)) {
+				break
+			}
+			continue
+		}
 		if rule.kind != "name" {
 			q := &r.Question[0].Qtype
 			if rule.kind == "class" {
@@ -426,6 +514,7 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 	}
 	h.Stats.Rewritten.Add(1)
 	m, err := next(ctx, r)
+	asked := r.Question[0]
 	r.Question[0] = orig
 	if err != nil {
 		return nil, err
@@ -439,6 +528,10 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 					continue
 				}
 				for i := len(back) - 1; i >= 0; i-- {
+					if back[i].cname != nil {
+						h.rewriteCNAME(ctx, back[i].cname, m, rr, asked.Qtype)
+						continue
+					}
 					back[i].apply(rr)
 				}
 			}

@@ -72,7 +72,7 @@ func TestServe(t *testing.T) {
 
 func TestParseRuleRefuses(t *testing.T) {
 	for _, s := range []string{
-		"", "stop", "answer name a b", "type A", "edns0 local set 0xffee abc", "name a", "name frob a b",
+		"", "stop", "answer name a b", "type A", "edns0 local set 0xffee {protocol}", "edns0 local frob 1 2", "edns0 bogus set 1 2", "edns0 local set x y", "edns0 local unset", "edns0 nsid set x", "edns0 subnet set 24 129", "cname a.", "cname frob a. b.", "cname regex ( b.", "name a", "name frob a b",
 		"name regex ( a", "name regex ^a$ {1}", "name exact a b answer", "name exact a b answer auto answer name x y",
 		"name regex (.*) {1} metadata", "name exact a b answer frob x y",
 	} {
@@ -112,7 +112,7 @@ func TestTypeRule(t *testing.T) {
 			t.Errorf("%v: asked %d, answered question %v, err %v", tc.args, asked, m.Question, err)
 		}
 	}
-	for _, bad := range [][]string{{"type", "A"}, {"type", "FOO", "A"}, {"class", "IN", "XX"}, {"ttl", "a", "1"}} {
+	for _, bad := range [][]string{{"type", "A"}, {"type", "FOO", "A"}, {"class", "IN", "XX"}, {"cname", "a."}} {
 		if _, err := ParseRule(bad); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

@@ -3,6 +3,7 @@ package running
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -11,9 +12,12 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -43,7 +47,7 @@ type sharedPolicy struct {
 // zones, as one view sees them: pick gives the block serving a zone's
 // names there (-1: none, the zone is refused). nil when no block logs,
 // shuffles or answers whoami.
-func blockAnswers(srv []*corefile.Server, pick func(zone string) int) []blocks.Answers {
+func (d *State) blockAnswers(srv []*corefile.Server, pick func(zone string) int, tracers func(int) *trace.Tracer) []blocks.Answers {
 	var out []blocks.Answers
 	seen := map[string]bool{}
 	acts := false
@@ -57,8 +61,12 @@ func blockAnswers(srv []*corefile.Server, pick func(zone string) int) []blocks.A
 			if p < 0 {
 				continue
 			}
-			a := blocks.Answers{Zone: strings.ToLower(z), Log: srv[p].LogRules, Shuffle: srv[p].Loadbalance, Whoami: srv[p].Whoami}
-			acts = acts || len(a.Log) > 0 || a.Shuffle || a.Whoami
+			a := blocks.Answers{Zone: strings.ToLower(z), Log: srv[p].LogRules, Shuffle: srv[p].Loadbalance, Balance: srv[p].Balance, Whoami: srv[p].WhoamiAnswers(),
+				Rewrite: rewrite.Answers(srv[p].Rewrites), Taps: d.tapsFor(srv[p].Dnstap)}
+			if tracers != nil {
+				a.Trace = tracers(p)
+			}
+			acts = acts || len(a.Log) > 0 || a.Shuffle || a.Whoami || a.Trace != nil || a.Rewrite != nil || len(a.Taps) > 0
 			out = append(out, a)
 		}
 	}
@@ -66,6 +74,43 @@ func blockAnswers(srv []*corefile.Server, pick func(zone string) int) []blocks.A
 		return nil
 	}
 	return out
+}
+
+// tracers returns the trace of block p of srv (nil: the block has no
+// trace): one Tracer per block, shared by every view that sees it (one
+// sampling count per block, as CoreDNS's one plugin instance per server
+// block), made anew for each Corefile loaded (CoreDNS's count restarts
+// on reload too). Its exporter is the process's one for the endpoint.
+func (d *State) tracers(srv []*corefile.Server) func(int) *trace.Tracer {
+	return func(p int) *trace.Tracer {
+		s := srv[p]
+		if s.Trace == nil {
+			return nil
+		}
+		d.traceMu.Lock()
+		defer d.traceMu.Unlock()
+		if len(d.traceFor) == 0 || d.traceFor[0] != srv[0] {
+			// Another Corefile: forget the last one's tracers.
+			d.traceFor, d.traceOf = srv, map[*corefile.Server]*trace.Tracer{}
+		}
+		if t := d.traceOf[s]; t != nil {
+			return t
+		}
+		exp, err := trace.ExporterFor(*s.Trace, d.log.With("component", "trace"))
+		if err != nil {
+			d.log.Warn("trace: the block's queries are not traced", "block", strings.Join(s.Keys, " "), "err", err)
+			return nil
+		}
+		var local netip.AddrPort
+		if len(s.Bind) > 0 {
+			local = netip.AddrPortFrom(s.Bind[0], uint16(s.Port))
+		}
+		t := trace.NewTracer(*s.Trace, trace.Chain(func(n string) bool {
+			return slices.ContainsFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == n })
+		}), local, exp)
+		d.traceOf[s] = t
+		return t
+	}
 }
 
 // firstBlock is the shared view's pick: the first block of a zone (where
@@ -81,7 +126,7 @@ func firstBlock(srv []*corefile.Server) func(zone string) int {
 // whether whoami answers it.
 func BlockAnswers(p *resolve.Policy) server.Answers {
 	if b := blocks.Of(p); b != nil {
-		return server.Answers{Log: b.Log, Shuffle: b.Shuffle, Whoami: b.Whoami}
+		return server.Answers{Log: b.Log, Shuffle: b.Shuffle, Balance: b.Balance, Whoami: b.Whoami, Trace: b.Trace, Rewrite: b.Rewrite, Taps: b.Taps}
 	}
 	return server.Answers{}
 }
@@ -94,13 +139,19 @@ func (d *State) noteActs() {
 		return
 	}
 	logs, shuffles, whoami := d.shared.Load().Acts()
+	traces := d.shared.Load().Traces()
+	rewrites := d.shared.Load().Rewrites()
+	taps := d.shared.Load().Taps()
 	if d.views != nil {
 		for _, t := range d.views.tables {
 			l, s, w := t.v.Load().Acts()
 			logs, shuffles, whoami = logs || l, shuffles || s, whoami || w
+			traces = traces || t.v.Load().Traces()
+			rewrites = rewrites || t.v.Load().Rewrites()
+			taps = taps || t.v.Load().Taps()
 		}
 	}
-	d.Server.SetBlockActs(logs, shuffles, whoami)
+	d.Server.SetBlockActs(server.BlockActs{Log: logs, Shuffle: shuffles, Whoami: whoami, Trace: traces, Rewrite: rewrites, Tap: taps})
 }
 
 // compileView compiles a view from its policies, its chains (nil: none)
@@ -171,7 +222,7 @@ func (d *State) fetchIn(table func() *blocks.View) resolve.FetchFunc {
 		case b.Refused:
 			return blocks.RefusedAnswer(query)
 		}
-		return d.exchange(ctx, table, name, b.Group, query)
+		return d.exchange(tapping(ctx, b), table, name, b.Group, query)
 	}
 }
 
@@ -188,7 +239,7 @@ func (d *State) forwardIn(table func() *blocks.View) resolve.FetchFunc {
 		if b.Refused {
 			return blocks.RefusedAnswer(query)
 		}
-		return d.exchange(ctx, table, name, b.Group, query)
+		return d.exchange(tapping(ctx, b), table, name, b.Group, query)
 	}
 }
 
@@ -221,5 +272,64 @@ func (d *State) exchange(ctx context.Context, table func() *blocks.View, name []
 			return ans, err
 		}
 		g = now
+	}
+}
+
+// tapping is ctx telling the forward of b's dnstap (forwardTap), when b
+// has one.
+func tapping(ctx context.Context, b *blocks.Block) context.Context {
+	if len(b.Taps) == 0 {
+		return ctx
+	}
+	return forward.WithTapper(ctx, forwardTap{taps: b.Taps, client: resolve.AskerPort(ctx)})
+}
+
+// tapsFor are the taps of a block's dnstap directives: one Tap per
+// distinct configuration, shared by every block and view that has it and
+// kept across reloads that keep it (closeUnusedTaps closes the others).
+func (d *State) tapsFor(cfgs []dnstap.Config) []*dnstap.Tap {
+	if len(cfgs) == 0 {
+		return nil
+	}
+	d.tapMu.Lock()
+	defer d.tapMu.Unlock()
+	if d.taps == nil {
+		d.taps = map[string]*dnstap.Tap{}
+	}
+	out := make([]*dnstap.Tap, 0, len(cfgs))
+	for _, c := range cfgs {
+		k := c.Key()
+		t := d.taps[k]
+		if t == nil {
+			t = dnstap.New(c, d.log)
+			d.taps[k] = t
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// closeUnusedTaps closes the taps no block of srv has (nil: all), once
+// the tables that held them are no longer served.
+func (d *State) closeUnusedTaps(srv []*corefile.Server) {
+	used := map[string]bool{}
+	{
+		for _, s := range srv {
+			for _, c := range s.Dnstap {
+				used[c.Key()] = true
+			}
+		}
+	}
+	d.tapMu.Lock()
+	var gone []*dnstap.Tap
+	for k, t := range d.taps {
+		if !used[k] {
+			gone = append(gone, t)
+			delete(d.taps, k)
+		}
+	}
+	d.tapMu.Unlock()
+	for _, t := range gone {
+		go t.Close() // a query still holding it sends into a closed queue's drops
 	}
 }

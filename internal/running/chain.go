@@ -7,6 +7,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
@@ -24,10 +25,56 @@ func (d *State) chainEnv(table func() *blocks.View) blocks.ChainEnv {
 	return env
 }
 
-// buildChains builds the chains of servers as a view picks them (nil
-// pick: a zone's first block) over next, serving in table.
-func (d *State) buildChains(servers []*corefile.Server, pick map[string]int, next resolve.FetchFunc, table func() *blocks.View) (*blocks.Chains, error) {
-	return blocks.BuildChains(d.chainEnv(table), servers, pick, next)
+// buildChains builds the chains of cc's blocks as a view picks them (nil
+// pick: a zone's first block) over next, serving in table. The groups of
+// the blocks' further forwards are made here and owned by the chains
+// (Chains.Groups): closed with the State, retired when a reload replaces
+// the chains.
+func (d *State) buildChains(cc *config.CorefileConfig, pick map[string]int, next resolve.FetchFunc, table func() *blocks.View) (*blocks.Chains, error) {
+	env := d.chainEnv(table)
+	env.Links = func(s *corefile.Server) ([]*forward.Group, error) {
+		var gs []*forward.Group
+		for i, l := range cc.Links[s] {
+			g, err := d.linkGroup(l, i+2)
+			if err != nil {
+				for _, g := range gs {
+					_ = g.Close()
+				}
+				return nil, fmt.Errorf("forward %d (%s): %w", i+2, l.Route.Zone, err)
+			}
+			gs = append(gs, g)
+		}
+		if len(gs) != len(s.MoreForwards) {
+			for _, g := range gs {
+				_ = g.Close()
+			}
+			return nil, fmt.Errorf("%d further forwards, %d mapped", len(s.MoreForwards), len(gs))
+		}
+		return gs, nil
+	}
+	return blocks.BuildChains(env, cc.Servers, pick, next)
+}
+
+// linkGroup is the group of a block's n-th forward (n >= 2,
+// config.ForwardLink): UDP, or TCP with force_tcp or to kube-dns, with
+// the forward's options.
+func (d *State) linkGroup(l config.ForwardLink, n int) (*forward.Group, error) {
+	name := fmt.Sprintf("corefile:%s#%d", l.Route.Zone, n)
+	if l.Kube {
+		name = fmt.Sprintf("kube-dns#%d", n)
+	}
+	cfg := forward.GroupConfig{Name: name, Servers: l.Route.Servers, Proto: forward.UDP, MaxInflight: d.cfg.MaxInflight, Logger: d.log.With("group", name)}
+	if l.Route.ForceTCP {
+		cfg.Proto, cfg.PoolSize = forward.TCP, d.cfg.TCPPoolSize
+	}
+	if err := withOptions(&cfg, &l.Route.Opts); err != nil {
+		return nil, err
+	}
+	var obs forward.Observer // nil: not counted (a State without metrics)
+	if d.Metrics != nil {
+		obs = d.Metrics
+	}
+	return forward.NewGroup(cfg, obs)
 }
 
 // initChain builds the Corefile's chains over next (the forward routes)
@@ -38,7 +85,7 @@ func (d *State) initChain(next resolve.FetchFunc) error {
 	if cc == nil {
 		return nil
 	}
-	c, err := d.buildChains(cc.Servers, nil, next, d.shared.Load)
+	c, err := d.buildChains(cc, nil, next, d.shared.Load)
 	if err != nil {
 		return err
 	}
@@ -56,7 +103,7 @@ func (d *State) prepareChain(n *config.Config) (*blocks.Chains, []string, error)
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
 		return nil, nil, nil
 	}
-	c, err := d.buildChains(n.DropIn.Corefile.Servers, nil, d.chainNext, d.shared.Load)
+	c, err := d.buildChains(n.DropIn.Corefile, nil, d.chainNext, d.shared.Load)
 	if err != nil {
 		return nil, nil, fmt.Errorf("directives: %w", err)
 	}

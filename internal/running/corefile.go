@@ -142,6 +142,9 @@ func (e *corefileEdit) abandon() {
 	for _, g := range e.groups {
 		_ = g.Close()
 	}
+	for _, g := range e.chain.Groups() {
+		_ = g.Close()
+	}
 }
 
 // prepareCorefile builds what the reloaded configuration n needs and the
@@ -245,6 +248,11 @@ func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 		d.cacheBlocks.Store(&cb)
 	}
 	if e.chain != nil {
+		if old := d.chain.Load().Groups(); len(old) > 0 {
+			// The old blocks' further forwards: closed once the queries
+			// sent to them are done (apply retires them).
+			r.retireLater, e.changed = append(r.retireLater, old...), true
+		}
 		d.chain.Store(e.chain)
 		if d.Server != nil {
 			d.Server.SetRecordAskers(blocks.UsesRemote(n.DropIn.Corefile.Servers))
@@ -293,6 +301,9 @@ func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 		}
 		d.log.Info("Corefile changed; routes updated", "file", cc.Source(), "kube_dns_zones", fmt.Sprint(r.cf.kubeZones), "zone_routes", len(r.static))
 	}
+	if n.DropIn.Corefile != nil {
+		d.closeUnusedTaps(n.DropIn.Corefile.Servers) // the tables serving now hold only n's
+	}
 	return nil
 }
 
@@ -333,6 +344,7 @@ func restartFields(a, b *config.Config) []string {
 	cmp("bufsize", a.MaxUDPSize, b.MaxUDPSize)
 	cmp("lameduck", a.LameDuck, b.LameDuck)
 	cmp("timeouts", [3]time.Duration{a.TCPIdleTimeout, a.DropIn.TCPReadTimeout, a.DropIn.TCPWriteTimeout}, [3]time.Duration{b.TCPIdleTimeout, b.DropIn.TCPReadTimeout, b.DropIn.TCPWriteTimeout})
+	cmp("timeouts maxtcpqueries", a.DropIn.TCPMaxQueries, b.DropIn.TCPMaxQueries)
 	cmp("resolv.conf path", a.ResolvConf, b.ResolvConf)
 	return out
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
@@ -46,9 +47,9 @@ func (d *State) preparePolicies(n *config.Config) (*sharedPolicy, error) {
 	if cur == nil || next == nil {
 		return nil, nil
 	}
-	answers := blockAnswers(next.Servers, firstBlock(next.Servers))
+	answers := d.blockAnswers(next.Servers, firstBlock(next.Servers), d.tracers(next.Servers))
 	samePol := reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies)
-	if samePol && reflect.DeepEqual(d.sharedPol.answers, answers) {
+	if samePol && answersAlike(d.sharedPol.answers, answers) {
 		return nil, nil
 	}
 	sp := d.sharedPol
@@ -105,11 +106,14 @@ func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) error {
 			return err
 		}
 		cfg.TLS, cfg.Proto = t, forward.TCP
+		cfg.Plain, cfg.PlainTCP = o.PlainServers(), o.TCP // plain targets beside tls:// ones
 		if cfg.PoolSize == 0 {
 			cfg.PoolSize = forward.DefaultPoolSize
 		}
 	}
 	cfg.MaxFails, cfg.ProbeInterval, cfg.Spread, cfg.FailFast = o.MaxFails, o.ProbeInterval, o.Spread, o.FailFast
+	cfg.ProbeName, cfg.RefuseOverload, cfg.ServerNames = o.ProbeName, o.Refuse, o.ServerNames()
+	cfg.FailoverRcodes, cfg.MaxTries = o.Failover, o.MaxTries
 	if o.MaxInflight > 0 {
 		cfg.MaxInflight = o.MaxInflight
 	}
@@ -117,4 +121,24 @@ func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) error {
 		cfg.IdleTimeout = o.IdleTimeout
 	}
 	return nil
+}
+
+// answersAlike is reflect.DeepEqual of two blocks' answers but for their
+// tracers, compared by what they were made from (trace.Tracer.Same): a
+// tracer's count moves under the serving goroutines.
+func answersAlike(a, b []blocks.Answers) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if !x.Trace.Same(y.Trace) {
+			return false
+		}
+		x.Trace, y.Trace = nil, nil
+		if !reflect.DeepEqual(x, y) {
+			return false
+		}
+	}
+	return true
 }

@@ -22,17 +22,21 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -65,6 +69,11 @@ type State struct {
 	// server's CoreDNSZones), fixed at start. Owned like reload's state.
 	routes      []forward.Route
 	metricZones []string
+	// traceOf is the trace of each block of the Corefile traceFor
+	// (blocks.go's tracers), under traceMu.
+	traceMu  sync.Mutex
+	traceFor []*corefile.Server
+	traceOf  map[*corefile.Server]*trace.Tracer
 
 	// The shared view's block table (blocks.go): what its resolver serves
 	// by, compiled from sharedPol and chain and swapped whole when a
@@ -85,6 +94,9 @@ type State struct {
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
 	// sink is where the blocks' log lines go (Env.QueryLogOut).
 	sink *dnslog.Sink
+	// taps are the blocks' dnstap writers, by configuration (tapsFor).
+	tapMu sync.Mutex
+	taps  map[string]*dnstap.Tap
 	// reloadFault, when set (tests), fails a Corefile edit half-way through
 	// its rebuild: after views, policies and chains are built, before the
 	// groups (corefile.go).
@@ -150,7 +162,7 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 		d.sharedPol.zones = append(d.sharedPol.zones, z.Name)
 	}
 	if cc := cfg.DropIn.Corefile; cc != nil {
-		d.sharedPol.answers = blockAnswers(cc.Servers, firstBlock(cc.Servers))
+		d.sharedPol.answers = d.blockAnswers(cc.Servers, firstBlock(cc.Servers), d.tracers(cc.Servers))
 	}
 	cb := coreDNSCacheBlocks(cfg)
 	d.cacheBlocks.Store(&cb)
@@ -213,6 +225,7 @@ func (d *State) Stop() { d.stopReload() }
 // Close closes the live groups. After Stop: no reload may change them
 // after.
 func (d *State) Close() {
+	d.closeUnusedTaps(nil)
 	for _, g := range d.groups {
 		_ = g.Close()
 	}
@@ -220,6 +233,9 @@ func (d *State) Close() {
 		for _, g := range d.views.groups {
 			_ = g.Close()
 		}
+	}
+	for _, g := range d.chain.Load().Groups() { // the blocks' further forwards
+		_ = g.Close()
 	}
 }
 

@@ -2,10 +2,12 @@ package running
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
@@ -16,6 +18,9 @@ func (d *State) startAsync(table func() *blocks.View, b *blocks.Block, name []by
 	f := asyncForwards.Get().(*asyncForward)
 	f.d, f.table, f.view, f.g, f.query, f.timeout, f.done = d, table, table(), b.Group, query, timeout, done
 	f.name = append(f.name[:0], name...)
+	if len(b.Taps) > 0 {
+		f.tap = forwardTap{taps: b.Taps, client: resolve.AskerOf(done)}
+	}
 	b.Group.ExchangeAsync(query, timeout, f)
 }
 
@@ -29,7 +34,46 @@ type asyncForward struct {
 	query   []byte
 	timeout time.Duration
 	done    resolve.FetchDone
+	tap     forwardTap // the block's dnstap (none: not tapping)
 }
+
+// Tapping and Tried make the forward tell the block's dnstap of each try
+// (forward.Tapper).
+func (f *asyncForward) Tapping() bool { return len(f.tap.taps) > 0 }
+
+func (f *asyncForward) Tried(upstream string, tcp bool, start time.Time, query, answer []byte) {
+	f.tap.Tried(upstream, tcp, start, query, answer)
+}
+
+// forwardTap sends a block's FORWARDER_QUERY and FORWARDER_RESPONSE, as
+// CoreDNS's forward does for each try: the client (the flight's first
+// asker) is the query address, the upstream the response address.
+type forwardTap struct {
+	taps   []*dnstap.Tap
+	client netip.AddrPort
+}
+
+func (t forwardTap) Tapping() bool { return len(t.taps) > 0 }
+
+func (t forwardTap) Tried(upstream string, tcp bool, start time.Time, query, answer []byte) {
+	up, _ := netip.ParseAddrPort(upstream)
+	m := dnstap.Message{Type: dnstap.ForwarderQuery, TCP: tcp, Query: t.client, Response: up, QueryTime: start, QueryMessage: query}
+	for _, tp := range t.taps {
+		tp.Send(&m)
+	}
+	if answer == nil {
+		return
+	}
+	m = dnstap.Message{Type: dnstap.ForwarderResponse, TCP: tcp, Query: t.client, Response: up, QueryTime: start, ResponseTime: time.Now(), ResponseMessage: answer}
+	for _, tp := range t.taps {
+		tp.Send(&m)
+	}
+}
+
+var (
+	_ forward.Tapper = (*asyncForward)(nil)
+	_ forward.Tapper = forwardTap{}
+)
 
 var asyncForwards = sync.Pool{New: func() any { return new(asyncForward) }}
 
@@ -38,7 +82,7 @@ var asyncForwards = sync.Pool{New: func() any { return new(asyncForward) }}
 // retired group) reflects the old configuration: the new group is asked,
 // as exchange does, in a goroutine.
 func (f *asyncForward) ExchangeDone(ans []byte, err error) {
-	d, table, view, g, query, timeout, done := f.d, f.table, f.view, f.g, f.query, f.timeout, f.done
+	d, table, view, g, query, timeout, done, tap := f.d, f.table, f.view, f.g, f.query, f.timeout, f.done, f.tap
 	if table() == view {
 		// No reload since: the common case, without a second lookup.
 		f.release()
@@ -51,6 +95,9 @@ func (f *asyncForward) ExchangeDone(ans []byte, err error) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
+			if tap.Tapping() {
+				ctx = forward.WithTapper(ctx, tap)
+			}
 			done.Fetched(d.exchange(ctx, table, name, now, query))
 		}()
 		return

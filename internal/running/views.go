@@ -110,12 +110,12 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 			vr.Groups[zr.Zone] = g
 		}
 		t := &viewTable{sp: sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies),
-			answers: blockAnswers(cc.Servers, func(z string) int {
+			answers: d.blockAnswers(cc.Servers, func(z string) int {
 				if p, ok := v.Pick[z]; ok {
 					return p
 				}
 				return -1
-			})}, vr: vr}
+			}, d.tracers(cc.Servers))}, vr: vr}
 		for _, z := range d.metricZones {
 			if !slices.ContainsFunc(v.Blocks, func(b int) bool { return slices.Contains(cc.Servers[b].Zones, z) }) {
 				z = ""
@@ -123,9 +123,10 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 			t.metrics = append(t.metrics, z)
 		}
 		next := d.forwardIn(t.v.Load) // the end of the view's chains
-		if t.c, err = d.buildChains(cc.Servers, v.Pick, next, t.v.Load); err != nil {
+		if t.c, err = d.buildChains(cc, v.Pick, next, t.v.Load); err != nil {
 			return nil, err
 		}
+		vs.groups = append(vs.groups, t.c.Groups()...)
 		if vi == 0 {
 			vs.chain0 = t.c
 		}

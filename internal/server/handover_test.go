@@ -188,8 +188,15 @@ func detach(t testing.TB, s *Server) {
 // same address the given way, shuts A down while the load goes on, and
 // returns what the clients saw.
 func handoverRun(t testing.TB, how handover, addr netip.AddrPort, udpClients, tcpClients int, pause time.Duration) (udp, tcp *loadResult) {
+	return handoverRunOn(t, how, addr, addr, udpClients, tcpClients, pause)
+}
+
+// handoverRunOn is handoverRun with both instances listening on listen
+// and the clients asking addr (a wildcard listen address: any of the
+// host's).
+func handoverRunOn(t testing.TB, how handover, listen, addr netip.AddrPort, udpClients, tcpClients int, pause time.Duration) (udp, tcp *loadResult) {
 	t.Helper()
-	a := newAt(t, addr, 2)
+	a := newAt(t, listen, 2)
 	if err := a.Listen(); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +205,7 @@ func handoverRun(t testing.TB, how handover, addr netip.AddrPort, udpClients, tc
 	udp, tcp, wait := runLoad(addr.String(), udpClients, tcpClients, pause, stop)
 	time.Sleep(300 * time.Millisecond)
 
-	b := newAt(t, addr, 2)
+	b := newAt(t, listen, 2)
 	if how == passFiles {
 		files, err := a.Files()
 		if err != nil {
@@ -255,6 +262,23 @@ func freeAddr(t testing.TB) netip.AddrPort {
 // and TCP, while the old server shuts down under load.
 func TestFileHandoverLosesNothing(t *testing.T) {
 	udp, tcp := handoverRun(t, passFiles, freeAddr(t), 4, 2, time.Millisecond)
+	t.Logf("udp: %v; tcp: %v", udp, tcp)
+	if udp.lost.Load() != 0 || udp.bad.Load() != 0 || tcp.lost.Load() != 0 || tcp.bad.Load() != 0 {
+		t.Fatalf("handover lost queries: udp: %v; tcp: %v", udp, tcp)
+	}
+	if udp.ok.Load() < 100 || tcp.ok.Load() < 20 {
+		t.Fatalf("too little load to prove anything: udp: %v; tcp: %v", udp, tcp)
+	}
+}
+
+// TestFileHandoverWildcardLosesNothing: the wildcard sockets (listen
+// address 0.0.0.0) are handed over as well, the twin's answers to a query
+// sent to 127.0.0.2 still leaving from 127.0.0.2 (the clients' connected
+// sockets drop any other source, which would count as lost).
+func TestFileHandoverWildcardLosesNothing(t *testing.T) {
+	port := freeWildPort(t)
+	listen := netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(port))
+	udp, tcp := handoverRunOn(t, passFiles, listen, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), uint16(port)), 4, 2, time.Millisecond)
 	t.Logf("udp: %v; tcp: %v", udp, tcp)
 	if udp.lost.Load() != 0 || udp.bad.Load() != 0 || tcp.lost.Load() != 0 || tcp.bad.Load() != 0 {
 		t.Fatalf("handover lost queries: udp: %v; tcp: %v", udp, tcp)

@@ -28,6 +28,10 @@ func (s *Server) Health(ctx context.Context) error {
 	}
 	errs := make(chan error, len(addrs))
 	for _, ap := range addrs {
+		if ap.Addr().IsUnspecified() {
+			// The wildcard socket (dual-stack or IPv4): through loopback.
+			ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), ap.Port())
+		}
 		go func() { errs <- queryHealth(ctx, ap) }()
 	}
 	var all []error

@@ -47,8 +47,8 @@ func (s *Server) Listen() error {
 	for i, a := range s.cfg.Addrs {
 		ap := netip.AddrPortFrom(a, uint16(s.cfg.port(i)))
 		tap := ap
-		udp := s.adoptedUDP[ap]
-		delete(s.adoptedUDP, ap)
+		udp := s.adoptedUDP[sockKey(ap)]
+		delete(s.adoptedUDP, sockKey(ap))
 		s.udp = append(s.udp, udp...)
 		for i := len(udp); i < s.cfg.UDPSockets; i++ {
 			l, err := listenUDP(ap)
@@ -59,8 +59,8 @@ func (s *Server) Listen() error {
 			s.udp = append(s.udp, l)
 			ap = l.local
 		}
-		if l := s.adoptedTCP[tap]; l != nil {
-			delete(s.adoptedTCP, tap)
+		if l := s.adoptedTCP[sockKey(tap)]; l != nil {
+			delete(s.adoptedTCP, sockKey(tap))
 			s.tcp = append(s.tcp, l)
 			continue
 		}
@@ -303,7 +303,8 @@ func (s *Server) Adopt(files []*os.File) (udp, tcp int, err error) {
 			} else if l, lerr := newUDPListener(nfd); lerr != nil {
 				errs = append(errs, fmt.Errorf("adopt %s: %w", f.Name(), lerr))
 			} else {
-				s.adoptedUDP[l.local] = append(s.adoptedUDP[l.local], l)
+				k := sockKey(l.local)
+				s.adoptedUDP[k] = append(s.adoptedUDP[k], l)
 				udp++
 			}
 		} else if ln, lerr := net.FileListener(f); lerr == nil {
@@ -312,8 +313,7 @@ func (s *Server) Adopt(files []*os.File) (udp, tcp int, err error) {
 				_ = ln.Close()
 				errs = append(errs, fmt.Errorf("adopt %s: not a TCP listener", f.Name()))
 			} else {
-				ap := tl.Addr().(*net.TCPAddr).AddrPort()
-				ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+				ap := sockKey(tl.Addr().(*net.TCPAddr).AddrPort())
 				if old := s.adoptedTCP[ap]; old != nil {
 					_ = old.ln.Close()
 					tcp--

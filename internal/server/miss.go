@@ -29,6 +29,11 @@ type missReq struct {
 	l    *udpListener
 	name [unix.SizeofSockaddrAny]byte
 	nlen uint32
+	// The wildcard socket's: the control message the answer is sent with
+	// (clen 0: none) and the address the query was sent to.
+	ctl   [pktinfoLen]byte
+	clen  uint32
+	local netip.Addr
 	// TCP: the connection.
 	tc *tcpConn
 	// cdk: the query's CoreDNS-named counters (stats.go); cdSelf: the
@@ -94,6 +99,13 @@ func (s *Server) startMiss(m *missReq) bool {
 		// Every miss knows its client: the shares of the waiting and the
 		// flight bounds are per client.
 		m.q.From = m.client().Addr()
+	}
+	if acts := s.acts.Load(); acts&actTap != 0 {
+		// The client's port goes with the question to its upstream fetch
+		// (dnstap's FORWARDER_* name the first asker, as CoreDNS's do).
+		client := m.client()
+		m.q.FromPort = client.Port()
+		s.tapQuery(s.answersFor(acts, &m.q).Taps, &m.q, client, m.tcp, m.raw, m.t0)
 	}
 	if !s.admit(m.q.From) {
 		m.source = fromOverload
@@ -185,12 +197,12 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 func (s *Server) finishMiss(m *missReq) {
 	acts := s.acts.Load()
 	a := s.answersFor(acts, &m.q)
-	if a.Shuffle {
+	if a.Shuffle || a.Rewrite != nil {
 		start := 0
 		if m.tcp {
 			start = 2
 		}
-		m.out = s.shuffled(m.out, start)
+		m.out = s.answerSide(a, m.out, start)
 	}
 	if s.cd != nil && m.cdk.zone >= 0 {
 		resp := m.out
@@ -212,8 +224,23 @@ func (s *Server) finishMiss(m *missReq) {
 			local = localAddr(m.tc.c)
 		} else {
 			local = m.l.local.Addr()
+			if m.clen > 0 {
+				local = m.local
+			}
 		}
 		s.logQuery(a.Log, m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
+	}
+	if a.Trace != nil || len(a.Taps) > 0 {
+		resp := m.out
+		if m.tcp {
+			resp = resp[2:]
+		}
+		if a.Trace != nil {
+			s.traced(a.Trace, m.client().Addr(), m.tcp, &m.q, resp, m.source == fromUpstream, m.t0)
+		}
+		if len(a.Taps) > 0 {
+			s.tapResponse(a.Taps, &m.q, m.client(), m.tcp, resp, m.t0)
+		}
 	}
 	if m.tcp {
 		s.deliverTCP(m)
@@ -236,6 +263,11 @@ func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) []by
 		m.source = fromUpstream
 		if errors.Is(err, resolve.ErrOverloaded) {
 			m.source = fromOverload
+		}
+		if rc := wire.RcodeError(0); errors.As(err, &rc) {
+			m.cdSelf = true
+			s.stats.countRcode(int(rc))
+			return wire.AppendError(m.out, m.raw, &m.q, int(rc), s.cfg.MaxUDPSize)
 		}
 		return s.servfail(m)
 	case stale:

@@ -84,9 +84,13 @@ type Config struct {
 	// TCPWriteTimeout bounds writing answers to a TCP client (default
 	// TCPReadTimeout).
 	TCPWriteTimeout time.Duration
-	MaxTCPConns     int
-	MaxTCPPipeline  int
-	Logger          *slog.Logger
+	// TCPMaxQueries closes a client TCP connection after this many
+	// queries, once their answers are written (the Corefile's timeouts
+	// maxtcpqueries, as CoreDNS's); 0 or -1: unlimited.
+	TCPMaxQueries  int
+	MaxTCPConns    int
+	MaxTCPPipeline int
+	Logger         *slog.Logger
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
@@ -225,7 +229,7 @@ func New(cfg Config) (*Server, error) {
 			if p := cfg.Ports[i]; p < 0 || p > 65535 {
 				return nil, fmt.Errorf("server: port %d of %s", p, a)
 			}
-			ap := netip.AddrPortFrom(a.Unmap(), uint16(cfg.port(i)))
+			ap := sockKey(netip.AddrPortFrom(a, uint16(cfg.port(i))))
 			if seen[ap] {
 				return nil, fmt.Errorf("server: %s listed twice", ap)
 			}
@@ -294,6 +298,10 @@ type request struct {
 	// client is the client's address and port, set only when some block
 	// answers whoami (acts&actWhoami).
 	client netip.AddrPort
+	// wild: the query came to a wildcard socket, whose address says
+	// nothing of its family; v6 is then the client's (CoreDNS's family
+	// label).
+	wild, v6 bool
 }
 
 // cdObserver counts queries under CoreDNS's metric names as arriving on
@@ -330,6 +338,12 @@ func (s *Server) observe(r *request, resp []byte, v verdict, how int) {
 	}
 	cd := r.cd.c
 	r.k = s.cdKey(r.cd.srv, r.q.View, name, r.tcp)
+	if r.wild {
+		r.k.fam = 0
+		if r.v6 {
+			r.k.fam = 1
+		}
+	}
 	if r.k.zone < 0 {
 		return
 	}

@@ -282,9 +282,21 @@ func BenchmarkUDPHitCoreDNS(b *testing.B) {
 		{Name: "ip6.arpa.", Plugin: "errors"}, {Name: ".", Plugin: "errors"}}))
 }
 
-func benchmarkUDPHit(b *testing.B, mutate func(*Config)) {
+func benchmarkUDPHit(b *testing.B, mutate func(*Config), then ...func(*Server)) {
+	benchmarkUDPHitTo(b, mutate, netip.AddrPort{}, then...)
+}
+
+// benchmarkUDPHitTo is benchmarkUDPHit asking dst (invalid: the server's
+// first socket); then runs on the started server first.
+func benchmarkUDPHitTo(b *testing.B, mutate func(*Config), dst netip.AddrPort, then ...func(*Server)) {
 	s, _ := startServer(b, mutate)
-	conn, err := net.Dial("udp", s.Addr().String())
+	for _, f := range then {
+		f(s)
+	}
+	if !dst.IsValid() {
+		dst = s.Addr()
+	}
+	conn, err := net.Dial("udp", dst.String())
 	if err != nil {
 		b.Fatal(err)
 	}

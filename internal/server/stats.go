@@ -510,9 +510,9 @@ func (s *Server) CDSnapshot() []CDBlock {
 // -1 if none (an adopted socket on another address). A socket of port 0
 // (tests) is its address's first.
 func (s *Server) cdServerIndex(ap netip.AddrPort) int {
-	a := ap.Addr().Unmap()
+	a := ap.Addr()
 	for i, x := range s.cfg.Addrs {
-		if p := s.cfg.port(i); x.Unmap() == a && (p == 0 || p == int(ap.Port())) {
+		if p := s.cfg.port(i); sameAddr(x, a) && (p == 0 || p == int(ap.Port())) {
 			return i
 		}
 	}
@@ -525,7 +525,7 @@ func (s *Server) cdServer(i int) string {
 	port := uint16(s.cfg.port(i))
 	s.mu.Lock()
 	for _, l := range s.udp {
-		if port == 0 && l.local.Addr() == s.cfg.Addrs[i].Unmap() {
+		if port == 0 && sameAddr(l.local.Addr(), s.cfg.Addrs[i]) {
 			port = l.local.Port()
 			break
 		}

@@ -21,6 +21,11 @@ import (
 // unless an idle one makes room (addConn).
 func (s *Server) serveTCP(l *tcpListener) {
 	var backoff time.Duration
+	// The listener's index in Config.Addrs (its view, its metrics label):
+	// a connection to the wildcard listener has the address the client
+	// asked as its local address, which is no listen address.
+	addrIdx := s.cdServerIndex(l.ln.Addr().(*net.TCPAddr).AddrPort())
+	wild := l.ln.Addr().(*net.TCPAddr).IP.IsUnspecified()
 	for {
 		l.beat.Add(1) // odd: waiting
 		c, err := l.ln.Accept()
@@ -47,7 +52,7 @@ func (s *Server) serveTCP(l *tcpListener) {
 		}
 		// Accepted during Shutdown: the client has sent, or is sending, its
 		// query; it is answered (the connection drains like the others).
-		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout, wtimeout: s.cfg.TCPWriteTimeout}
+		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), addrIdx: addrIdx, wild: wild, slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout, wtimeout: s.cfg.TCPWriteTimeout}
 		tc.idleSince.Store(time.Now().UnixNano())
 		if !s.addConn(tc) {
 			_ = c.Close()
@@ -141,6 +146,10 @@ func (s *Server) removeConn(tc *tcpConn) {
 type tcpConn struct {
 	c      net.Conn
 	client netip.Addr // the remote address, whose share it takes
+	// addrIdx: its listener's index in Config.Addrs; wild: the listener
+	// is the wildcard one.
+	addrIdx int
+	wild    bool
 	// idleSince: when it last began waiting for a query (unix ns), for
 	// choosing the longest-idle connection; evicted (under Server.mu):
 	// closed to make room, its place already given up.
@@ -200,14 +209,17 @@ func (s *Server) serveConn(tc *tcpConn) {
 	pend := make([]byte, 0, 4096)
 	var buf []byte
 	state := connFirst
-	addrIdx := -1
-	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		addrIdx = s.cdServerIndex(la.AddrPort())
-	}
+	addrIdx := tc.addrIdx
+	req.wild, req.v6 = tc.wild, tc.client.Is6()
 	if s.cd != nil {
 		req.cd = cdObserver{c: s.cd, srv: addrIdx}
 	}
+	maxQueries, queries := s.cfg.TCPMaxQueries, 0
 	for {
+		if maxQueries > 0 && queries >= maxQueries {
+			tc.flush(&pend) // the deferred close waits for the misses' answers
+			return
+		}
 		if !buffered(r) {
 			if !tc.flush(&pend) || !s.waitQuery(tc, r, state) {
 				return
@@ -221,6 +233,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			}
 			return
 		}
+		queries++
 		t := s.cfg.Clock.Now()
 		start := len(pend)
 		req.q.View = s.viewFor(addrIdx) // kept by ParseQuery
@@ -239,8 +252,8 @@ func (s *Server) serveConn(tc *tcpConn) {
 			continue
 		case answered:
 			a := s.answersOf(req)
-			if a.Shuffle {
-				resp = s.shuffled(resp, start+2)
+			if a.Shuffle || a.Rewrite != nil {
+				resp = s.answerSide(a, resp, start+2)
 			}
 			if len(resp)-start-2 > 0xFFFF {
 				return
@@ -249,6 +262,12 @@ func (s *Server) serveConn(tc *tcpConn) {
 			pend = resp
 			if s.logOn(acts) {
 				s.logQuery(a.Log, remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
+			}
+			if a.Trace != nil {
+				s.traced(a.Trace, remoteAddrPort(c).Addr(), true, &req.q, pend[start+2:], false, t)
+			}
+			if len(a.Taps) > 0 {
+				s.tapAnswered(a.Taps, &req.q, remoteAddrPort(c), true, buf, pend[start+2:], t)
 			}
 			if len(pend) >= 16<<10 && !tc.flush(&pend) {
 				return

@@ -59,6 +59,9 @@ const rcvTimeout = 100 * time.Millisecond
 type udpListener struct {
 	fd    int
 	local netip.AddrPort
+	// wild: the socket is the wildcard one (wildcard_linux.go): each
+	// datagram's destination comes with it and is its answer's source.
+	wild  bool
 	stats Stats
 	// cd: the loop's CoreDNS-named counters (stats.go), nil when not counted.
 	cd atomic.Pointer[cdCounters]
@@ -104,8 +107,16 @@ func reusePort(network, address string, c syscall.RawConn) error {
 	return serr
 }
 
-// listenUDP opens a blocking SO_REUSEPORT UDP socket bound to ap.
+// listenUDP opens a blocking SO_REUSEPORT UDP socket bound to ap (the
+// unspecified address: the wildcard socket, wildcard_linux.go).
 func listenUDP(ap netip.AddrPort) (*udpListener, error) {
+	if isWildcard(ap.Addr()) {
+		fd, sa, err := wildcardSocket(ap.Port())
+		if err != nil {
+			return nil, fmt.Errorf("socket: %w", err)
+		}
+		return bindUDP(fd, sa)
+	}
 	family, sa := unix.AF_INET, unix.Sockaddr(nil)
 	if a := ap.Addr(); a.Is4() || a.Is4In6() {
 		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.Unmap().As4()}
@@ -125,12 +136,17 @@ func listenUDP(ap netip.AddrPort) (*udpListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
+	if family == unix.AF_INET6 {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
+	}
+	return bindUDP(fd, sa)
+}
+
+// bindUDP sets SO_REUSEPORT on fd and binds it to sa.
+func bindUDP(fd int, sa unix.Sockaddr) (*udpListener, error) {
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("SO_REUSEPORT: %w", err)
-	}
-	if family == unix.AF_INET6 {
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
 	}
 	if err := unix.Bind(fd, sa); err != nil {
 		unix.Close(fd)
@@ -168,6 +184,14 @@ func newUDPListener(fd int) (*udpListener, error) {
 	default:
 		unix.Close(fd)
 		return nil, fmt.Errorf("not an IP socket")
+	}
+	if l.local.Addr().IsUnspecified() {
+		l.wild = true
+		_, v6 := sa.(*unix.SockaddrInet6)
+		if err := setPktinfo(fd, v6); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("wildcard socket %s: destination addresses (PKTINFO): %w", l.local, err)
+		}
 	}
 	// The mode and the options belong to the socket, which a twin may share:
 	// every instance sets them the same way.
@@ -226,6 +250,10 @@ type batch struct {
 	iovOut [batchSize]unix.Iovec
 	hdrOut [batchSize]unix.Mmsghdr
 	req    request // the query being answered
+	// The wildcard socket's (wildcard_linux.go): what recvmmsg says of
+	// each datagram, and the source its answer is sent from.
+	ctlIn  [batchSize][ctlInLen]byte
+	ctlOut [batchSize][pktinfoLen]byte
 }
 
 func newBatch() *batch {
@@ -303,6 +331,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		req.acts = acts
 		askers := s.askers.Load()
 		var from netip.Addr
+		local := l.local.Addr()         // the wildcard's: each datagram's destination
 		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
 		req.now = now
 		b.out = b.out[:0]
@@ -320,6 +349,13 @@ func (s *Server) serveUDP(l *udpListener) {
 				l.stats.Dropped.Add(1)
 				l.stats.ReflectorDrops.Add(1)
 				continue
+			}
+			var clen uint32
+			if l.wild {
+				req.wild, req.v6 = true, isV6Sockaddr(name)
+				if clen, local = pktDst(b.ctlIn[i][:h.Hdr.Controllen], &b.ctlOut[i]); clen == 0 {
+					local = l.local.Addr()
+				}
 			}
 			start := len(b.out)
 			if askers {
@@ -340,6 +376,11 @@ func (s *Server) serveUDP(l *udpListener) {
 				m.l = l
 				m.cdk = req.k
 				m.nlen = uint32(copy(m.name[:], name))
+				m.clen = clen
+				if clen > 0 {
+					m.ctl = b.ctlOut[i]
+					m.local = local
+				}
 				l.ref() // released once the answer is sent (reply)
 				if s.startMiss(m) {
 					handed = true
@@ -348,19 +389,33 @@ func (s *Server) serveUDP(l *udpListener) {
 			}
 			if acts != 0 {
 				a := s.answersOf(req)
-				if a.Shuffle {
-					out = s.shuffled(out, start)
+				if a.Shuffle || a.Rewrite != nil {
+					out = s.answerSide(a, out, start)
 				}
 				if qlog {
-					s.logQuery(a.Log, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
+					s.logQuery(a.Log, sockaddrAddrPort(name), local, false, &req.q, raw, out[start:], fromCache, t)
+				}
+				if a.Trace != nil {
+					s.traced(a.Trace, sockaddrAddrPort(name).Addr(), false, &req.q, out[start:], false, t)
+				}
+				if len(a.Taps) > 0 {
+					s.tapAnswered(a.Taps, &req.q, sockaddrAddrPort(name), false, raw, out[start:], t)
 				}
 			} else if qlog {
-				s.logQuery(nil, sockaddrAddrPort(name), l.local.Addr(), false, &req.q, raw, out[start:], fromCache, t)
+				s.logQuery(nil, sockaddrAddrPort(name), local, false, &req.q, raw, out[start:], fromCache, t)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]
 			o.Hdr.Name = &b.names[i][0]
 			o.Hdr.Namelen = h.Hdr.Namelen
+			if l.wild {
+				o.Hdr.Control = nil
+				o.Hdr.SetControllen(0)
+				if clen > 0 {
+					o.Hdr.Control = &b.ctlOut[i][0]
+					o.Hdr.SetControllen(int(clen))
+				}
+			}
 			b.iovOut[nout].SetLen(len(out) - start)
 			// Base is set after the loop: b.out may still grow (and move).
 			b.iovOut[nout].Base = nil
@@ -397,6 +452,10 @@ func (l *udpListener) recv(b *batch) (int, error) {
 		h.Hdr.Namelen = unix.SizeofSockaddrAny
 		h.Hdr.Flags = 0
 		h.Len = 0
+		if l.wild {
+			h.Hdr.Control = &b.ctlIn[i][0]
+			h.Hdr.SetControllen(ctlInLen)
+		}
 	}
 	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(l.fd), uintptr(unsafe.Pointer(&b.hdrIn[0])), batchSize, unix.MSG_WAITFORONE, 0, 0)
 	if e != 0 {
@@ -462,6 +521,12 @@ func (l *udpListener) reply(m *missReq) {
 				h.Namelen = m.nlen
 				h.Iov = &l.siov[k]
 				h.SetIovlen(1)
+				h.Control = nil
+				h.SetControllen(0)
+				if m.clen > 0 { // the wildcard socket: the query's destination is the source
+					h.Control = &m.ctl[0]
+					h.SetControllen(int(m.clen))
+				}
 				k++
 			}
 			l.send(l.shdr[:k])

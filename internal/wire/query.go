@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"strconv"
 )
 
 // Header sizes and field offsets (RFC 1035 §4.1.1).
@@ -53,6 +54,18 @@ const (
 	// travel in the OPT TTL, lower 4 in the header.
 	RcodeBadVers = 16
 )
+
+// RcodeError is an error whose client gets this rcode instead of
+// SERVFAIL (a forward's max_concurrent answers REFUSED, as CoreDNS's);
+// like every fetch error it is never cached.
+type RcodeError int
+
+func (e RcodeError) Error() string {
+	if e == RcodeRefused {
+		return "answer REFUSED"
+	}
+	return "answer rcode " + strconv.Itoa(int(e))
+}
 
 // Record types and classes the package looks at.
 const (
@@ -112,6 +125,10 @@ type Query struct {
 	// one upstream fetch its question gets (the first asker's, as behind
 	// CoreDNS's cache).
 	From netip.Addr
+	// FromPort is the client's port beside From, set with it for a miss
+	// (the Corefile's dnstap names the first asker's address and port in
+	// the upstream exchange's messages); ParseQuery clears it.
+	FromPort uint16
 	// View is not read from the packet (ParseQuery keeps it): the server
 	// sets it from the address the query arrived on (the Corefile's blocks
 	// seen there). It is part of the cache key, so two views keep separate
