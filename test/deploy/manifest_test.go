@@ -1163,39 +1163,8 @@ func TestGrafanaDashboard(t *testing.T) {
 // checkAutopathAccess: the service account may get, list and watch pods
 // (nothing more), and the pod knows its node's name (-autopath's pod watch).
 func checkAutopathAccess(objs []any, sa *corev1.ServiceAccount, ps *corev1.PodSpec) []error {
-	var errs []error
-	roles := map[string]*rbacv1.ClusterRole{}
-	for _, o := range objs {
-		if r, ok := o.(*rbacv1.ClusterRole); ok {
-			roles[r.Name] = r
-		}
-	}
-	bound := false
-	for _, o := range objs {
-		b, ok := o.(*rbacv1.ClusterRoleBinding)
-		if !ok {
-			continue
-		}
-		for _, s := range b.Subjects {
-			if s.Kind != rbacv1.ServiceAccountKind || s.Name != sa.Name || s.Namespace != sa.Namespace {
-				continue
-			}
-			r := roles[b.RoleRef.Name]
-			if b.RoleRef.Kind != "ClusterRole" || r == nil {
-				errs = append(errs, fmt.Errorf("ClusterRoleBinding %s refers to %s %q, not a ClusterRole of the manifest", b.Name, b.RoleRef.Kind, b.RoleRef.Name))
-				continue
-			}
-			want := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
-			if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].APIGroups, want.APIGroups) || !slices.Equal(r.Rules[0].Resources, want.Resources) ||
-				!slices.Equal(r.Rules[0].Verbs, want.Verbs) || len(r.Rules[0].ResourceNames) > 0 || len(r.Rules[0].NonResourceURLs) > 0 {
-				errs = append(errs, fmt.Errorf("ClusterRole %s grants %+v, want exactly get/list/watch on pods", r.Name, r.Rules))
-			}
-			bound = true
-		}
-	}
-	if !bound {
-		errs = append(errs, fmt.Errorf("no ClusterRoleBinding gives ServiceAccount %s/%s the pod watch's rights", sa.Namespace, sa.Name))
-	}
+	errs := checkGrant(objs, sa, "ClusterRole", "the pod watch's",
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}})
 	nodeName := false
 	for _, c := range ps.Containers {
 		for _, e := range c.Env {
@@ -1213,38 +1182,70 @@ func checkAutopathAccess(objs []any, sa *corev1.ServiceAccount, ps *corev1.PodSp
 // checkEndpointAccess: the service account may list and watch
 // EndpointSlices in its own namespace (kube-dns-upstream's), nothing more.
 func checkEndpointAccess(objs []any, sa *corev1.ServiceAccount) []error {
-	var errs []error
-	roles := map[string]*rbacv1.Role{}
+	return checkGrant(objs, sa, "Role", "the kube-dns endpoint watch's",
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}})
+}
+
+// checkGrant: a binding of kind (ClusterRole: a ClusterRoleBinding; Role:
+// a RoleBinding to a Role in the service account's namespace) gives sa
+// exactly want, one rule and nothing more.
+func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want rbacv1.PolicyRule) []error {
+	type role struct {
+		ns    string
+		rules []rbacv1.PolicyRule
+	}
+	type binding struct {
+		name     string
+		ref      rbacv1.RoleRef
+		subjects []rbacv1.Subject
+	}
+	roles := map[string]role{}
+	var bindings []binding
 	for _, o := range objs {
-		if r, ok := o.(*rbacv1.Role); ok {
-			roles[r.Name] = r
+		switch o := o.(type) {
+		case *rbacv1.ClusterRole:
+			if kind == "ClusterRole" {
+				roles[o.Name] = role{rules: o.Rules}
+			}
+		case *rbacv1.Role:
+			if kind == "Role" {
+				roles[o.Name] = role{ns: o.Namespace, rules: o.Rules}
+			}
+		case *rbacv1.ClusterRoleBinding:
+			if kind == "ClusterRole" {
+				bindings = append(bindings, binding{o.Name, o.RoleRef, o.Subjects})
+			}
+		case *rbacv1.RoleBinding:
+			if kind == "Role" {
+				bindings = append(bindings, binding{o.Name, o.RoleRef, o.Subjects})
+			}
 		}
 	}
+	var errs []error
 	bound := false
-	for _, o := range objs {
-		b, ok := o.(*rbacv1.RoleBinding)
-		if !ok {
-			continue
-		}
-		for _, s := range b.Subjects {
+	for _, b := range bindings {
+		for _, s := range b.subjects {
 			if s.Kind != rbacv1.ServiceAccountKind || s.Name != sa.Name || s.Namespace != sa.Namespace {
 				continue
 			}
-			r := roles[b.RoleRef.Name]
-			if b.RoleRef.Kind != "Role" || r == nil || r.Namespace != sa.Namespace {
-				errs = append(errs, fmt.Errorf("RoleBinding %s refers to %s %q, not a Role of the manifest in %s", b.Name, b.RoleRef.Kind, b.RoleRef.Name, sa.Namespace))
+			r, ok := roles[b.ref.Name]
+			if b.ref.Kind != kind || !ok || kind == "Role" && r.ns != sa.Namespace {
+				errs = append(errs, fmt.Errorf("%sBinding %s refers to %s %q, not a %s of the manifest (in %s)", kind, b.name, b.ref.Kind, b.ref.Name, kind, sa.Namespace))
 				continue
 			}
-			if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].APIGroups, []string{"discovery.k8s.io"}) ||
-				!slices.Equal(r.Rules[0].Resources, []string{"endpointslices"}) || !slices.Equal(r.Rules[0].Verbs, []string{"list", "watch"}) ||
-				len(r.Rules[0].ResourceNames) > 0 {
-				errs = append(errs, fmt.Errorf("Role %s grants %+v, want exactly list/watch on discovery.k8s.io endpointslices", r.Name, r.Rules))
+			if len(r.rules) != 1 || !slices.Equal(r.rules[0].APIGroups, want.APIGroups) || !slices.Equal(r.rules[0].Resources, want.Resources) ||
+				!slices.Equal(r.rules[0].Verbs, want.Verbs) || len(r.rules[0].ResourceNames) > 0 || len(r.rules[0].NonResourceURLs) > 0 {
+				on := strings.Join(want.Resources, ",")
+				if g := strings.Join(want.APIGroups, ","); g != "" {
+					on = g + " " + on
+				}
+				errs = append(errs, fmt.Errorf("%s %s grants %+v, want exactly %s on %s", kind, b.ref.Name, r.rules, strings.Join(want.Verbs, "/"), on))
 			}
 			bound = true
 		}
 	}
 	if !bound {
-		errs = append(errs, fmt.Errorf("no RoleBinding gives ServiceAccount %s/%s the kube-dns endpoint watch's rights", sa.Namespace, sa.Name))
+		errs = append(errs, fmt.Errorf("no %sBinding gives ServiceAccount %s/%s %s rights", kind, sa.Namespace, sa.Name, what))
 	}
 	return errs
 }

@@ -2,9 +2,12 @@ package dropin
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -36,6 +39,88 @@ const (
 // deliveryhero chart's, 169.254.20.11 the lablabs chart's.
 var probeAddrs = []string{oracleLocal, "169.254.25.10", "169.254.20.25", "169.254.20.11", kubeDNSClust, "127.0.0.1", "127.0.0.2", "::1", podIPv4, podIPv6}
 
+// The IPv6-only pod namespace (podNamespace6): an EKS IPv6 cluster's
+// Service range fd00:10:96::/108 (kube-dns at ::a, its upstream Service at
+// ::b, node-local-dns on ::ffaa as linz/topo-workflows derives it), the VPC
+// resolver at AWS's IPv6 address fd00:ec2::bb, the pod on fd00::7/64.
+const (
+	kubeDNS6Upstream = "fd00:10:96::b"
+	kubeDNS6Clust    = "fd00:10:96::a"
+	local6           = "fd00:10:96::ffaa"
+	nodeDNS6         = "fd00:ec2::bb"
+)
+
+// probeAddrs6 are the addresses of the IPv6-only namespace a daemon may
+// answer on.
+var probeAddrs6 = []string{local6, kubeDNS6Clust, "::1", podIPv6, "127.0.0.1"}
+
+// env6 is the kubelet's environment in an IPv6 cluster.
+var env6 = []string{"KUBE_DNS_UPSTREAM_SERVICE_HOST=" + kubeDNS6Upstream, "KUBE_DNS_SERVICE_HOST=" + kubeDNS6Clust, "KUBERNETES_SERVICE_HOST=fd00:10:96::1"}
+
+// podNamespace6 is podNamespace without IPv4 but loopback's: eth0 has
+// fd00::7/64 and the default route, the stand-ins answer on IPv6 addresses
+// (kube-dns' upstream Service, the VPC resolver; the node's resolv.conf
+// names the latter). The nodelocaldns link does no duplicate address
+// detection (accept_dad 0), as the dummy link it stands for (NOARP), and
+// holds the link-local addresses already (see below).
+func podNamespace6(t *testing.T) string {
+	t.Helper()
+	ns, in := netns(t)
+	up, inUp := netns(t)
+	mustRun(t, in("ip", "link", "add", "nodelocaldns", "type", "veth", "peer", "name", "nld-peer"))
+	mustRun(t, in("sysctl", "-qw", "net.ipv6.conf.nodelocaldns.accept_dad=0"))
+	mustRun(t, in("ip", "link", "set", "nld-peer", "up"))
+	// The link-local addresses are there already, as after a restart with
+	// -skipteardown: the stock adds an IPv6 address without NODAD, so it
+	// is tentative until the kernel's DAD work runs (at once here, but
+	// asynchronously), and its health listener, started right after,
+	// sometimes lost that race under load ("listen tcp
+	// [fd00:10:96::ffaa]:8080: bind: cannot assign requested address").
+	// Ours adds them with NODAD. Both adopt addresses already there.
+	for _, a := range []string{local6, kubeDNS6Clust} {
+		mustRun(t, in("ip", "-6", "addr", "add", a+"/128", "dev", "nodelocaldns", "nodad"))
+	}
+	mustRun(t, in("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "gw0", "netns", up))
+	mustRun(t, in("sysctl", "-qw", "net.ipv6.conf.eth0.accept_dad=0"))
+	mustRun(t, in("ip", "-6", "addr", "add", podIPv6+"/64", "dev", "eth0", "nodad"))
+	mustRun(t, in("ip", "link", "set", "eth0", "up"))
+	mustRun(t, inUp("ip", "-6", "addr", "add", podGateway6+"/64", "dev", "gw0", "nodad"))
+	mustRun(t, inUp("ip", "link", "set", "gw0", "up"))
+	mustRun(t, in("ip", "-6", "route", "add", "default", "via", podGateway6))
+	standIns(t, up, inUp, kubeDNS6Upstream, nodeDNS6)
+	return ns
+}
+
+// standIns serves corpusHandler on addrs (UDP and TCP port 53) in the
+// stand-ins' namespace up.
+func standIns(t *testing.T, up string, inUp func(args ...string) *exec.Cmd, addrs ...string) {
+	t.Helper()
+	for _, a := range addrs {
+		if strings.Contains(a, ":") {
+			mustRun(t, inUp("ip", "-6", "addr", "add", a+"/128", "dev", "lo", "nodad"))
+		} else {
+			mustRun(t, inUp("ip", "addr", "add", a+"/32", "dev", "lo"))
+		}
+		addr := net.JoinHostPort(a, "53")
+		var pc net.PacketConn
+		var l net.Listener
+		err := inNetns(up, func() (err error) {
+			if pc, err = net.ListenPacket("udp", addr); err != nil {
+				return err
+			}
+			l, err = net.Listen("tcp", addr)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("stand-in %s in %s: %v", addr, up, err)
+		}
+		for _, s := range []*dns.Server{{PacketConn: pc, Handler: corpusHandler}, {Listener: l, Handler: corpusHandler}} {
+			go func() { _ = s.ActivateAndServe() }()
+			t.Cleanup(func() { _ = s.Shutdown() })
+		}
+	}
+}
+
 // podNamespace makes the daemon's namespace and the stand-ins' one.
 func podNamespace(t *testing.T) string {
 	t.Helper()
@@ -55,36 +140,20 @@ func podNamespace(t *testing.T) string {
 	mustRun(t, inUp("ip", "link", "set", "gw0", "up"))
 	mustRun(t, in("ip", "route", "add", "default", "via", podGateway))
 	mustRun(t, in("ip", "-6", "route", "add", "default", "via", podGateway6))
-	for _, a := range []string{oracleKubeDNS, kubeDNSTwo, oracleNodeDNS} {
-		mustRun(t, inUp("ip", "addr", "add", a+"/32", "dev", "lo"))
-		addr := net.JoinHostPort(a, "53")
-		var pc net.PacketConn
-		var l net.Listener
-		err := inNetns(up, func() (err error) {
-			if pc, err = net.ListenPacket("udp", addr); err != nil {
-				return err
-			}
-			l, err = net.Listen("tcp", addr)
-			return err
-		})
-		if err != nil {
-			t.Fatalf("stand-in %s in %s: %v", addr, up, err)
-		}
-		for _, s := range []*dns.Server{{PacketConn: pc, Handler: corpusHandler}, {Listener: l, Handler: corpusHandler}} {
-			go func() { _ = s.ActivateAndServe() }()
-			t.Cleanup(func() { _ = s.Shutdown() })
-		}
-	}
+	standIns(t, up, inUp, oracleKubeDNS, kubeDNSTwo, oracleNodeDNS)
 	return ns
 }
 
 // askAt asks the daemon in ns at addr:port over UDP, waiting at most
-// timeout.
+// timeout, from addr itself: the client address a log line or a whoami
+// answer shows names the address asked (the kernel picks it anyway for an
+// address of an interface, not for 127.0.0.2).
 func askAt(ns, addr string, port int, name string, qtype uint16, timeout time.Duration) (*dns.Msg, error) {
 	m := new(dns.Msg)
 	m.SetQuestion(name, qtype)
 	m.SetEdns0(1232, false)
-	c := &dns.Client{Net: "udp", Timeout: timeout}
+	c := &dns.Client{Net: "udp", Timeout: timeout,
+		Dialer: &net.Dialer{Timeout: timeout, LocalAddr: &net.UDPAddr{IP: net.ParseIP(addr)}}}
 	var r *dns.Msg
 	err := inNetns(ns, func() (err error) {
 		r, _, err = c.Exchange(m, net.JoinHostPort(addr, fmt.Sprint(port)))
@@ -100,6 +169,7 @@ type outcome struct {
 	addrs   []string // the probe addresses that answer
 	replies map[string]reply
 	logs    string
+	run     *daemonRun // still running until the test ends
 }
 
 // corpusQ is one question of the corpus.
@@ -126,8 +196,19 @@ var corpusQuestions = []corpusQ{
 // the second time from its cache) on the first answering address.
 func (c corpusCase) run(t *testing.T, bin string) outcome {
 	t.Helper()
-	ns := podNamespace(t)
-	etc := map[string]string{}
+	ns, addrs, env := "", probeAddrs, []string(nil)
+	if c.ipv6 {
+		ns, addrs, env = podNamespace6(t), probeAddrs6, env6
+	} else {
+		ns = podNamespace(t)
+	}
+	etc := maps.Clone(c.etc)
+	if etc == nil {
+		etc = map[string]string{}
+	}
+	if c.ipv6 {
+		etc["resolv.conf"] = "nameserver " + nodeDNS6 + "\n"
+	}
 	conf := "/etc/Corefile"
 	if c.base != "" {
 		etc["coredns/Corefile.base"] = c.base
@@ -139,7 +220,7 @@ func (c corpusCase) run(t *testing.T, bin string) outcome {
 	for i, a := range args {
 		args[i] = strings.ReplaceAll(a, "CONF", conf)
 	}
-	d := startIn(t, ns, bin, etc, args)
+	d := startInEnv(t, ns, bin, etc, args, env)
 	port := max(c.port, 53)
 	probe := func(a string) bool {
 		// A name of the node's resolver, whatever kube-dns does, and none
@@ -151,7 +232,7 @@ func (c corpusCase) run(t *testing.T, bin string) outcome {
 		return err == nil
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	o := outcome{replies: map[string]reply{}}
+	o := outcome{replies: map[string]reply{}, run: d}
 	for !o.started {
 		select {
 		case <-d.done:
@@ -160,21 +241,21 @@ func (c corpusCase) run(t *testing.T, bin string) outcome {
 			return o
 		default:
 		}
-		for _, a := range probeAddrs {
+		for _, a := range addrs {
 			if probe(a) {
 				o.started = true
 				break
 			}
 		}
 		if time.Now().After(deadline) {
-			o.exit = "answers on none of " + strings.Join(probeAddrs, " ") + " within 20 s: " + lastLines(d.logs.String(), 3)
+			o.exit = "answers on none of " + strings.Join(addrs, " ") + " within 20 s: " + lastLines(d.logs.String(), 3)
 			o.logs = d.logs.String()
 			return o
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond) // every listener up
-	for _, a := range probeAddrs {
+	for _, a := range addrs {
 		if probe(a) {
 			o.addrs = append(o.addrs, a)
 		}
@@ -233,6 +314,11 @@ type corpusCase struct {
 	// same as the stock where it answered. TTLs are not compared: the
 	// stock's timeouts shift its clock.
 	stockMayTimeOut string
+	// etc are more files under /etc (paths relative to it): a ConfigMap
+	// the distribution mounts beside the Corefile.
+	etc map[string]string
+	// ipv6 runs the case in the IPv6-only pod namespace (podNamespace6).
+	ipv6 bool
 }
 
 // The distribution corpus: each configuration started with its own
@@ -248,7 +334,7 @@ func TestDistributionCorpus(t *testing.T) {
 	stock := stockBinary(t)
 	ours := buildNodelocaldns(t)
 	var table []string
-	for _, c := range corpusCases(t) {
+	for _, c := range append(corpusCases(t), moreCorpusCases(t)...) {
 		t.Run(c.name, func(t *testing.T) {
 			so, oo := c.run(t, stock), c.run(t, ours)
 			row := fmt.Sprintf("%-34s stock %-7s ours %-7s", c.name, verdict(so), verdict(oo))
@@ -329,6 +415,22 @@ func TestDistributionCorpus(t *testing.T) {
 			if c.stockMayTimeOut != "" && known > 0 {
 				row += fmt.Sprintf(" the stock did not answer %d cluster questions within 3 s (%s), ours answered them;", known, c.stockMayTimeOut)
 			}
+			if c.clusterRcode == "" && c.stockMayTimeOut == "" && c.logs() {
+				// The last answers' lines are written after them.
+				time.Sleep(300 * time.Millisecond)
+				common := map[string]bool{}
+				for _, a := range oo.addrs {
+					common[a] = slices.Contains(so.addrs, a)
+				}
+				sl, ol := corpusLogLines(so.run.logs.String(), common), corpusLogLines(oo.run.logs.String(), common)
+				if !slices.Equal(sl, ol) {
+					t.Errorf("query log lines differ:\nstock:\n%s\nours:\n%s", strings.Join(sl, "\n"), strings.Join(ol, "\n"))
+				}
+				if len(sl) == 0 {
+					t.Errorf("the stock logged no query line")
+				}
+				row += fmt.Sprintf(" log lines %d/%d same;", len(ol), len(sl))
+			}
 			row += fmt.Sprintf(" answers %d/%d same, addresses %v", same, len(so.replies)-unasked, map[bool]string{true: "same " + strings.Join(oo.addrs, ","), false: "stock " + strings.Join(so.addrs, ",") + " ours " + strings.Join(oo.addrs, ",") + " (" + c.addrDiff + ")"}[sameAddrs])
 		})
 	}
@@ -343,4 +445,59 @@ func verdict(o outcome) string {
 		return "starts"
 	}
 	return "refuses"
+}
+
+// logDirective is a log line of a Corefile or an imported file.
+var logDirective = regexp.MustCompile(`(?m)^\s*log(\s|$)`)
+
+// logs reports whether the case's configuration logs queries.
+func (c corpusCase) logs() bool {
+	if logDirective.MatchString(c.base + c.conf) {
+		return true
+	}
+	for _, f := range c.etc {
+		if logDirective.MatchString(f) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	// The JSON format's client port and query ID (linz/topo-workflows).
+	logJSONPort = regexp.MustCompile(`"remotePort":\d+`)
+	logJSONID   = regexp.MustCompile(`"queryId":"\d+"`)
+	// A line's client address: the common format's first field, the JSON
+	// format's remoteIp.
+	logRemote     = regexp.MustCompile(`^\[INFO\] (\d+\.\d+\.\d+\.\d+|\[[0-9a-f:]+\]):PORT `)
+	logJSONRemote = regexp.MustCompile(`"remoteIp":"(\d+\.\d+\.\d+\.\d+|\[[0-9a-f:]+\])"`)
+)
+
+// corpusLogLines are the query log lines of a corpus daemon's output,
+// normalized as TestLogParityWithStockNodeCache does (client port, ID and
+// duration masked, AA and RA apart) and sorted, without the probes and the
+// loop plugin's HINFO, and only those asked from an address in common (the
+// corpus asks each address from itself: a line of 127.0.0.2, which only a
+// wildcard socket answers, is left out when the other binary does not
+// answer there).
+func corpusLogLines(out string, common map[string]bool) []string {
+	var lines []string
+	for _, l := range queryLines(out) {
+		if strings.Contains(l, "probe.example.org.") || strings.Contains(l, "HINFO") {
+			continue
+		}
+		l = logID.ReplaceAllString(l, " - ID \"")
+		l = logJSONPort.ReplaceAllString(l, `"remotePort":PORT`)
+		l = logJSONID.ReplaceAllString(l, `"queryId":"ID"`)
+		m := logRemote.FindStringSubmatch(l)
+		if m == nil {
+			m = logJSONRemote.FindStringSubmatch(l)
+		}
+		if m == nil || !common[strings.Trim(m[1], "[]")] {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	slices.Sort(lines)
+	return lines
 }

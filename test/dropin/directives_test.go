@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,8 +76,17 @@ func runDirectiveParity(t *testing.T, corefile string, cases []directiveCase, fi
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
+	return runDirectiveParityWith(t, upstream(t, "93.184.216.34"), corefile, cases, files)
+}
+
+// runDirectiveParityWith is runDirectiveParity forwarding to up.
+func runDirectiveParityWith(t *testing.T, up, corefile string, cases []directiveCase, files map[string]string) (ours, core, dir string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
 	oursBin, coredns := buildNodelocaldns(t), buildCoreDNS(t)
-	up, kube := upstream(t, "93.184.216.34"), upstream(t, "10.96.1.1")
+	kube := upstream(t, "10.96.1.1")
 	dir = t.TempDir()
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
@@ -360,6 +370,232 @@ func TestRewriteTypeParityWithCoreDNS(t *testing.T) {
 	}, nil)
 }
 
+// TestRewriteTTLRcodeParityWithCoreDNS: ttl and rcode rules act on every
+// answer, after the cache (hits too: the second round of each case), on
+// the name the earlier rules rewrote, ending the walk where they stop, as
+// CoreDNS 1.15's.
+func TestRewriteTTLRcodeParityWithCoreDNS(t *testing.T) {
+	ours, _, _ := runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite ttl www.example.org 7
+    rewrite ttl prefix alias. 100-200
+    rewrite ttl suffix .up.example.org. 4000-
+    rewrite ttl substring .sub.example.org. -3
+    rewrite ttl regex ^r[0-9]+\.example\.org\.$ 2-5
+    rewrite rcode nx1.example.org NXDOMAIN REFUSED
+    rewrite rcode suffix .rc.example.org. SERVFAIL NOERROR
+    rewrite continue rcode sf.chain.example.org SERVFAIL NXDOMAIN
+    rewrite rcode sf.chain.example.org NXDOMAIN REFUSED
+    rewrite continue name exact renamed.example.org www2.example.org
+    rewrite ttl www2.example.org 11
+    rewrite ttl exact stop.example.org 12
+    rewrite name exact stop.example.org www.example.org
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"www.example.org.", dns.TypeA},
+		{"WWW.Example.Org.", dns.TypeA},
+		{"alias.example.org.", dns.TypeA},
+		{"x.up.example.org.", dns.TypeA},
+		{"x.sub.example.org.", dns.TypeA},
+		{"x.sub.example.org.", dns.TypeAAAA},
+		{"r12.example.org.", dns.TypeA},
+		{"nx1.example.org.", dns.TypeA},
+		{"nx2.example.org.", dns.TypeA},
+		{"sf1.rc.example.org.", dns.TypeA},
+		{"nx1.rc.example.org.", dns.TypeA},
+		{"sf.chain.example.org.", dns.TypeA},
+		{"renamed.example.org.", dns.TypeA},
+		{"stop.example.org.", dns.TypeA},
+	}, nil)
+	// Parity alone would pass with no rule applied: what the rules did.
+	for _, c := range []struct {
+		name  string
+		qtype uint16
+		want  string // rcode and TTLs (answer, authority)
+	}{
+		{"www.example.org.", dns.TypeA, "NOERROR [7] []"},
+		{"alias.example.org.", dns.TypeA, "NOERROR [100 100] []"}, // cache 30 caps 300 and 120 first
+		{"x.up.example.org.", dns.TypeA, "NOERROR [4000] []"},
+		{"x.sub.example.org.", dns.TypeAAAA, "NOERROR [] [3]"},
+		{"r12.example.org.", dns.TypeA, "NOERROR [5] []"},
+		{"nx1.example.org.", dns.TypeA, "REFUSED [] [30]"},
+		{"sf1.rc.example.org.", dns.TypeA, "NOERROR [] []"},
+		{"sf.chain.example.org.", dns.TypeA, "NXDOMAIN [] []"},
+		{"renamed.example.org.", dns.TypeA, "NOERROR [11] []"},
+		{"stop.example.org.", dns.TypeA, "NOERROR [12] []"},
+	} {
+		a := askFull(t, ours, c.name, c.qtype)
+		if got := fmt.Sprintf("%s %v %v", a.rcode, a.answerTTL, a.nsTTL); got != c.want {
+			t.Errorf("%s %s: %s, want %s", c.name, dns.TypeToString[c.qtype], got, c.want)
+		}
+	}
+}
+
+// TestRewriteCNAMEParityWithCoreDNS: cname rules give a CNAME the new
+// target and the records of the new target's answer (looked up through
+// its block), chained rules seeing each other's target, and a stop cname
+// rule ends the walk for every name, as CoreDNS 1.15's. The new target's
+// records are cached here with the answer, as one entry under the asking
+// block's cache: CoreDNS caches them apart, by their own block, so their
+// TTLs agree while both blocks cap them alike (cache 30 in both here;
+// docs/migration.md).
+func TestRewriteCNAMEParityWithCoreDNS(t *testing.T) {
+	ours, _, _ := runDirectiveParity(t, `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite continue cname exact target.example.org. www.example.org.
+    rewrite continue cname suffix .foo.test. .example.org.
+    rewrite cname regex (.*)\.rx\.test\. {1}.other.test.
+    rewrite ttl alias.example.org 3
+    forward . %[2]s
+}
+other.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    template IN A other.test {
+        answer "{{ .Name }} 60 IN A 192.0.2.9"
+    }
+}
+`, []directiveCase{
+		{"alias.example.org.", dns.TypeA},
+		{"alias.foo.test.", dns.TypeA},
+		{"alias.rx.test.", dns.TypeA},
+		{"alias.example.org.", dns.TypeAAAA},
+		{"www.example.org.", dns.TypeA},
+		{"alias.bar.test.", dns.TypeA},
+	}, nil)
+	for _, c := range []struct {
+		name string
+		want []string
+	}{
+		{"alias.example.org.", []string{"alias.example.org. CNAME www.example.org.", "www.example.org. A 93.184.216.34"}},
+		{"alias.foo.test.", []string{"alias.foo.test. CNAME www.example.org.", "www.example.org. A 93.184.216.34"}},
+		{"alias.rx.test.", []string{"alias.rx.test. CNAME target.other.test.", "target.other.test. A 192.0.2.9"}},
+	} {
+		m := new(dns.Msg)
+		m.SetQuestion(c.name, dns.TypeA)
+		r, err := dns.Exchange(m, ours)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, rr := range r.Answer {
+			f := strings.Fields(rr.String())
+			got = append(got, f[0]+" "+f[3]+" "+f[4])
+		}
+		if strings.Join(got, " | ") != strings.Join(c.want, " | ") {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// optionsEcho answers every question with a TXT record per EDNS option of
+// the query it got (code and data in hex), "none" without any: what the
+// cache sent upstream.
+func optionsEcho(t *testing.T) string {
+	return serveDNS(t, dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		txt := []string{"none"}
+		if o := r.IsEdns0(); o != nil && len(o.Option) > 0 {
+			txt = nil
+			for _, e := range o.Option {
+				txt = append(txt, fmt.Sprintf("%d=%s", e.Option(), e.String()))
+			}
+		}
+		m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 60}, Txt: txt})
+		_ = w.WriteMsg(m)
+	}))
+}
+
+// TestRewriteEdns0ParityWithCoreDNS: edns0 rules put the same options in
+// the query sent upstream as CoreDNS 1.15's (static and hex values,
+// {qname}, {qtype}, {client_ip}, subnet, nsid, append, replace, unset, stop
+// and continue), and a ttl rule after them is reached or not alike. Each
+// answer is cached: the second round (hits) gives the options of the
+// first, in both.
+func TestRewriteEdns0ParityWithCoreDNS(t *testing.T) {
+	ours, _, _ := runDirectiveParityWith(t, optionsEcho(t), `.:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite edns0 local set 0xffee abc
+    forward . %[2]s
+}
+set.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite continue edns0 local set 0xffee 0xcafe
+    rewrite continue edns0 local append 0xffef {qname}
+    rewrite continue edns0 local append 0xfff0 {qtype}
+    rewrite continue edns0 local set 0xfff1 {client_ip} revert
+    rewrite continue edns0 nsid set
+    rewrite edns0 subnet set 24 56
+    rewrite ttl suffix .set.test. 5
+    forward . %[2]s
+}
+replace.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite continue edns0 local replace 0xffee x
+    rewrite continue edns0 local append 0xffee y
+    rewrite continue edns0 local replace 0xffee z
+    rewrite continue edns0 local append 0xffee w
+    rewrite continue edns0 subnet append 32 128
+    rewrite continue edns0 subnet append 16 64
+    rewrite edns0 local unset 0xffee
+    rewrite ttl suffix .replace.test. 6
+    forward . %[2]s
+}
+stop.test:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    rewrite edns0 local replace 0xffee x
+    rewrite ttl suffix .stop.test. 7
+    rewrite edns0 local set 0xffee y
+    rewrite ttl suffix .stop.test. 8
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"www.example.org.", dns.TypeTXT},
+		{"a.set.test.", dns.TypeTXT},
+		{"a.set.test.", dns.TypeA},
+		{"a.replace.test.", dns.TypeTXT},
+		{"a.stop.test.", dns.TypeTXT},
+	}, nil)
+	for _, c := range []struct{ name, want string }{
+		{"www.example.org.", "NOERROR [30] [] 65518=65518:0x616263"},
+		// The subnet rule stops the walk before the ttl rule.
+		{"a.set.test.", "NOERROR [30] [] 65518=65518:0xcafe 65519=65519:0x612e7365742e746573742e 65520=65520:0x0010 65521=65521:0x7f000001 3= 8=127.0.0.0/24/0"},
+		// replace without the option: not applied; the second subnet
+		// append finds the first: not applied; unset stops.
+		{"a.replace.test.", "NOERROR [30] [] 8=127.0.0.1/32/0"},
+		// The replace is not applied, so the first ttl rule is reached
+		// and stops.
+		{"a.stop.test.", "NOERROR [7] [] none"},
+	} {
+		m := new(dns.Msg)
+		m.SetQuestion(c.name, dns.TypeTXT)
+		r, err := dns.Exchange(m, ours)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := dns.RcodeToString[r.Rcode]
+		var ttls, txt []string
+		for _, rr := range r.Answer {
+			ttls = append(ttls, fmt.Sprint(rr.Header().Ttl))
+			if x, ok := rr.(*dns.TXT); ok {
+				txt = append(txt, x.Txt...)
+			}
+		}
+		got = fmt.Sprintf("%s [%s] [] %s", got, strings.Join(ttls, " "), strings.Join(txt, " "))
+		if got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
 // TestCacheZonesParityWithCoreDNS: `cache 30 ZONE...` caches only the
 // names under those zones (TTLs capped at 30 s); the block's other names
 // pass uncached (the upstream's 300 s), and a zone of another block is
@@ -552,4 +788,116 @@ nocache.example:%[1]d {
 			t.Errorf("%s: ours sent an OPT to a client that sent none", name)
 		}
 	}
+}
+
+// TestCacheDisableZonesParityWithCoreDNS: `disable success|denial ZONE...`
+// keeps the positive answers, or the denials and SERVFAILs, of the names
+// under those zones out of the block's cache and caches the rest, as
+// CoreDNS 1.15: each name is asked three times of both, and the upstream
+// counts how often each was asked through (each server asks its own
+// names: o- for ours, c- for CoreDNS).
+func TestCacheDisableZonesParityWithCoreDNS(t *testing.T) {
+	var mu sync.Mutex
+	asked := map[string]int{}
+	up := serveDNS(t, dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		m.RecursionAvailable = true
+		q := r.Question[0]
+		mu.Lock()
+		asked[strings.ToLower(q.Name)]++
+		mu.Unlock()
+		_, label, _ := strings.Cut(strings.SplitN(q.Name, ".", 2)[0], "-")
+		switch label {
+		case "nx":
+			m.Rcode = dns.RcodeNameError
+			soa, _ := dns.NewRR("example. 300 IN SOA ns.example. host.example. 1 3600 600 86400 300")
+			m.Ns = append(m.Ns, soa)
+		case "sf":
+			m.Rcode = dns.RcodeServerFailure
+		default:
+			rr, _ := dns.NewRR(q.Name + " 300 IN A 192.0.2.1")
+			m.Answer = append(m.Answer, rr)
+		}
+		_ = w.WriteMsg(m)
+	}))
+	corefile := `other.example:%[1]d {
+    bind 127.0.0.1
+    cache 30
+    forward . ` + up + `
+}
+.:%[1]d {
+    bind 127.0.0.1
+    cache 30 {
+        disable success nocache.example other.example
+        disable denial skipped.example
+        disable denial nodenial.example
+    }
+    forward . ` + up + `
+}
+whole.example:%[1]d {
+    bind 127.0.0.1
+    cache 30 {
+        disable success example
+    }
+    forward . ` + up + `
+}
+`
+	aOurs, aCore, _, _ := pair(t, corefile, true)
+	var names []string
+	for _, z := range []string{"example", "nocache.example", "other.example", "nodenial.example", "x.nodenial.example", "skipped.example", "whole.example"} {
+		for _, l := range []string{"www", "nx", "sf"} {
+			names = append(names, l+"."+z+".")
+		}
+	}
+	for _, n := range names {
+		for range 3 {
+			for who, a := range map[string]string{"o-": aOurs, "c-": aCore} {
+				m := new(dns.Msg)
+				m.SetQuestion(who+n, dns.TypeA)
+				if _, err := dns.Exchange(m, a); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, n := range names {
+		if o, c := asked["o-"+n], asked["c-"+n]; o != c || o == 0 {
+			t.Errorf("%s: asked upstream %d times through ours, %d through CoreDNS", n, o, c)
+		}
+	}
+	// The test means something only if the counts differ among the names.
+	if asked["o-www.nocache.example."] != 3 || asked["o-www.example."] != 1 || asked["o-nx.nodenial.example."] != 3 || asked["o-sf.nodenial.example."] != 3 {
+		t.Errorf("upstream counts %v", asked)
+	}
+}
+
+// A network as a server block key is its reverse zones, as CoreDNS reads
+// it: the prefix rounded up to a whole label (10.0.0.0/15 is two /16
+// zones, 172.16.5.0/26 sixty-four /32 ones, fd00::/30 four /32 nibble
+// zones); a name outside them is REFUSED by both.
+func TestCIDRKeysParityWithCoreDNS(t *testing.T) {
+	runDirectiveParity(t, `10.0.0.0/15:%[1]d 172.16.5.0/26:%[1]d fd00::/30:%[1]d {
+    bind 127.0.0.1
+    template IN PTR {
+        answer "{{ .Name }} 60 IN PTR zone.{{ .Zone }}"
+    }
+}
+.:%[1]d {
+    bind 127.0.0.1
+    forward . %[2]s
+}
+`, []directiveCase{
+		{"4.3.0.10.in-addr.arpa.", dns.TypePTR},
+		{"4.3.1.10.in-addr.arpa.", dns.TypePTR},
+		{"4.3.2.10.in-addr.arpa.", dns.TypePTR},
+		{"5.5.16.172.in-addr.arpa.", dns.TypePTR},
+		{"63.5.16.172.in-addr.arpa.", dns.TypePTR},
+		{"64.5.16.172.in-addr.arpa.", dns.TypePTR},
+		{"5.16.172.in-addr.arpa.", dns.TypePTR},
+		{"1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.3.0.0.0.0.0.d.f.ip6.arpa.", dns.TypePTR},
+		{"1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.4.0.0.0.0.0.d.f.ip6.arpa.", dns.TypePTR},
+	}, nil)
 }

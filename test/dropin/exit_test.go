@@ -24,7 +24,8 @@ func TestCorefileExitCodes(t *testing.T) {
 		{"hosts {\n    bogus a.example\n  }", ":4: hosts: \"bogus a.example\" is not an option nor an entry ADDRESS NAME..."},
 		{"forward . https://1.1.1.1", ":3: forward: TO \"https://1.1.1.1\": transport https:// is not supported (dns:// and tls:// only); supported: forward FROM TO..."},
 		{"forward . tls://1.1.1.1 {\n    tls /nonexistent/ca.pem\n  }", ":3: forward tls: open /nonexistent/ca.pem: no such file or directory"},
-		{"trace", ":3: directive trace is not supported by nodelocaldns: nodelocaldns exports no spans"},
+		{"dnstap /tmp/dnstap.sock nofull", ":3: dnstap: the second argument is full or nothing, not \"nofull\""},
+		{"trace zipkin localhost:9411 {\n    sample 3\n  }", ":4: trace: option sample is not supported"},
 	} {
 		text := ".:53 {\n  bind 169.254.20.10\n  " + tc.directive + "\n}\n"
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {

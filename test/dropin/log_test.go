@@ -274,3 +274,163 @@ func TestLogParityWithStockNodeCache(t *testing.T) {
 		t.Errorf("the stock logged %d lines", len(s))
 	}
 }
+
+// TestLogMetadataParityWithCoreDNS: with metadata, the labels log sets
+// (log/type, log/class) have values in the block's log lines, whatever
+// metadata's zones; other labels, and every label without metadata, print
+// "-", as CoreDNS 1.15's. A rewrite edns0 rule with a metadata value never
+// applies in either (no label has a value before the query is forwarded),
+// so the ttl rule after it is reached.
+func TestLogMetadataParityWithCoreDNS(t *testing.T) {
+	corefile := `example.org:%[1]d {
+    bind 127.0.0.1
+    metadata
+    log . "{name} {/log/type} {/log/class} {/trace/traceid} {/x/y} {rcode}"
+    cache 30
+    forward . %[2]s
+}
+example.net:%[1]d {
+    bind 127.0.0.1
+    metadata example.com
+    log . "{name} {/log/type} {/log/class}"
+    rewrite edns0 local set 0xffee {log/type}
+    rewrite ttl suffix .example.net. 3
+    forward . %[2]s
+}
+.:%[1]d {
+    bind 127.0.0.1
+    log . "{name} {/log/type} {/log/class}"
+    cache 30
+    forward . %[2]s
+}
+`
+	aOurs, aCore, lo, lc := pair(t, corefile, true)
+	queries := []logQuery{
+		{name: "www.example.org.", qtype: dns.TypeA, net: "udp", edns: true},
+		{name: "www.example.org.", qtype: dns.TypeAAAA, net: "udp", edns: true},
+		{name: "nx.example.org.", qtype: dns.TypeA, net: "tcp"},
+		{name: "sf.example.org.", qtype: dns.TypeA, net: "udp"},
+		{name: "www.example.net.", qtype: dns.TypeA, net: "udp", edns: true},
+		{name: "nx.example.net.", qtype: dns.TypeA, net: "udp"},
+		{name: "www.example.com.", qtype: dns.TypeA, net: "udp", edns: true},
+	}
+	id := uint16(2000)
+	for round := 0; round < 2; round++ { // misses, then hits
+		for _, q := range queries {
+			id++
+			q.ask(t, aOurs, id)
+			q.ask(t, aCore, id)
+		}
+	}
+	var o, c []string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		o, c = queryLines(lo.String()), queryLines(lc.String())
+		if len(o) >= len(c) && len(c) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	o, c = queryLines(lo.String()), queryLines(lc.String())
+	slices.Sort(o)
+	slices.Sort(c)
+	if !slices.Equal(o, c) {
+		t.Errorf("query log lines differ:\nours:\n%s\ncoredns:\n%s", strings.Join(o, "\n"), strings.Join(c, "\n"))
+	}
+	for _, want := range []string{"[INFO] nx.example.org. NXDOMAIN denial - - NXDOMAIN", "[INFO] www.example.org. NODATA denial - - NOERROR",
+		"[INFO] sf.example.org. SERVERERROR error - - SERVFAIL", "[INFO] www.example.net. NOERROR success", "[INFO] www.example.com. - -"} {
+		if !slices.Contains(o, want) {
+			t.Errorf("no line %q:\n%s", want, strings.Join(o, "\n"))
+		}
+	}
+	// The edns0 rule with a metadata value never applies: the ttl rule
+	// after it does.
+	m := new(dns.Msg)
+	m.SetQuestion("www.example.net.", dns.TypeA)
+	for _, addr := range []string{aOurs, aCore} {
+		r, err := dns.Exchange(m, addr)
+		if err != nil || len(r.Answer) != 1 || r.Answer[0].Header().Ttl != 3 {
+			t.Errorf("%s: %v %v, want TTL 3", addr, r, err)
+		}
+	}
+}
+
+// TestLogMetadataParityWithStockNodeCache: the reference manifest's
+// Corefile with metadata and a log format showing labels in the cluster
+// block, and a log without metadata in the "." block, run by the stock
+// node-cache and by nodelocaldns: the same lines, but for log/type and
+// log/class, which the stock's CoreDNS 1.13.2 does not set (its log
+// plugin sets no label; 1.14 added them): the stock prints "-" there, we
+// print CoreDNS 1.15's values (docs/migration.md).
+func TestLogMetadataParityWithStockNodeCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds our binary and runs two daemons")
+	}
+	stock := stockBinary(t)
+	ours := buildNodelocaldns(t)
+	corefile := referenceCorefile(t, false)
+	corefile = strings.Replace(corefile, "    errors\n", "    errors\n    metadata\n    log . \"{name} {type} {/log/type} {/log/class} {/kubernetes/pod} {rcode}\"\n", 1)
+	i := strings.Index(corefile, ".:53 {")
+	corefile = corefile[:i] + strings.Replace(corefile[i:], "    errors\n", "    errors\n    log . \"{name} {/log/type} {/log/class}\"\n", 1)
+	nsStock, _ := oracleNamespace(t)
+	nsOurs, _ := oracleNamespace(t)
+	ls := startReferenceCorefile(t, nsStock, stock, corefile, "-setupiptables=false")
+	lo := startReferenceCorefile(t, nsOurs, ours, corefile, "-setupiptables=false")
+	for range 2 {
+		for _, q := range []struct {
+			name  string
+			qtype uint16
+		}{
+			{"web.default.svc.cluster.local.", dns.TypeA},
+			{"web.default.svc.cluster.local.", dns.TypeAAAA},
+			{"nx.default.svc.cluster.local.", dns.TypeA},
+			{"www.example.org.", dns.TypeA},
+			{"nx.example.org.", dns.TypeA},
+		} {
+			for _, ns := range []string{nsStock, nsOurs} {
+				if _, err := exchange(ns, q.name, q.qtype, variant{name: "udp", net: "udp"}); err != nil {
+					t.Fatalf("%s %s: %v", q.name, dns.TypeToString[q.qtype], err)
+				}
+			}
+		}
+	}
+	probeName := regexp.MustCompile(`^\[INFO\] \d+\.\d+\.`)
+	labels := regexp.MustCompile(`^(\[INFO\] \S+ \S+) (\S+) (\S+) (- \S+)$`) // name type log/type log/class - rcode
+	var typed []string
+	mask := func(out string, keep bool) []string {
+		var lines []string
+		for _, l := range queryLines(out) {
+			if probeName.MatchString(l) {
+				continue // the stock's loop probe (HINFO of a random name)
+			}
+			if m := labels.FindStringSubmatch(l); m != nil {
+				if keep {
+					typed = append(typed, m[2]+" "+m[3])
+				}
+				l = m[1] + " LT LC " + m[4]
+			}
+			lines = append(lines, l)
+		}
+		return lines
+	}
+	time.Sleep(300 * time.Millisecond)
+	s, o := mask(ls.String(), false), mask(lo.String(), true)
+	for _, l := range queryLines(ls.String()) {
+		if m := labels.FindStringSubmatch(l); m != nil && (m[2] != "-" || m[3] != "-") {
+			t.Errorf("the stock gave log/type and log/class values: %s", l)
+		}
+	}
+	slices.Sort(typed)
+	if want := []string{"NODATA denial", "NODATA denial", "NOERROR success", "NOERROR success", "NOERROR success", "NXDOMAIN denial", "NXDOMAIN denial"}; !slices.Equal(typed, want) {
+		t.Errorf("our log/type and log/class: %v, want %v", typed, want)
+	}
+	slices.Sort(s)
+	slices.Sort(o)
+	if !slices.Equal(s, o) {
+		t.Errorf("query log lines differ:\nstock:\n%s\nours:\n%s", strings.Join(s, "\n"), strings.Join(o, "\n"))
+	}
+	if !slices.Contains(s, "[INFO] nx.default.svc.cluster.local. A LT LC - NXDOMAIN") {
+		t.Errorf("the stock's lines:\n%s", strings.Join(s, "\n"))
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -189,43 +190,110 @@ func TestCheckConfigInPodNamespace(t *testing.T) {
 	}
 }
 
-// bind 0.0.0.0 on a node in kube-proxy's IPVS mode: kube-ipvs0, a link
-// that stays down, carries every ClusterIP. Its addresses are left out (a
-// socket each would be hundreds); up, they pass MaxWildcardAddrs and the
-// start is refused with the count.
-func TestWildcardLeavesDownLinksOut(t *testing.T) {
+// bind 0.0.0.0 is one wildcard socket, as the stock's: in the LRP mode's
+// pod namespace, addresses added after the start (a pod IP that changes, an
+// address added to the node), IPv4 and IPv6, and 127.0.0.2 (on no
+// interface, but in lo's 127.0.0.0/8) are answered over UDP and TCP, every
+// UDP answer from the address the query was sent to (a raw client reading
+// the source, and dig, which ignores an answer from elsewhere); kube-proxy's
+// IPVS link with a hundred ClusterIPs changes nothing; -check-config says
+// what is listened on.
+func TestWildcardServesAddressesAddedLater(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds our binary")
 	}
+	dig := need(t, "dig")
+	corefile, args := lrpManifest(t)
 	ours := buildNodelocaldns(t)
-	ns, in := netns(t)
+	ns := podNamespace(t)
+	in := func(a ...string) *exec.Cmd { return exec.Command("ip", append([]string{"netns", "exec", ns}, a...)...) }
+	d := startIn(t, ns, ours, map[string]string{"coredns/Corefile.base": corefile}, args)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if _, err := askAt(ns, podIPv4, 53, "web.default.svc.cluster.local.", dns.TypeA, 700*time.Millisecond); err == nil {
+			break
+		}
+		select {
+		case <-d.done:
+			t.Fatalf("exited: %v\n%s", d.err, d.logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer on the pod's IP within 20 s:\n%s", d.logs)
+		}
+	}
+	// Added after the start: a second pod IP, IPv4 and IPv6, and an
+	// IPVS-style link that stays down with a hundred ClusterIPs.
+	mustRun(t, in("ip", "addr", "add", "10.244.0.99/32", "dev", "eth0"))
+	mustRun(t, in("ip", "-6", "addr", "add", "fd00::99/128", "dev", "eth0", "nodad"))
 	mustRun(t, in("ip", "link", "add", "kube-ipvs0", "type", "veth", "peer", "name", "ipvs-peer"))
 	for i := range 100 {
 		mustRun(t, in("ip", "addr", "add", fmt.Sprintf("10.96.1.%d/32", i+1), "dev", "kube-ipvs0"))
 	}
-	lrp, _ := lrpManifest(t)
+	out := mustRun(t, in("ss", "-lnu", "sport", "= :53"))
+	if strings.Count(out, "*:53") == 0 || strings.Contains(out, podIPv4+":53") {
+		t.Errorf("want wildcard *:53 sockets only:\n%s", out)
+	}
+	for _, a := range []string{"10.244.0.99", "fd00::99", "127.0.0.2", podIPv4, "::1"} {
+		dst := netip.AddrPortFrom(netip.MustParseAddr(a), 53)
+		for i, q := range []struct{ name, want string }{
+			{"web.default.svc.cluster.local.", "10.96.1.1"}, {"www.example.org.", "93.184.216.34"}, {"www.example.org.", "93.184.216.34"},
+		} {
+			m := new(dns.Msg)
+			m.SetQuestion(q.name, dns.TypeA)
+			m.Id = uint16(1000 + i)
+			b, _ := m.Pack()
+			var from netip.AddrPort
+			var n int
+			buf := make([]byte, 1500)
+			err := inNetns(ns, func() error {
+				c, err := net.ListenUDP("udp", nil) // unconnected: any source is read
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				if _, err := c.WriteToUDPAddrPort(b, dst); err != nil {
+					return err
+				}
+				_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+				n, from, err = c.ReadFromUDPAddrPort(buf)
+				return err
+			})
+			r := new(dns.Msg)
+			if err == nil {
+				err = r.Unpack(buf[:n])
+			}
+			if err != nil || from.Addr().Unmap() != dst.Addr() || len(r.Answer) != 1 || !strings.Contains(r.Answer[0].String(), q.want) {
+				t.Errorf("udp %s %s: from %s: %v %v", a, q.name, from, r, err)
+			}
+		}
+		var r *dns.Msg
+		err := inNetns(ns, func() (err error) {
+			m := new(dns.Msg)
+			m.SetQuestion("web.default.svc.cluster.local.", dns.TypeA)
+			r, _, err = (&dns.Client{Net: "tcp", Timeout: 3 * time.Second}).Exchange(m, dst.String())
+			return err
+		})
+		if err != nil || len(r.Answer) != 1 {
+			t.Errorf("tcp %s: %v %v", a, r, err)
+		}
+		for _, tcp := range []string{"+notcp", "+tcp"} {
+			o, _ := in(dig, "+tries=1", "+time=3", tcp, "@"+a, "www.example.org", "A").CombinedOutput()
+			if !strings.Contains(string(o), "status: NOERROR") || !strings.Contains(string(o), "93.184.216.34") || strings.Contains(string(o), "unexpected source") {
+				t.Errorf("dig %s @%s:\n%s", tcp, a, o)
+			}
+		}
+	}
+
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "Corefile.base"), []byte(lrp), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "Corefile.base"), []byte(corefile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	check := func() (int, string) {
-		cmd := exec.Command("ip", "netns", "exec", ns, ours, "-basecorefile", filepath.Join(dir, "Corefile.base"), "-conf", filepath.Join(dir, "Corefile"),
-			"-upstreamsvc", "kube-dns-upstream", "-setupinterface=false", "-setupiptables=false", "-resolv-conf", "/etc/resolv.conf", "-check-config")
-		cmd.Env = append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+oracleKubeDNS, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53")
-		out, err := cmd.CombinedOutput()
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode(), string(out)
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return 0, string(out)
-	}
-	code, out := check()
-	if code != 0 || strings.Contains(out, "10.96.1.1") || !strings.Contains(out, "listen:           [127.0.0.1") {
-		t.Errorf("kube-ipvs0 down: exit %d, want 0 and lo's addresses only:\n%s", code, out)
-	}
 	mustRun(t, in("ip", "link", "set", "kube-ipvs0", "up"))
-	if code, out := check(); code != 2 || !strings.Contains(out, "this host has 10") || !strings.Contains(out, "more than 64") {
-		t.Errorf("kube-ipvs0 up: exit %d, want 2 naming the count:\n%s", code, out)
+	cmd := in(ours, "-basecorefile", filepath.Join(dir, "Corefile.base"), "-conf", filepath.Join(dir, "Corefile"),
+		"-upstreamsvc", "kube-dns-upstream", "-setupinterface=false", "-setupiptables=false", "-resolv-conf", "/etc/resolv.conf", "-check-config")
+	cmd.Env = append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+oracleKubeDNS, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53")
+	o, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(o), "every address of this host, now and later, one wildcard socket") || strings.Contains(string(o), "10.96.1.1") {
+		t.Errorf("-check-config with kube-ipvs0 up: %v, want valid, the wildcard socket and no ClusterIP:\n%s", err, o)
 	}
 }

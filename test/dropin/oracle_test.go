@@ -282,8 +282,17 @@ func startReference(t *testing.T, ns, bin string, extra ...string) {
 // it returns the daemon's output.
 func startReferenceCorefile(t *testing.T, ns, bin, corefile string, extra ...string) *testhost.SyncBuffer {
 	t.Helper()
+	return startReferenceCorefileEtc(t, ns, bin, corefile, nil, extra...)
+}
+
+// startReferenceCorefileEtc is startReferenceCorefile with more files in
+// the daemon's /etc (paths under it).
+func startReferenceCorefileEtc(t *testing.T, ns, bin, corefile string, etc map[string]string, extra ...string) *testhost.SyncBuffer {
+	t.Helper()
 	args := append([]string{"-localip", oracleLocal + ",10.96.0.10", "-conf", "/etc/Corefile", "-upstreamsvc", "kube-dns-upstream"}, extra...)
-	d := startIn(t, ns, bin, map[string]string{"coredns/Corefile.base": corefile}, args)
+	files := map[string]string{"coredns/Corefile.base": corefile}
+	maps.Copy(files, etc)
+	d := startIn(t, ns, bin, files, args)
 	// Ready when it answers on the local address.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -312,6 +321,13 @@ type daemonRun struct {
 // process under it, when the test ends.
 func startIn(t *testing.T, ns, bin string, etc map[string]string, args []string) *daemonRun {
 	t.Helper()
+	return startInEnv(t, ns, bin, etc, args, nil)
+}
+
+// startInEnv is startIn with env (KEY=value) added to, or replacing, the
+// stand-ins' environment: an IPv6 cluster's Service addresses.
+func startInEnv(t *testing.T, ns, bin string, etc map[string]string, args, env []string) *daemonRun {
+	t.Helper()
 	dir := t.TempDir()
 	etcUp, tmpUp := filepath.Join(dir, "etc-up"), filepath.Join(dir, "tmp-up")
 	for _, d := range []string{etcUp + "/coredns", tmpUp, dir + "/etc-work", dir + "/tmp-work"} {
@@ -336,6 +352,7 @@ func startIn(t *testing.T, ns, bin string, etc map[string]string, args []string)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "KUBE_DNS_UPSTREAM_SERVICE_HOST="+oracleKubeDNS, "KUBE_DNS_UPSTREAM_SERVICE_PORT=53",
 		"KUBE_DNS_SERVICE_HOST=10.96.0.10", "KUBE_DNS_SERVICE_PORT=53", "KUBERNETES_SERVICE_HOST=10.96.0.1")
+	cmd.Env = append(cmd.Env, env...) // the last of a key wins
 	// Killed with the test process, however it ends (ip netns exec,
 	// unshare and sh exec the daemon, so this process is the daemon).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -74,7 +74,8 @@ func whoamiShape(t *testing.T, who string, r *dns.Msg, want int) string {
 // under the name as asked and an SRV of its port under _udp. or _tcp. in
 // the additional section, TTL 0, for every type, over UDP and TCP, with
 // and without EDNS; the other blocks forward as before, and the log lines
-// are the same. Each client gets its own port: with cache in the block too
+// are the same; beside a forward answering every name of its block,
+// whoami is never reached. Each client gets its own port: with cache in the block too
 // (ours never caches whoami; CoreDNS's cache keeps the first client's
 // answer 5 s and gives it to the next client, as docs/migration.md says).
 func TestWhoamiParityWithCoreDNS(t *testing.T) {
@@ -88,6 +89,11 @@ cached.example:%[1]d {
     cache 30
     whoami
 }
+shadow.example:%[1]d {
+    bind 127.0.0.1
+    whoami
+    forward . %[2]s
+}
 .:%[1]d {
     bind 127.0.0.1
     cache 30
@@ -96,7 +102,8 @@ cached.example:%[1]d {
 `
 	aOurs, aCore, lo, lc := pair(t, corefile, true)
 	id := uint16(3000)
-	for _, name := range []string{"Who.EXAMPLE.", "a.b.who.example.", "www.example.org."} {
+	// x.shadow.example: forward answers first, whoami is never reached.
+	for _, name := range []string{"Who.EXAMPLE.", "a.b.who.example.", "www.example.org.", "x.shadow.example."} {
 		for _, qtype := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeMX, dns.TypeTXT} {
 			for _, network := range []string{"udp", "tcp"} {
 				for _, edns := range []bool{false, true} {

@@ -60,11 +60,11 @@ spec:
 // 1 s try each, over UDP and over TCP, a cluster name and an external
 // one, until stopped; a lost packet is a failure (no retry hides it).
 func lrpLoop(server string) string {
-	return `rm -f /tmp/stop; ok=0; fail=0; echo started
+	return addrFunc + `rm -f /tmp/stop; ok=0; fail=0; echo started
 while [ ! -e /tmp/stop ]; do
   for n in hello.default.svc.cluster.local ` + externalName + `; do
     for p in +notcp +tcp; do
-      if [ -n "$(dig +short +timeout=1 +tries=1 $p @` + server + ` $n)" ]; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL dig $p $n $(date +%T.%N)"; fi
+      if addr "$(dig +short +timeout=1 +tries=1 $p @` + server + ` $n | tail -n1)"; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL dig $p $n $(date +%T.%N)"; fi
     done
   done
 done
