@@ -136,14 +136,19 @@ func inClient(args ...string) (string, error) {
 // with f's last error.
 func poll(t *testing.T, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	if _, err := pollFor(within, f); err != nil {
+		t.Fatalf("after %v: %v", within, err)
+	}
+}
+
+// pollFor calls f every 200 ms until it returns nil or within has passed,
+// and returns how long that took and f's last error.
+func pollFor(within time.Duration, f func() error) (time.Duration, error) {
+	start := time.Now()
 	for {
 		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", within, err)
+		if err == nil || time.Since(start) > within {
+			return time.Since(start), err
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

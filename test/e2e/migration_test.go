@@ -183,6 +183,9 @@ type migration struct {
 	// gapLost: dig lookups to the link-local address lost while no cache
 	// ran on the node.
 	gapLost int
+	// oldLog: the old pod's log, from 5 lines before the change to its
+	// end (its shutdown).
+	oldLog string
 }
 
 // failLine is one FAIL line of timedLoopScript.
@@ -323,6 +326,7 @@ func change(t *testing.T, name, manifest, image, comm string) migration {
 	if failed {
 		t.Logf("%s: the old pod's log (%s):\n%s", name, start.UTC().Format("15:04:05.000 the change"), oldLog.String())
 	}
+	m.oldLog = start.UTC().Format("15:04:05.000 the change:\n") + oldLog.String()
 	return m
 }
 
@@ -417,7 +421,7 @@ spec:
 
 	// The start: the stock, as deployed.
 	var base nodeDNSState
-	poll(t, 60*time.Second, func() error {
+	poll(t, stockSyncInterval+15*time.Second, func() error { // its rules: see the rollback below
 		if procs := cacheProcs(t); len(procs) != 1 || len(procs["node-cache"]) != 1 {
 			return fmt.Errorf("cache processes %v, want one node-cache", procs)
 		}
@@ -445,10 +449,16 @@ spec:
 	})
 	t.Logf("ours, after the change: addresses %v, rules %d (nft) %d (legacy)", st.addrs, len(st.rules["iptables-nft-save"]), len(st.rules["iptables-legacy-save"]))
 
-	change(t, "ours -> stock", stock, stockImage, "node-cache")
+	back := change(t, "ours -> stock", stock, stockImage, "node-cache")
 	// After the rollback the node is as the stock had it at the start: the
-	// same addresses, the same rules in each backend, none of ours.
-	poll(t, 30*time.Second, func() error {
+	// same addresses, the same rules in each backend, none of ours. The
+	// stock adds its rules after it starts serving, and an iptables call
+	// that fails there (it logs it and goes on) is retried only by its
+	// periodic check, every -syncinterval (60 s, the reference manifest
+	// leaves the default): the state may take that long to be the stock's.
+	// Nothing of ours changes after our pod is gone, so the wait is the
+	// stock's, and the test waits past it before it calls the state wrong.
+	took, err := pollFor(stockSyncInterval+15*time.Second, func() error {
 		st = nodeState(t)
 		if !slices.Equal(st.addrs, base.addrs) {
 			return fmt.Errorf("addresses after the rollback: %v, the stock had %v", st.addrs, base.addrs)
@@ -466,7 +476,30 @@ spec:
 		}
 		return nil
 	})
-	t.Logf("the stock, after the rollback: as at the start")
+	if err != nil {
+		t.Fatalf("after %v: %v\nthe stock's log:\n%s\nours, to its exit, %s", took.Round(time.Second), err, stockLog(t), back.oldLog)
+	}
+	if took > 5*time.Second {
+		t.Logf("the stock, after the rollback: as at the start after %v, its log:\n%s\nours, to its exit, %s", took.Round(100*time.Millisecond), stockLog(t), back.oldLog)
+		return
+	}
+	t.Logf("the stock, after the rollback: as at the start (after %v)", took.Round(100*time.Millisecond))
+}
+
+// stockSyncInterval is node-cache's -syncinterval default: how often it
+// checks that its rules are in place and adds the missing ones.
+const stockSyncInterval = 60 * time.Second
+
+// stockLog returns the logs of the node-local-dns pods, for a failure's
+// message.
+func stockLog(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	for p := range stockPods(t) {
+		out, err := kubectl("-n", "kube-system", "logs", "--timestamps", p)
+		fmt.Fprintf(&b, "%s (%v):\n%s\n", p, err, out)
+	}
+	return b.String()
 }
 
 // minus returns the lines of a that are not in b.
