@@ -21,6 +21,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/statedir"
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // logBuffer collects a daemon's log lines for assertions.
@@ -323,9 +324,13 @@ func TestTwinAdoptsSocketsAndProbesReachEachInstance(t *testing.T) {
 func TestTwinAdoptsWildcardSockets(t *testing.T) {
 	node := startUpstream(t, records)
 	mk0, _, port, pidns := twins(t, node.addr)
+	// twins' port is free on its loopback address; the wildcard needs one
+	// free on every address.
+	port = testhost.FreeWildcardPort(t)
 	mk := func() *config.Config {
 		c := mk0()
 		c.LocalIPs = []netip.Addr{netip.IPv4Unspecified()}
+		c.Port = port
 		return c
 	}
 	const pidA, pidB = 5000003, 5000004

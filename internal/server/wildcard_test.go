@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 // askFrom sends a query for name to dst from a fresh unconnected socket
@@ -48,25 +49,8 @@ func askFrom(t *testing.T, network string, dst netip.AddrPort, name string, id u
 }
 
 // freeWildPort is a UDP and TCP port free on every address when it was
-// asked.
-func freeWildPort(t testing.TB) int {
-	t.Helper()
-	for range 20 {
-		u, err := net.ListenUDP("udp", &net.UDPAddr{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := u.LocalAddr().(*net.UDPAddr).Port
-		tl, err := net.ListenTCP("tcp", &net.TCPAddr{Port: p})
-		_ = u.Close()
-		if err == nil {
-			_ = tl.Close()
-			return p
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
+// asked, outside the kernel's ephemeral range.
+func freeWildPort(t testing.TB) int { return testhost.FreeWildcardPort(t) }
 
 // TestWildcardAnswersFromTheAddressAsked: the wildcard socket (listen
 // address 0.0.0.0) answers on addresses nobody listed (127.0.0.2, which

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"testing"
 )
@@ -37,6 +38,40 @@ func FreePort(t testing.TB, ip string) int {
 		}
 	}
 	t.Fatalf("no port on %s free for both UDP and TCP", ip)
+	return 0
+}
+
+// FreeWildcardPort returns a port that was free for UDP and for TCP on every
+// address (the dual-stack wildcard, as a server bound to 0.0.0.0 or :: takes
+// it); it fails the test after 50 tries. The port is drawn below the
+// kernel's ephemeral range (ip_local_port_range), where no client socket of
+// a test running beside it is given one: a port the kernel hands out with
+// :0 is any test's next client port, and a wildcard bind collides with a
+// socket on that port at any address.
+func FreeWildcardPort(t testing.TB) int {
+	t.Helper()
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		_, _ = fmt.Sscan(string(b), &lo)
+	}
+	const first = 20000
+	if lo <= first+1000 {
+		t.Fatalf("ip_local_port_range starts at %d: no room below it for a test's wildcard port", lo)
+	}
+	for range 50 {
+		port := first + rand.IntN(lo-first)
+		pc, err := net.ListenPacket("udp", fmt.Sprintf(":%d", port))
+		if err != nil {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+		_ = pc.Close()
+		if err == nil {
+			_ = ln.Close()
+			return port
+		}
+	}
+	t.Fatalf("no port below %d free for both UDP and TCP on every address", lo)
 	return 0
 }
 
