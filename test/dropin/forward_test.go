@@ -137,15 +137,12 @@ func TestFailFastAllUnhealthyUpstreams(t *testing.T) {
 	}
 }
 
-// TestForwardTLSToCoreDNS: `forward . tls://ADDR { tls CA; tls_servername
-// NAME }` asks a real DNS-over-TLS server (CoreDNS 1.15 serving tls://
-// with the tls directive, in front of the stand-in upstream) with the
-// server's certificate checked: nodelocaldns answers as CoreDNS does; with
-// a server name the certificate does not hold, both answer SERVFAIL.
-func TestForwardTLSToCoreDNS(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds two binaries")
-	}
+// startDoTCoreDNS starts CoreDNS 1.15 serving DNS over TLS on a free port
+// of 127.0.0.1 (a certificate for dns.example.test, made here), forwarding
+// to the stand-in upstream, and returns its address once it answers, with
+// the certificate's file (the CA a client verifies it with).
+func startDoTCoreDNS(t *testing.T) (addr, caFile string) {
+	t.Helper()
 	dir := t.TempDir()
 	certFile, keyFile, _ := testhost.Cert(t, dir, "dns.example.test")
 	dot := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
@@ -168,6 +165,19 @@ func TestForwardTLSToCoreDNS(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return dot, certFile
+}
+
+// TestForwardTLSToCoreDNS: `forward . tls://ADDR { tls CA; tls_servername
+// NAME }` asks a real DNS-over-TLS server (CoreDNS 1.15 serving tls://
+// with the tls directive, in front of the stand-in upstream) with the
+// server's certificate checked: nodelocaldns answers as CoreDNS does; with
+// a server name the certificate does not hold, both answer SERVFAIL.
+func TestForwardTLSToCoreDNS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	dot, certFile := startDoTCoreDNS(t)
 	ip, port, _ := strings.Cut(dot, ":")
 	for _, tc := range []struct {
 		server, want, target string
@@ -217,28 +227,7 @@ func TestForwardTLSAndPlainToCoreDNS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
 	}
-	dir := t.TempDir()
-	certFile, keyFile, _ := testhost.Cert(t, dir, "dns.example.test")
-	dot := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1"))
-	conf := filepath.Join(dir, "dot.Corefile")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf("tls://.:%s {\n  bind 127.0.0.1\n  tls %s %s\n  forward . %s\n}\n",
-		dot[strings.LastIndexByte(dot, ':')+1:], certFile, keyFile, upstream(t, "192.0.2.53"))), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var logs testhost.SyncBuffer
-	start(t, []string{buildCoreDNS(t), "-conf", conf, "-quiet"}, &logs)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c := &dns.Client{Net: "tcp-tls", Timeout: time.Second, TLSConfig: &tls.Config{InsecureSkipVerify: true}}
-		m := new(dns.Msg)
-		m.SetQuestion("up.example.org.", dns.TypeA)
-		if _, _, err := c.Exchange(m, dot); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the DoT server does not answer: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	dot, certFile := startDoTCoreDNS(t)
 	dead := fmt.Sprintf("127.0.0.1:%d", testhost.FreePort(t, "127.0.0.1")) // nothing listens there
 	for _, tc := range []struct {
 		name, to, want string
