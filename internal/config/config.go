@@ -82,7 +82,8 @@ type Config struct {
 	SkipTeardown   bool
 	// SocketUID owns the DNS sockets, so only processes of that UID can
 	// join their SO_REUSEPORT group; -1 is the process's own (root).
-	SocketUID     int
+	// int64: a UID is 32 bits unsigned, more than a 32-bit int holds.
+	SocketUID     int64
 	InterfaceName string
 	SyncInterval  time.Duration
 	IPTablesMode  string
@@ -190,7 +191,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
-	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
+	fs.Int64Var(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
 	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", cache.DefaultCapacity, "cache entries for positive answers")
