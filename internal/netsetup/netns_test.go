@@ -20,6 +20,10 @@ import (
 // its value is the namespace's name.
 const childEnv = "NETSETUP_TEST_NETNS"
 
+// emulatorEnv names the user-mode emulator the test binary runs under
+// (test/crossarch/run.sh sets it), so a re-executed child runs under it too.
+const emulatorEnv = "NLD_TEST_EMULATOR"
+
 // childTimeout bounds one re-executed test. The slowest (the reconciler
 // tests under -race) take a few seconds.
 const childTimeout = 60 * time.Second
@@ -66,8 +70,15 @@ func inNetns(t *testing.T, env []string, body func(t *testing.T)) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, exe,
-		"-test.run", runPattern(t.Name()), "-test.v", "-test.count=1", "-test.timeout="+childTimeout.String())
+	args := []string{"netns", "exec", ns, exe,
+		"-test.run", runPattern(t.Name()), "-test.v", "-test.count=1", "-test.timeout="+childTimeout.String()}
+	// Under user-mode emulation (go test -exec qemu-ARCH-static, no binfmt
+	// entry) the binary is foreign to the kernel: the child runs through the
+	// same emulator, which the cross-architecture run names here.
+	if emu := os.Getenv(emulatorEnv); emu != "" {
+		args = append([]string{"netns", "exec", ns, emu}, args[3:]...)
+	}
+	cmd := exec.CommandContext(ctx, "ip", args...)
 	// A -race binary sleeps 1 s at exit (atexit_sleep_ms) to catch leaked
 	// goroutines; the parent's own exit does that once for all children.
 	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
