@@ -71,7 +71,7 @@ func inNetns(t *testing.T, env []string, body func(t *testing.T)) {
 	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
 	defer cancel()
 	args := []string{"netns", "exec", ns, exe,
-		"-test.run", runPattern(t.Name()), "-test.v", "-test.count=1", "-test.timeout="+childTimeout.String()}
+		"-test.run", runPattern(t.Name()), "-test.v", "-test.count=1", "-test.timeout=" + childTimeout.String()}
 	// Under user-mode emulation (go test -exec qemu-ARCH-static, no binfmt
 	// entry) the binary is foreign to the kernel: the child runs through the
 	// same emulator, which the cross-architecture run names here.
