@@ -166,7 +166,10 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				c.DropIn.KubeForward = &o
 			}
 			for _, z := range s.Zones {
-				if z != "." && firstOf[z] == s && !slices.Contains(c.DropIn.KubeDNSZones, z) {
+				// "." too: kops' forwardToKubeDNS, Gardener's
+				// disableForwardToUpstreamDNS and users send every name
+				// to kube-dns (its rewrites and stub zones), as the stock.
+				if firstOf[z] == s && !slices.Contains(c.DropIn.KubeDNSZones, z) {
 					c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
 				}
 			}
@@ -175,6 +178,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				how = "pipelined TCP (our kube-dns group always uses TCP: one connection carries many queries, no conntrack entry per query)"
 			}
 			mapped(s, "forward . %v: zones %v go to kube-dns %s over %s", upstreams(f), s.Zones, c.KubeDNS, how)
+			if firstOf["."] == s {
+				mapped(s, "forward . %v in the \".\" block: every name no other block forwards goes to kube-dns, as the stock's; the node's resolvers (-resolv-conf, upstreamNameservers) are not asked", upstreams(f))
+			}
 		case slices.Contains(s.Zones, ".") && firstOf["."] != s:
 			mapped(s, "forward . %v: the \".\" zone of another bind: this block's addresses forward there (a view of its own)", upstreams(f))
 		case slices.Contains(s.Zones, "."):
