@@ -37,6 +37,10 @@ type CorefileConfig struct {
 	// kube-dns ConfigMap's upstreamNameservers do not replace them (in
 	// node-cache they only fill __PILLAR__UPSTREAM__SERVERS__).
 	RootLiteral bool
+	// Skipped are the Corefile's entries skipped as the stock skips them
+	// (corefile.Skip): listed by -check-config, logged once and counted
+	// by the daemon.
+	Skipped []corefile.Skip
 	// Links are the further forwards of the blocks that have several
 	// (corefile.Server.MoreForwards), by block, in order: the groups the
 	// blocks' chains hand names and answers on to (internal/blocks).
@@ -125,6 +129,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 	if cc.Servers, err = corefile.Build(path, bs, corefile.Options{DefaultPort: c.Port, Interface: c.bindInterface}); err != nil {
 		return usage("%v", err)
 	}
+	cc.Skipped = corefile.Skips(cc.Servers)
 	c.DropIn.Corefile = cc
 	return c.mapCorefile(cc, set)
 }

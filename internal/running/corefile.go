@@ -39,6 +39,7 @@ type corefileState struct {
 	zonePolicies []config.ZonePolicy
 	rewriteErr   string                           // last failure to rewrite -conf logged
 	opts         map[string]config.ForwardOptions // by zone: the route's forward options
+	skipped      map[string]bool                  // the skipped entries logged (skipped.go)
 }
 
 func (d *State) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }
@@ -51,6 +52,7 @@ func (d *State) initCorefile() {
 	}
 	r := &d.reload
 	r.cf.seen, _ = os.ReadFile(cc.Source())
+	d.reportSkipped(cc)
 	r.cf.kubeZones = d.cfg.DropIn.KubeDNSZones
 	r.cf.zonePolicies = cc.ZonePolicies
 	r.cf.static, r.cf.servers, r.cf.tcp = map[string]staticRoute{}, map[string][]netip.AddrPort{}, map[string]bool{}
@@ -100,6 +102,7 @@ func (d *State) readCorefile() bool {
 		return false
 	}
 	r.cf.err = ""
+	d.reportSkipped(n.DropIn.Corefile)
 	return e.changed
 }
 
