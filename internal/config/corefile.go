@@ -98,7 +98,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 	}
 	cc := &CorefileConfig{Path: path, before: *c, stock: *s, set: set, localIP: localIP, env: env}
 	if st, err := os.Stat(s.basecorefile); err == nil && !st.IsDir() {
-		base, err := os.ReadFile(s.basecorefile)
+		base, err := corefile.ReadFile(s.basecorefile)
 		if err != nil {
 			return usage("-basecorefile: %v", err)
 		}
@@ -116,7 +116,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 			c.note("the rendered Corefile was not written to %s (%v); it runs from memory (node-cache logs the same and goes on)", path, err)
 		}
 	} else {
-		data, err := os.ReadFile(path)
+		data, err := corefile.ReadFile(path)
 		if err != nil {
 			return usage("-conf: %v (and no -basecorefile %s to render it from)", err, s.basecorefile)
 		}
