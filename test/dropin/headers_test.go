@@ -229,6 +229,9 @@ func askHeader(addr string, q hdrQuery, id uint16) hdrAnswer {
 		}
 	}
 	a.rcode = dns.RcodeToString[rcode]
+	if rcode == dns.RcodeBadVers {
+		a.rcode = "BADVERS" // miekg/dns names 16 BADSIG, its TSIG meaning
+	}
 	if a.rcode == "" {
 		a.rcode = fmt.Sprint(rcode)
 	}
