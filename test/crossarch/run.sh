@@ -20,9 +20,11 @@
 #   4. The daemon of step 1 for arm64, arm, ppc64le and s390x, run under
 #      qemu on loopback between two upstreams and asked with dig: misses
 #      over UDP and TCP, hits (test/deploy TestEndToEndUnderEmulation).
+#   5. The image for arm64 from the Dockerfile, run once under binfmt, and
+#      its bill of materials (test/image/build.sh; the e2e builds amd64's).
 #
 # Any failure on any architecture fails the run. Installs nothing: .ci/run
-# installs qemu-user-static. Environment: NLD_CROSS_ARCHES (default
+# installs qemu-user-static, debootstrap and buildah. Environment: NLD_CROSS_ARCHES (default
 # "arm64 arm s390x") picks the architectures of step 2.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,4 +69,7 @@ step=$(date +%s)
 NLD_CROSS_ARCHES="arm64 arm ppc64le s390x" NLD_CROSS_BINDIR=$out \
 	go test -count=1 -timeout 10m -run '^TestEndToEndUnderEmulation$' -v ./test/deploy | grep -E '^( *--- |ok|FAIL)'
 log "the daemon answered hits and misses under arm64 arm ppc64le s390x in $(($(date +%s) - step)) s"
+step=$(date +%s)
+test/image/build.sh arm64 "$out"
+log "arm64 image and its SBOM in $(($(date +%s) - step)) s ($(du -m "$out/nodelocaldns-arm64.tar" | cut -f1) MB, $(grep -c '"SPDXID"' "$out/nodelocaldns-arm64.spdx.json") SPDX elements)"
 log "done in $(($(date +%s) - t0)) s"

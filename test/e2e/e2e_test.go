@@ -874,9 +874,18 @@ data:
 	t.Logf("stub domain in effect %v after the ConfigMap was applied", time.Since(start).Round(time.Millisecond))
 }
 
-// TestDeleteDaemonSetCleansUp runs last: it deletes the DaemonSet.
+// TestDeleteDaemonSetCleansUp runs last of this file: it deletes the
+// DaemonSet (helm_test.go deploys the chart after it).
 func TestDeleteDaemonSetCleansUp(t *testing.T) {
 	mustKubectl(t, "-n", "kube-system", "delete", "daemonset/nodelocaldns", "--wait=true", "--timeout=120s")
+	checkNodeClean(t)
+}
+
+// checkNodeClean waits for the cache's pods to be gone and checks that they
+// left nothing on the node: no rule, no address, and the kube-dns ClusterIP
+// reaching kube-dns through kube-proxy again.
+func checkNodeClean(t *testing.T) {
+	t.Helper()
 	poll(t, 90*time.Second, func() error {
 		if p := nldPods(t); len(p) != 0 {
 			return fmt.Errorf("pods left: %v", p)
