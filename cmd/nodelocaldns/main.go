@@ -35,6 +35,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/daemon"
 	"github.com/nodelocaldns/nodelocaldns/internal/gcfloor"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 )
 
 // Exit codes (see the package comment).
@@ -88,6 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		h = slog.NewJSONHandler(stderr, nil)
 	}
 	log := slog.New(h)
+	panics.SetLogger(log) // panics recovered while serving (internal/panics)
 	if cfg.CheckConfig {
 		// Valid only if it can start: every listen address exists or
 		// -setupinterface creates it.
