@@ -4,8 +4,8 @@
 //
 // With -probe ready|health it is instead the exec probe of the instance
 // running in the same PID namespace (the same container): it asks that
-// instance over its control socket in -state-dir and exits 0 when it is
-// ready (healthy), 1 when not.
+// instance over its control socket (abstract, of the network namespace;
+// -state-dir scopes it) and exits 0 when it is ready (healthy), 1 when not.
 //
 // Exit codes:
 //

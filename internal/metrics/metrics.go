@@ -37,6 +37,8 @@ type Metrics struct {
 	httpEvicted *prometheus.CounterVec
 	// handover: cache entries taken from a twin at start, kept or dropped.
 	handover *prometheus.CounterVec
+	// controlRefused: control socket peers that are no twin.
+	controlRefused prometheus.Counter
 
 	upstreamDuration *prometheus.HistogramVec
 	upstreamFailures *prometheus.CounterVec
@@ -86,6 +88,11 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	m.handover.WithLabelValues("kept")
 	m.handover.WithLabelValues("dropped")
 	r.MustRegister(m.handover)
+	m.controlRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "control_refused_total",
+		Help: "Connections to the control socket refused: the peer runs as another uid, or in another network namespace (docs/design.md, \"Restarts and upgrades\").",
+	})
+	r.MustRegister(m.controlRefused)
 
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",
@@ -147,6 +154,10 @@ func (m *Metrics) SetupError(kind string) {
 func (m *Metrics) CoreDNS(cfg CoreDNSConfig) {
 	m.Registry.MustRegister(&cdCollector{cfg: cfg, dir: m.Directives})
 }
+
+// ControlRefused counts a connection to the control socket from a peer
+// that is no twin (statedir.CheckPeer).
+func (m *Metrics) ControlRefused() { m.controlRefused.Inc() }
 
 // CacheHandover counts the entries a twin handed over.
 func (m *Metrics) CacheHandover(kept, dropped int) {
