@@ -515,7 +515,7 @@ var noopWhy = map[string]string{
 	"errors": "errors are logged once per state change and counted",
 	"reload": "the Corefile and ConfigMaps are watched",
 	"loop":   "a forward to one of our own addresses is refused at start",
-	"debug":  "panics are not recovered per query; logs are structured",
+	"debug":  "panics are always recovered per query (answered SERVFAIL, counted in nodelocaldns_panics_recovered_total, logged); logs are structured",
 }
 
 // mapCacheTTLs sets the shared cache from the blocks: capacities add up
