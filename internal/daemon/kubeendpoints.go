@@ -82,7 +82,7 @@ func (d *Daemon) startKubeEndpoints() {
 	w, err := endpoints.New(endpoints.Config{
 		Rest: rc, Namespace: ns, Service: d.cfg.KubeDNSService,
 		IPv6: d.cfg.KubeDNS.Addr().Is6(), ServicePort: d.cfg.KubeDNS.Port(),
-		Node: d.cfg.Autopath.NodeName, OnChange: k.set, Logger: d.log,
+		Node: d.cfg.Autopath.NodeName, Own: d.cfg.Ours, OnChange: k.set, Logger: d.log,
 	})
 	if err != nil {
 		d.log.Error("kube-dns: asking the ClusterIP only", "err", err)
