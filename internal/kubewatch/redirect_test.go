@@ -1,6 +1,7 @@
 package kubewatch
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -36,7 +37,7 @@ func TestRedirectNotFollowed(t *testing.T) {
 			t.Fatal(err)
 		}
 		lw := cache.NewListWatchFromClient(rc, "pods", "", fields.Everything())
-		if _, err := lw.List(metav1.ListOptions{}); err == nil {
+		if _, err := lw.ListWithContext(context.Background(), metav1.ListOptions{}); err == nil {
 			t.Errorf("%d: the list succeeded", code)
 		}
 		api.Close()
