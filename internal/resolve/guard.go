@@ -10,9 +10,10 @@ import (
 // A panic while a flight is open must not end the process, nor leave the
 // flight open: its waiters would never be answered, and every later asker
 // of the question would join it (issue 41). Building and caching an
-// upstream's answer (store), a fetch run in a goroutine (run), starting an
-// asynchronous fetch (Start) and each waiter's answer (finish) recover,
-// report to package panics, and finish the flight with errRecovered: its
+// upstream's answer (store), a fetch (run, runMiss: also goroutines of
+// their own), starting an asynchronous fetch (Start) and each waiter's
+// answer (finish) recover, report to package panics, and finish the
+// flight with errRecovered: its
 // clients get SERVFAIL and the next asker starts a new flight. finish
 // counts only once, so a fetch that was under way when its flight was
 // finished this way changes nothing when it ends.

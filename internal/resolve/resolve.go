@@ -452,6 +452,7 @@ func (r *Resolver) Policy(name []byte) *Policy { return r.policy(name) }
 // query per question, however the askers interleave. A prefetch does not
 // come here: its entry is still fresh by design.
 func (r *Resolver) runMiss(c *call) {
+	defer r.recoverFlight(c) // also a goroutine of its own (a stale entry's refresh)
 	if r.finishedMeanwhile(c) {
 		return
 	}
