@@ -210,8 +210,9 @@ func lrpManifests(t *testing.T) string {
 // TestChartRendersTheManifests: with the values that stand for the tokens,
 // the chart's iptables mode is deploy/daemonset.yaml after docs/deploy.md's
 // iptables-mode sed, its linkLocal mode the manifest after the link-local
-// sed, and its lrp mode deploy/lrp's two files: the same objects, field for
-// field. The static manifests stay the documented source; this keeps the
+// sed, its lrp mode deploy/lrp's two files, and autopath.enabled the
+// manifest with -autopath and deploy/autopath/rbac.yaml: the same objects,
+// field for field. The static manifests stay the documented source; this keeps the
 // chart from drifting.
 func TestChartRendersTheManifests(t *testing.T) {
 	raw, err := os.ReadFile(manifestPath)
@@ -226,6 +227,14 @@ func TestChartRendersTheManifests(t *testing.T) {
 		{"iptables", []string{"kubeDNS.clusterIP=" + testKubeDNS}, func() string { return substitute(string(raw), iptablesMode) }},
 		{"linkLocal", []string{"mode=linkLocal"}, func() string { return substitute(string(raw), ipvsMode) }},
 		{"lrp", []string{"mode=lrp"}, func() string { return lrpManifests(t) }},
+		{"iptables with autopath", []string{"kubeDNS.clusterIP=" + testKubeDNS, "autopath.enabled=true"}, func() string {
+			rbac, err := os.ReadFile(autopathRBACPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// docs/autopath.md: uncomment -autopath, apply deploy/autopath/rbac.yaml.
+			return strings.Replace(substitute(string(raw), iptablesMode), "# - -autopath", "- -autopath", 1) + "\n---\n" + string(rbac)
+		}},
 	}
 	helms(t, func(t *testing.T, helm string) {
 		for _, c := range cases {

@@ -11,7 +11,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -142,23 +141,14 @@ var chartCases = []chartCase{
 		func(_ []any, _ *appsv1.DaemonSet, c *corev1.Container) error {
 			return hasArg(c, "-cluster-domain=k8s.example")
 		}},
-	{"autopath", []string{"autopath.enabled=true", "rbac.pods=false"}, iptablesMode, true,
+	{"autopath", []string{"autopath.enabled=true"}, iptablesMode, true,
 		func(objs []any, _ *appsv1.DaemonSet, c *corev1.Container) error {
 			if !slices.Contains(kinds(objs), "v1.ClusterRole") {
 				return fmt.Errorf("-autopath without its ClusterRole: %v", kinds(objs))
 			}
 			return hasArg(c, "-autopath")
 		}},
-	{"no pod RBAC", []string{"rbac.pods=false"}, iptablesMode, false,
-		func(objs []any, _ *appsv1.DaemonSet, _ *corev1.Container) error {
-			for _, o := range objs {
-				if _, ok := o.(*rbacv1.ClusterRole); ok {
-					return fmt.Errorf("a ClusterRole with rbac.pods=false")
-				}
-			}
-			return nil
-		}},
-	{"no endpoint RBAC", []string{"rbac.endpointSlices=false", "rbac.pods=false"}, iptablesMode, false,
+	{"no endpoint RBAC", []string{"rbac.endpointSlices=false"}, iptablesMode, false,
 		func(objs []any, ds *appsv1.DaemonSet, _ *corev1.Container) error {
 			if a := ds.Spec.Template.Spec.AutomountServiceAccountToken; a == nil || *a {
 				return fmt.Errorf("the token is mounted with no RBAC to use it")
