@@ -57,5 +57,9 @@ func (s *Setup) teardownRulesLocked(ctx context.Context) error {
 			return err
 		}
 	}
-	return s.deleteRulesLocked(ctx, tables)
+	err := s.deleteRulesLocked(ctx, tables)
+	if err == nil {
+		err = s.deleteChainsLocked(tables)
+	}
+	return err
 }
