@@ -337,13 +337,13 @@ func (s *Setup) restoreLocked(ctx context.Context, fam family, input string) err
 // deleteChainsLocked removes the DNAT chains (after the jumps to them).
 // A chain another group in this namespace still jumps to stays.
 func (s *Setup) deleteChainsLocked(tables map[family]*iptables.IPTables) error {
-	if s.cfg.FallbackAfter == 0 {
-		return nil
-	}
 	var errs []error
 	for _, a := range s.cfg.Addrs {
 		ipt := tables[familyOf(a)]
 		chain := fallbackChain(a)
+		if !s.tableLoaded(familyOf(a), "nat") {
+			continue
+		}
 		if ok, err := ipt.ChainExists("nat", chain); err != nil || !ok {
 			continue
 		}

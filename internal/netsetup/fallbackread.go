@@ -15,8 +15,8 @@ import (
 // connection) that the kernel sent to kube-dns because no instance served
 // the address, by where they came from.
 type Count struct {
-	Pods uint64 // through FORWARD: the pod network's clients
-	Host uint64 // through OUTPUT: the host's own (hostNetwork pods, the kubelet)
+	Pods uint64 `json:"pods"` // through FORWARD: the pod network's clients
+	Host uint64 `json:"host"` // through OUTPUT: the host's own (hostNetwork pods, the kubelet)
 }
 
 // counterField is the packet counter `iptables -S -v` writes into a rule.

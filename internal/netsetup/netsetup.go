@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -224,6 +225,9 @@ func cleanAddrs(in []netip.Addr) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// Addrs are the addresses set up (cleaned: unmapped, without duplicates).
+func (s *Setup) Addrs() []netip.Addr { return slices.Clone(s.cfg.Addrs) }
 
 // installedRules returns the rules EnsureRules installs, in the order of
 // the package documentation.

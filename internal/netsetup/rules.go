@@ -222,14 +222,24 @@ func (s *Setup) ensureRulesLocked(ctx context.Context) error {
 	listings := make(map[chainKey][]string)
 	var errs []error
 	inserted, removed := 0, 0
-	// Walk backwards so that rules inserted at position 1 end up in the
-	// documented order.
+	// Rules inserted at position 1 are walked backwards, appended ones
+	// forwards, so that both end up in the documented order.
+	order := make([]Rule, 0, len(s.rules))
 	for i := len(s.rules) - 1; i >= 0; i-- {
+		if !s.rules[i].Append {
+			order = append(order, s.rules[i])
+		}
+	}
+	for _, r := range s.rules {
+		if r.Append {
+			order = append(order, r)
+		}
+	}
+	for _, r := range order {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, fmt.Errorf("netsetup: ensure rules: %w", err))
 			break
 		}
-		r := s.rules[i]
 		ins, rem, err := s.ensureRuleLocked(r, listings)
 		inserted, removed = inserted+ins, removed+rem
 		if err != nil {
@@ -415,6 +425,12 @@ func (s *Setup) deleteObsoleteLocked(listings map[chainKey][]string) (int, error
 	for _, r := range s.rules {
 		wanted[r.family().String()+" "+r.Table+" "+r.saveLine()] = true
 	}
+	return s.deleteOursLocked(listings, wanted)
+}
+
+// deleteOursLocked deletes every rule of ours (isOurs) but the wanted
+// ones (family, table and save line).
+func (s *Setup) deleteOursLocked(listings map[chainKey][]string, wanted map[string]bool) (int, error) {
 	ports := append([]int{s.cfg.Port, s.cfg.HealthPort}, s.cfg.ExtraPorts...)
 	var errs []error
 	deleted := 0
