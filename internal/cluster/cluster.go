@@ -124,3 +124,11 @@ func (c *Client) ServiceIPs(ctx context.Context, namespace string, addrs []netip
 	}
 	return out, nil
 }
+
+// Revoked reports whether err says the API server no longer accepts this
+// pod's credentials or rights (401, 403): after they worked once, the
+// manifest that granted them is being deleted (kubectl delete -f deletes
+// the ServiceAccount and its Role before the DaemonSet).
+func Revoked(err error) bool {
+	return apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err)
+}

@@ -54,6 +54,10 @@ type fallback struct {
 	svcKnown bool
 	source   string // where the targets came from, for the log
 	written  *netsetup.Fallback
+	// asked: the exit's question (this pod's DaemonSet) was answered once
+	// at start, so the rights to ask were granted; losing them at exit is
+	// an uninstall (cluster.Revoked).
+	asked atomic.Bool
 
 	flows   *prometheus.CounterVec
 	serving prometheus.Gauge
@@ -320,14 +324,37 @@ func (d *Daemon) decideExit(ctx context.Context) exitDecision {
 	}
 	cctx, cancel := context.WithTimeout(ctx, exitCheckTimeout)
 	defer cancel()
-	switch owner, err := c.DaemonSet(cctx, ns, env("POD_NAME")); owner {
-	case cluster.Leaving:
+	switch owner, err := c.DaemonSet(cctx, ns, env("POD_NAME")); {
+	case owner == cluster.Leaving:
 		return exitDecision{true, "this pod's DaemonSet is gone or being deleted: an uninstall"}
-	case cluster.Staying:
+	case owner == cluster.Staying:
 		return exitDecision{false, "this pod's DaemonSet stays: its next pod adopts link and rules; the fallback serves meanwhile"}
+	case cluster.Revoked(err) && d.fallback != nil && d.fallback.asked.Load():
+		return exitDecision{true, "the API rights this pod had at start are gone (" + err.Error() + "): its manifest is being deleted, an uninstall"}
 	default:
 		return exitDecision{false, "cannot tell whether this is an uninstall (" + err.Error() + "): the fallback stays; " +
-			"after an uninstall remove it with `nodelocaldns -cleanup` and the same flags, or delete the rules commented nodelocaldns"}
+			"after an uninstall remove it with `nodelocaldns -cleanup` and the same flags"}
+	}
+}
+
+// askOnce asks at start the question the exit will ask (this pod's
+// DaemonSet): where it is answered, the rights exist, and an exit that
+// finds them gone knows the manifest is being deleted.
+func (f *fallback) askOnce(ctx context.Context, c *cluster.Client) {
+	env := f.d.opt.Env
+	if env == nil {
+		env = os.Getenv
+	}
+	ns := env("POD_NAMESPACE")
+	if ns == "" {
+		ns = f.ns
+	}
+	cctx, cancel := context.WithTimeout(ctx, exitCheckTimeout)
+	defer cancel()
+	if owner, err := c.DaemonSet(cctx, ns, env("POD_NAME")); owner != cluster.Unknown {
+		f.asked.Store(true)
+	} else {
+		f.d.log.Info("fallback: the exit will not be able to tell an uninstall from a rollout: it will leave link and rules (remove them after an uninstall with -cleanup)", "err", err)
 	}
 }
 
@@ -358,6 +385,11 @@ func (d *Daemon) startFallback() {
 		if rc != nil {
 			if c, err := cluster.New(rc); err == nil {
 				f.api, f.ns = c, podNamespace(d.opt.KubeNamespace)
+				d.bg.Add(1)
+				go func() {
+					defer d.bg.Done()
+					f.askOnce(context.Background(), c)
+				}()
 			}
 		}
 	}

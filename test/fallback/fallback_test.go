@@ -357,14 +357,28 @@ func TestRolloutWithoutTwinLosesNothing(t *testing.T) {
 		t.Errorf("addresses left after -cleanup: %v", a)
 	}
 
-	// The uninstall: the DaemonSet deleted, then the pod's exit removes all.
+	// The uninstall as kubectl delete -f deploy/daemonset.yaml does it: the
+	// objects in the file's order (the ServiceAccount and its Role first,
+	// the DaemonSet last), then the pod's exit: it can no longer read its
+	// DaemonSet, having read it at start, and removes all.
 	s.d.start()
-	s.c.api.MustDo(http.MethodDelete, "/apis/apps/v1/namespaces/kube-system/daemonsets/nodelocaldns", nil, nil)
+	time.Sleep(time.Second) // its start's question answered
+	for _, p := range []string{"/api/v1/namespaces/kube-system/serviceaccounts/nodelocaldns",
+		"/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles/nodelocaldns",
+		"/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings/nodelocaldns",
+		"/apis/apps/v1/namespaces/kube-system/daemonsets/nodelocaldns"} {
+		s.c.api.MustDo(http.MethodDelete, p, nil, nil)
+	}
 	if err := s.d.signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("exit: %v", err)
 	}
-	if !strings.Contains(s.d.log.String(), "an uninstall") {
+	if !strings.Contains(s.d.log.String(), "API rights this pod had at start are gone") {
 		t.Errorf("the exit did not see the uninstall")
+	}
+	for _, l := range strings.Split(s.d.log.String(), "\n") {
+		if strings.Contains(l, "removing link, addresses and rules") {
+			t.Logf("the exit: %s", l)
+		}
 	}
 	if left := rulesOf(t, "nft"); len(left) > 0 {
 		t.Errorf("rules left after the uninstall:\n%s", strings.Join(left, "\n"))
