@@ -302,24 +302,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.Server.Serve()
-	// Rules before the health query: in iptables mode one address is the
-	// kube-dns ClusterIP, and until our NOTRACK rules exist kube-proxy's
-	// DNAT sends the query for it to a kube-dns pod, whose answer is not
-	// ours (seen in the e2e cluster: every start failed with an i/o
-	// timeout). A failed check exits, and the exit removes the rules.
-	if d.net != nil && d.cfg.SetupIPTables {
-		if err := d.net.EnsureRules(ctx); err != nil {
-			// The listener works without the rules (only conntrack is
-			// not skipped); keep serving and let the reconciler retry.
-			d.log.Error("iptables rules not installed; retrying every sync interval", "err", err)
-		}
-	}
-	if d.fallback != nil {
-		// The gate opens before the health query, which goes through it
-		// (with it closed, a query to the kube-dns ClusterIP reaches
-		// kube-dns through kube-proxy); a failed check closes it again.
-		d.fallback.beat(ctx)
-	}
+	d.rulesAndGate(ctx)
 	if err := d.health(ctx); err != nil {
 		return fmt.Errorf("health query through the listener: %w", err)
 	}
@@ -342,37 +325,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.net.Run(rctx)
 		}()
 	}
-	hctx, cancel := context.WithCancel(context.Background())
-	d.stopHTTP = cancel
-	addr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{
-		Addr:   d.cfg.MetricsAddr,
-		Health: d.health,
-		Ready:  d.readyProbe,
-		Log:    d.log,
-	})
+	addr, err := d.serveHTTP()
 	if err != nil {
 		return err
-	}
-	d.metricsAddr = addr
-	if d.cfg.HealthAddr != "" && d.cfg.HealthAddr != d.cfg.MetricsAddr {
-		_, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true, Log: d.log})
-		if err != nil {
-			return err
-		}
-	}
-	if a := d.cfg.PProf; a != "" {
-		// Not fatal either: a profile is for debugging.
-		if _, err := d.Metrics.ServePProf(hctx, a, d.log); err != nil {
-			d.log.Error("pprof not served", "addr", a, "err", err)
-		} else if d.cfg.PProfBlock != 0 {
-			runtime.SetBlockProfileRate(d.cfg.PProfBlock) // the Corefile's pprof { block }, as CoreDNS sets it
-		}
-	}
-	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint
-		// Not fatal: DNS and the Corefile's endpoint matter more.
-		if _, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: a, Health: d.health, Ready: d.readyProbe, Log: d.log}); err != nil {
-			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
-		}
 	}
 	d.startKubeEndpoints() // before the reload goroutine, which hands it a replaced kube-dns group
 	d.startFallback()
@@ -393,6 +348,63 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		d.opt.OnReady()
 	}
 	return nil
+}
+
+// rulesAndGate puts the rules in and opens the gate, before the health
+// query: in iptables mode one address is the kube-dns ClusterIP, and while
+// our NOTRACK rules do not hold kube-proxy's DNAT sends the query for it to
+// a kube-dns pod, whose answer is not ours (seen in the e2e cluster: every
+// start failed with an i/o timeout). A failed check exits, and the exit
+// closes the gate (and removes the rules where it tears down).
+func (d *Daemon) rulesAndGate(ctx context.Context) {
+	if d.net != nil && d.cfg.SetupIPTables {
+		if err := d.net.EnsureRules(ctx); err != nil {
+			// The listener works without the rules (only conntrack is
+			// not skipped); keep serving and let the reconciler retry.
+			d.log.Error("iptables rules not installed; retrying every sync interval", "err", err)
+		}
+	}
+	if d.fallback != nil {
+		d.fallback.beat(ctx)
+	}
+}
+
+// serveHTTP starts the HTTP listeners: metrics (with /health and /ready),
+// the health listener, pprof and node-cache's metrics endpoint.
+func (d *Daemon) serveHTTP() (net.Addr, error) {
+	hctx, cancel := context.WithCancel(context.Background())
+	d.stopHTTP = cancel
+	addr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{
+		Addr:   d.cfg.MetricsAddr,
+		Health: d.health,
+		Ready:  d.readyProbe,
+		Log:    d.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.metricsAddr = addr
+	if d.cfg.HealthAddr != "" && d.cfg.HealthAddr != d.cfg.MetricsAddr {
+		_, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true, Log: d.log})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if a := d.cfg.PProf; a != "" {
+		// Not fatal either: a profile is for debugging.
+		if _, err := d.Metrics.ServePProf(hctx, a, d.log); err != nil {
+			d.log.Error("pprof not served", "addr", a, "err", err)
+		} else if d.cfg.PProfBlock != 0 {
+			runtime.SetBlockProfileRate(d.cfg.PProfBlock) // the Corefile's pprof { block }, as CoreDNS sets it
+		}
+	}
+	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint
+		// Not fatal: DNS and the Corefile's endpoint matter more.
+		if _, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: a, Health: d.health, Ready: d.readyProbe, Log: d.log}); err != nil {
+			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
+		}
+	}
+	return addr, nil
 }
 
 // join registers this instance in the state directory under the group
