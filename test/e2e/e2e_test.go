@@ -679,6 +679,10 @@ func TestKill9Recovers(t *testing.T) {
 	}
 }
 
+// clusterIPClient asks the kube-dns ClusterIP (TestCrashLoopFallsBack's
+// second pod), as kubeDNSClient does in the migration.
+const clusterIPClient = "client-clusterip"
+
 // TestCrashLoopFallsBack is a bad upgrade: the daemon is killed (kill -9)
 // and its restarts run an image that exits at once (the e2e's image tag
 // pointed at CoreDNS, which refuses the daemon's flags), so the container
@@ -693,7 +697,6 @@ func TestCrashLoopFallsBack(t *testing.T) {
 		t.Fatalf("nodelocaldns pods: %v", pods)
 	}
 	pod := pods[0]
-	const clusterIPClient = "client-clusterip"
 	spec := `apiVersion: v1
 kind: Pod
 metadata: {name: ` + clusterIPClient + `, namespace: default}

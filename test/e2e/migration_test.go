@@ -345,7 +345,7 @@ func change(t *testing.T, name, manifest, image, comm string, covered bool) migr
 }
 
 func resolverLabel(pod string) string {
-	if pod == kubeDNSClient {
+	if pod == kubeDNSClient || pod == clusterIPClient {
 		return pod + " (nameserver " + kubeDNSIP + ")"
 	}
 	return pod + " (nameserver " + localDNS + ")"
