@@ -279,8 +279,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.StateDir = "" // no node to share: no twins
 		}
 	} else {
-		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil && !stock.corefileMode(set) {
-			return nil, err
+		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil && !stock.corefileMode(set) && !c.Cleanup {
+			return nil, err // -cleanup asks kube-dns nothing
 		} else if err != nil {
 			kubeErr = err // drop-in: the Corefile may name the cluster DNS
 		}
@@ -384,7 +384,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	if err := c.applyCorefile(&stock, set, localIP, env); err != nil { // drop-in: -conf
 		return nil, err
 	}
-	if kubeErr != nil && !c.KubeDNS.IsValid() {
+	if kubeErr != nil && !c.KubeDNS.IsValid() && !c.Cleanup {
 		return nil, kubeErr
 	}
 	if !c.LocalMode && upstreamSvc != "" {

@@ -386,6 +386,8 @@ func (s *Setup) writeGate(op byte) error {
 		case err == nil:
 		case op == '-' && written && errors.Is(err, syscall.ENOENT):
 			// Removing an entry that is not there: closed already.
+		case !written && errors.Is(err, fs.ErrNotExist) && op == '-':
+			return nil // no table: no rule, no gate to close
 		case !written && errors.Is(err, fs.ErrNotExist):
 			return fmt.Errorf("netsetup: gate: no xt_recent table %s (the rules are not in place): %w", s.cfg.gateTable(), err)
 		default:
