@@ -45,15 +45,13 @@ type fallback struct {
 	d    *Daemon
 	kick chan struct{} // the endpoints changed: rewrite the chains
 
-	open     atomic.Bool // the last heartbeat opened the gate
 	failing  atomic.Bool // the loop check fails (logged once per change)
 	mu       sync.Mutex
 	api      *cluster.Client
 	ns       string       // the pod's namespace
 	services []netip.Addr // our addresses that are Service ClusterIPs (API)
 	svcKnown bool
-	source   string // where the targets came from, for the log
-	written  *netsetup.Fallback
+	written  *netsetup.Fallback // the targets last written
 	// asked: the exit's question (this pod's DaemonSet) was answered once
 	// at start, so the rights to ask were granted; losing them at exit is
 	// an uninstall (cluster.Revoked).
@@ -97,7 +95,6 @@ func (f *fallback) beat(ctx context.Context) {
 	if err == nil {
 		err = f.d.net.Heartbeat()
 	}
-	f.open.Store(err == nil)
 	if err == nil {
 		f.serving.Set(1)
 		if f.failing.Swap(false) {
@@ -164,7 +161,7 @@ func (f *fallback) updateTargets(ctx context.Context) {
 		return
 	}
 	f.mu.Lock()
-	f.written, f.source = &fb, source
+	f.written = &fb
 	f.mu.Unlock()
 	for _, a := range f.d.net.Addrs() {
 		n := 0
