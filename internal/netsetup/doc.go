@@ -56,7 +56,8 @@
 //	nat    POSTROUTING -s IP -m conntrack --ctstate DNAT --ctorigdst IP ...  -j MASQUERADE
 //	(health port rules as above)
 //
-// where GATE is `-m recent --rcheck --seconds N --name nodelocaldns-P --rdest`:
+// where GATE is `-m recent --rcheck --seconds N --name nodelocaldns-P --rdest`
+// (nodelocaldns6-P for IPv6: a table has one mask, its first rule's):
 // the address's entry, written by [Setup.Heartbeat] and removed by
 // [Setup.CloseGate], seen within N seconds. [Setup.SetFallback] writes the
 // chains' DNATs to kube-dns' pods (empty for a Service's ClusterIP, which

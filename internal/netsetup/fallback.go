@@ -29,7 +29,7 @@ import (
 //     PREROUTING: pods' queries; a SIGKILL, a crash or an exit closes the
 //     sockets, and the very next packet falls back), and
 //   - the gate is open: an entry of the address in the xt_recent table
-//     gateTable() seen within FallbackAfter (PREROUTING and OUTPUT: the
+//     gateTable seen within FallbackAfter (PREROUTING and OUTPUT: the
 //     host's own clients, where the socket match cannot be used). The
 //     daemon refreshes it (Heartbeat) while its health check passes, so a
 //     stopped or wedged process stops being sent queries within
@@ -48,10 +48,18 @@ const maxFallbackAfter = time.Minute
 // recentDir holds the xt_recent tables of this network namespace.
 const recentDir = "/proc/self/net/xt_recent/"
 
-// gateTable is the name of the xt_recent table holding the addresses
-// served now: one per DNS port, so instances on other ports of one
-// network namespace (tests) never share entries.
-func (c *Config) gateTable() string { return "nodelocaldns-" + strconv.Itoa(c.Port) }
+// gateTable is the name of the xt_recent table holding the addresses of a
+// family served now: one per DNS port, so instances on other ports of one
+// network namespace (tests) never share entries, and one per family: a
+// table has one mask, the first rule's, applied to every address looked up
+// in it, and an IPv4 mask leaves 32 bits of an IPv6 address (IPv6 lookups
+// in a table an IPv4 rule made never matched).
+func (c *Config) gateTable(ipv6 bool) string {
+	if ipv6 {
+		return "nodelocaldns6-" + strconv.Itoa(c.Port)
+	}
+	return "nodelocaldns-" + strconv.Itoa(c.Port)
+}
 
 // fallbackChain is the nat chain holding the DNAT of address a: named by
 // a hash (an IPv6 address does not fit in a chain name's 28 characters).
@@ -67,7 +75,7 @@ func (b *ruleBuilder) gate() []string {
 		mask = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
 	}
 	secs := int(b.c.FallbackAfter / time.Second)
-	return []string{"-m", "recent", "--rcheck", "--seconds", strconv.Itoa(secs), "--name", b.c.gateTable(), "--mask", mask, "--rdest"}
+	return []string{"-m", "recent", "--rcheck", "--seconds", strconv.Itoa(secs), "--name", b.c.gateTable(b.a.Is6()), "--mask", mask, "--rdest"}
 }
 
 // socket is the match that holds while a socket listens on the address:
@@ -375,11 +383,11 @@ func (s *Setup) writeGate(op byte) error {
 	if !s.cfg.SetupIPTables || s.cfg.FallbackAfter == 0 {
 		return nil
 	}
-	path := recentDir + s.cfg.gateTable()
 	var errs []error
 	for _, a := range s.cfg.Addrs {
+		table := s.cfg.gateTable(a.Is6())
 		// One command per open file: the kernel reads one, at offset 0.
-		err := writeProc(path, string(op)+a.String())
+		err := writeProc(recentDir+table, string(op)+a.String())
 		var pe *fs.PathError
 		written := errors.As(err, &pe) && pe.Op == "write"
 		switch {
@@ -387,9 +395,9 @@ func (s *Setup) writeGate(op byte) error {
 		case op == '-' && written && errors.Is(err, syscall.ENOENT):
 			// Removing an entry that is not there: closed already.
 		case !written && errors.Is(err, fs.ErrNotExist) && op == '-':
-			return nil // no table: no rule, no gate to close
+			// No table: no rule, no gate to close.
 		case !written && errors.Is(err, fs.ErrNotExist):
-			return fmt.Errorf("netsetup: gate: no xt_recent table %s (the rules are not in place): %w", s.cfg.gateTable(), err)
+			errs = append(errs, fmt.Errorf("netsetup: gate: no xt_recent table %s (the rules are not in place): %w", table, err))
 		default:
 			errs = append(errs, fmt.Errorf("netsetup: gate %c%s: %w", op, a, err))
 		}
@@ -413,15 +421,17 @@ func writeProc(path, s string) error {
 // GateOpen lists the addresses whose gate entry exists (open, or closed by
 // age but not removed), for tests and the log.
 func (s *Setup) GateOpen() []netip.Addr {
-	b, err := os.ReadFile(recentDir + s.cfg.gateTable())
-	if err != nil {
-		return nil
-	}
 	var out []netip.Addr
-	for _, f := range strings.Fields(string(b)) {
-		if v, ok := strings.CutPrefix(f, "src="); ok {
-			if a, err := netip.ParseAddr(v); err == nil {
-				out = append(out, a)
+	for _, v6 := range []bool{false, true} {
+		b, err := os.ReadFile(recentDir + s.cfg.gateTable(v6))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if v, ok := strings.CutPrefix(f, "src="); ok {
+				if a, err := netip.ParseAddr(v); err == nil {
+					out = append(out, a)
+				}
 			}
 		}
 	}

@@ -17,18 +17,18 @@ import (
 // iptables-save prints it, written out independently of rulesFor: %[1]s is
 // the address with its prefix length, %[2]d the DNS port, %[3]s the
 // address alone, %[4]s the gate's mask, %[5]s the socket match, %[6]s the
-// address's DNAT chain.
+// address's DNAT chain, %[7]s the gate's table.
 var fallbackRules = []struct{ table, line string }{
-	{"raw", `-A PREROUTING -d %[1]s -p tcp -m tcp --dport %[2]d %[5]s -m recent --rcheck --seconds 2 --name nodelocaldns-%[2]d --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
-	{"raw", `-A PREROUTING -d %[1]s -p udp -m udp --dport %[2]d %[5]s -m recent --rcheck --seconds 2 --name nodelocaldns-%[2]d --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
+	{"raw", `-A PREROUTING -d %[1]s -p tcp -m tcp --dport %[2]d %[5]s -m recent --rcheck --seconds 2 --name %[7]s --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
+	{"raw", `-A PREROUTING -d %[1]s -p udp -m udp --dport %[2]d %[5]s -m recent --rcheck --seconds 2 --name %[7]s --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
 	{"filter", `-A INPUT -d %[1]s -p tcp -m tcp --dport %[2]d -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
 	{"filter", `-A INPUT -d %[1]s -p udp -m udp --dport %[2]d -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
 	{"raw", `-A OUTPUT -s %[1]s -p tcp -m tcp --sport %[2]d -m comment --comment "nodelocaldns: skip conntrack" -j NOTRACK`},
 	{"raw", `-A OUTPUT -s %[1]s -p udp -m udp --sport %[2]d -m comment --comment "nodelocaldns: skip conntrack" -j NOTRACK`},
 	{"filter", `-A OUTPUT -s %[1]s -p tcp -m tcp --sport %[2]d -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
 	{"filter", `-A OUTPUT -s %[1]s -p udp -m udp --sport %[2]d -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
-	{"raw", `-A OUTPUT -d %[1]s -p tcp -m tcp --dport %[2]d -m recent --rcheck --seconds 2 --name nodelocaldns-%[2]d --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
-	{"raw", `-A OUTPUT -d %[1]s -p udp -m udp --dport %[2]d -m recent --rcheck --seconds 2 --name nodelocaldns-%[2]d --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
+	{"raw", `-A OUTPUT -d %[1]s -p tcp -m tcp --dport %[2]d -m recent --rcheck --seconds 2 --name %[7]s --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
+	{"raw", `-A OUTPUT -d %[1]s -p udp -m udp --dport %[2]d -m recent --rcheck --seconds 2 --name %[7]s --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
 	{"filter", `-A OUTPUT -m conntrack --ctstate NEW --ctorigdst %[3]s --ctorigdstport %[2]d -m comment --comment "nodelocaldns: fallback count"`},
 	{"filter", `-A FORWARD -m conntrack --ctstate NEW --ctorigdst %[3]s --ctorigdstport %[2]d -m comment --comment "nodelocaldns: fallback count"`},
 	{"nat", `-A PREROUTING -d %[1]s -p tcp -m tcp --dport %[2]d -m comment --comment "nodelocaldns: fallback to kube-dns" -j %[6]s`},
@@ -46,15 +46,15 @@ func expectedFallbackRules(addrs []netip.Addr, f family, port int, wildcardOnly 
 		if familyOf(a) != f {
 			continue
 		}
-		mask, socket := "255.255.255.255", "-m socket"
+		mask, socket, table := "255.255.255.255", "-m socket", fmt.Sprintf("nodelocaldns-%d", port)
 		if a.Is6() {
-			mask = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+			mask, table = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", fmt.Sprintf("nodelocaldns6-%d", port)
 		}
 		if wildcardOnly {
 			socket += " --nowildcard"
 		}
 		for _, r := range fallbackRules {
-			out = append(out, tableLine{r.table, fmt.Sprintf(r.line, netip.PrefixFrom(a, a.BitLen()), port, a, mask, socket, fallbackChain(a))})
+			out = append(out, tableLine{r.table, fmt.Sprintf(r.line, netip.PrefixFrom(a, a.BitLen()), port, a, mask, socket, fallbackChain(a), table)})
 		}
 		for _, r := range stockRules {
 			if r.health {
@@ -172,9 +172,15 @@ func testFallbackLifecycle(t *testing.T, backend string) {
 		sh(t, binary(backend, f), "-t", "filter", "-A", "FORWARD", "-p", "udp", "--dport", "9999", "-j", "ACCEPT")
 	}
 	before := snapshot(t)
-	// An older version's rules (the stock set, with our comments).
+	// An older version's rules (the stock set, with our comments), and an
+	// instance's with another health port.
 	for _, r := range rulesFor(&Config{Addrs: addrs, Port: port, HealthPort: 8080}) {
 		sh(t, binary(backend, r.family()), append([]string{"-t", r.Table, "-A", r.Chain}, r.Spec...)...)
+	}
+	for _, r := range rulesFor(&Config{Addrs: addrs, Port: port, HealthPort: 9090, FallbackAfter: 3 * time.Second}) {
+		if !r.Append { // the jumps need the chains
+			sh(t, binary(backend, r.family()), append([]string{"-t", r.Table, "-A", r.Chain}, r.Spec...)...)
+		}
 	}
 	s, err := New(Config{
 		Addrs: addrs, Port: port, HealthPort: 8080, SetupInterface: true, SetupIPTables: true,

@@ -417,24 +417,24 @@ var ourChains = []struct{ table, chain string }{
 
 // deleteObsoleteLocked deletes rules of ours that are not wanted now: an
 // older version's (the stock set, whose NOTRACK holds whether anyone
-// listens), or another -fallback-after's. A rule is ours when it carries a
-// nodelocaldns comment and names one of our addresses and one of our ports,
-// so instances on other addresses or ports of this namespace keep theirs.
+// listens), another -fallback-after's, another health port's. A rule is ours
+// when it carries a nodelocaldns comment and names one of our addresses,
+// whatever its port: an address is one group's (its link address is), so
+// instances on other addresses of this namespace keep theirs.
 func (s *Setup) deleteObsoleteLocked(listings map[chainKey][]string) (int, error) {
 	wanted := make(map[string]bool, len(s.rules))
 	for _, r := range s.rules {
 		wanted[r.family().String()+" "+r.Table+" "+r.saveLine()] = true
 	}
-	return s.deleteOursLocked(listings, wanted)
+	return s.deleteOursLocked(s.tables, listings, wanted)
 }
 
 // deleteOursLocked deletes every rule of ours (isOurs) but the wanted
-// ones (family, table and save line).
-func (s *Setup) deleteOursLocked(listings map[chainKey][]string, wanted map[string]bool) (int, error) {
-	ports := append([]int{s.cfg.Port, s.cfg.HealthPort}, s.cfg.ExtraPorts...)
+// ones (family, table and save line), through tables.
+func (s *Setup) deleteOursLocked(tables map[family]*iptables.IPTables, listings map[chainKey][]string, wanted map[string]bool) (int, error) {
 	var errs []error
 	deleted := 0
-	for fam, ipt := range s.tables {
+	for fam, ipt := range tables {
 		for _, c := range ourChains {
 			key := chainKey{fam, c.table, c.chain}
 			lines, ok := listings[key]
@@ -449,7 +449,7 @@ func (s *Setup) deleteOursLocked(listings map[chainKey][]string, wanted map[stri
 				listings[key] = lines
 			}
 			for _, l := range lines {
-				if wanted[fam.String()+" "+c.table+" "+l] || !s.isOurs(l, ports) {
+				if wanted[fam.String()+" "+c.table+" "+l] || !s.isOurs(l) {
 					continue
 				}
 				spec, err := splitRule(l)
@@ -458,6 +458,9 @@ func (s *Setup) deleteOursLocked(listings map[chainKey][]string, wanted map[stri
 				}
 				if err := ipt.Delete(c.table, c.chain, spec[2:]...); err != nil && !isNotExist(err) {
 					errs = append(errs, fmt.Errorf("netsetup: delete obsolete rule %q: %w", l, err))
+					if s.countIPTablesErr(err) {
+						return deleted, errors.Join(errs...)
+					}
 					continue
 				}
 				deleted++
@@ -467,27 +470,15 @@ func (s *Setup) deleteOursLocked(listings map[chainKey][]string, wanted map[stri
 	return deleted, errors.Join(errs...)
 }
 
-// isOurs: a listed rule with our comment naming one of our addresses and
-// ports.
-func (s *Setup) isOurs(line string, ports []int) bool {
+// isOurs: a listed rule with our comment naming one of our addresses.
+func (s *Setup) isOurs(line string) bool {
 	if !strings.Contains(line, `--comment "nodelocaldns: `) {
 		return false
 	}
 	line += " "
-	addr := false
 	for _, a := range s.cfg.Addrs {
 		h := netip.PrefixFrom(a, a.BitLen()).String()
 		if strings.Contains(line, " -d "+h+" ") || strings.Contains(line, " -s "+h+" ") || strings.Contains(line, " --ctorigdst "+a.String()+" ") {
-			addr = true
-			break
-		}
-	}
-	if !addr {
-		return false
-	}
-	for _, p := range ports {
-		ps := strconv.Itoa(p)
-		if p > 0 && (strings.Contains(line, " --dport "+ps+" ") || strings.Contains(line, " --sport "+ps+" ") || strings.Contains(line, " --ctorigdstport "+ps+" ")) {
 			return true
 		}
 	}

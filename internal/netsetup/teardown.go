@@ -59,6 +59,14 @@ func (s *Setup) teardownRulesLocked(ctx context.Context) error {
 	}
 	err := s.deleteRulesLocked(ctx, tables)
 	if err == nil {
+		// And what other versions or settings of ours left for these
+		// addresses (a rollout's successor adopted them: they are ours).
+		var n int
+		if n, err = s.deleteOursLocked(tables, map[chainKey][]string{}, nil); n > 0 {
+			s.log.Info("iptables rules of ours from other versions or settings deleted", "count", n, "backend", s.backend)
+		}
+	}
+	if err == nil {
 		err = s.deleteChainsLocked(tables)
 	}
 	return err
@@ -85,7 +93,7 @@ func (s *Setup) RemoveAll(ctx context.Context, o Ownership) error {
 		if err := s.initTablesLocked(ctx); err != nil {
 			return err
 		}
-		n, err := s.deleteOursLocked(map[chainKey][]string{}, nil)
+		n, err := s.deleteOursLocked(s.tables, map[chainKey][]string{}, nil)
 		if err != nil {
 			errs = append(errs, err)
 		}

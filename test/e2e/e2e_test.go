@@ -550,11 +550,13 @@ func dig(server, name string, timeout time.Duration) (string, error) {
 }
 
 // digLoopScript asks both addresses every 100 ms with one 1 s try each and
-// prints a FAIL line (tool, name, time) for every lookup not answered.
+// prints a FAIL line (tool, name, when it started) for every lookup not
+// answered.
 var digLoopScript = addrFunc + `rm -f /tmp/stop; ok=0; fail=0; echo started
 while [ ! -e /tmp/stop ]; do
   for s in ` + localDNS + ` ` + kubeDNSIP + `; do
-    if addr "$(dig +short +timeout=1 +tries=1 @$s hello.default.svc.cluster.local | tail -n1)"; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL dig@$s hello $(date +%T.%N)"; fi
+    st=$(date +%T.%N)
+    if addr "$(dig +short +timeout=1 +tries=1 @$s hello.default.svc.cluster.local | tail -n1)"; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL dig@$s hello $st"; fi
   done
   sleep 0.1
 done

@@ -158,15 +158,16 @@ func stockPods(t *testing.T) map[string]string {
 
 // timedLoopScript is loopScript with each lookup timed: a lookup that took
 // 1 s or more (glibc waits 5 s before its retry) is printed as SLOW, and the
-// end line adds their number and the longest.
+// end line adds their number and the longest. SLOW and FAIL lines carry the
+// time the lookup started.
 const timedLoopScript = addrFunc + `rm -f /tmp/stop; ok=0; fail=0; slow=0; max=0; echo started
 look() {
-  s=$(date +%s%N)
+  s=$(date +%s%N); st=$(date +%T.%N)
   if [ "$1" = dig ]; then r=$(dig +short +timeout=1 +tries=1 $2); else r=$(getent ahostsv4 $2); fi
   d=$(( ($(date +%s%N) - s) / 1000000 ))
   [ $d -gt $max ] && max=$d
-  [ $d -ge 1000 ] && { slow=$((slow+1)); echo "SLOW $1 $2 ${d}ms $(date +%T.%N)"; }
-  if addr "$(echo "$r" | tail -n1 | cut -d' ' -f1)"; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL $1 $2 $(date +%T.%N)"; fi
+  [ $d -ge 1000 ] && { slow=$((slow+1)); echo "SLOW $1 $2 ${d}ms $st"; }
+  if addr "$(echo "$r" | tail -n1 | cut -d' ' -f1)"; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL $1 $2 $st"; fi
 }
 while [ ! -e /tmp/stop ]; do
   look getent hello.default.svc.cluster.local
@@ -194,8 +195,8 @@ type failLine struct {
 	at   time.Time
 }
 
-// failLines reads the FAIL lines of out ("FAIL TOOL NAME HH:MM:SS.N", the
-// pod's clock: the node's, UTC), dated on the day of ref (or the next or
+// failLines reads the FAIL lines of out ("FAIL TOOL NAME HH:MM:SS.N", when
+// the lookup started, the pod's clock: the node's, UTC), dated on the day of ref (or the next or
 // previous one, whichever is nearest).
 func failLines(out string, ref time.Time) []failLine {
 	var fs []failLine
@@ -323,7 +324,7 @@ func change(t *testing.T, name, manifest, image, comm string, covered bool) migr
 			failed = true
 		}
 		for _, f := range failLines(r.out.String(), start) {
-			inGap := !covered && r.pod == clientPod && f.tool == "dig" && !f.at.Before(start) && !f.at.After(end.Add(time.Second))
+			inGap := !covered && r.pod == clientPod && f.tool == "dig" && !f.at.Before(start.Add(-time.Second)) && !f.at.After(end)
 			if inGap {
 				m.gapLost++
 				continue
