@@ -47,7 +47,9 @@
 // while we serve, and what we do not serve goes to kube-dns:
 //
 //	raw    PREROUTING  -d IP -p tcp|udp --dport P -m socket GATE  -j NOTRACK
-//	filter INPUT, raw and filter OUTPUT -s IP --sport P            (as above)
+//	filter INPUT       -d IP -p tcp|udp --dport P -m socket       -j ACCEPT
+//	filter INPUT       -d IP -p tcp|udp --dport P                 -j DROP   (no socket: not refused)
+//	raw and filter OUTPUT -s IP --sport P                          (as above)
 //	raw    OUTPUT      -d IP -p tcp|udp --dport P GATE            -j NOTRACK
 //	filter OUTPUT      -m conntrack --ctstate NEW --ctorigdst IP --ctorigdstport P   (count)
 //	filter FORWARD     the same                                                       (count)

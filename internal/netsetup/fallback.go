@@ -111,6 +111,26 @@ func (b *ruleBuilder) gated(port string) {
 	}
 }
 
+// accept adds the filter INPUT rules of a query delivered to the address
+// itself: accepted while a socket is bound (a host firewall with a DROP
+// policy lets it through), else dropped rather than refused. Such a query
+// was not sent on to kube-dns (no DNAT target known, or the address is on
+// the link and nobody listens: a cache killed with the host's gate still
+// fresh). An ICMP port unreachable makes glibc fail the lookup at once; a
+// drop makes it try again (5 s later), by when the fallback or the next
+// instance answers. Sent on to kube-dns, a query goes through FORWARD,
+// never here.
+func (b *ruleBuilder) accept(port string) {
+	for _, p := range []string{"tcp", "udp"} {
+		spec := []string{"-d", b.host, "-p", p, "-m", p, "--dport", port}
+		spec = append(spec, b.socket()...)
+		b.add("filter", "INPUT", append(spec, "-m", "comment", "--comment", commentAccept, "-j", "ACCEPT"))
+	}
+	for _, p := range []string{"tcp", "udp"} {
+		b.add("filter", "INPUT", b.to(p, port, commentNoSocket, "DROP"))
+	}
+}
+
 // fallback adds the rest of the fallback's rules for one DNS port: the
 // host's clients gated in OUTPUT, the count, the jumps to the address's
 // DNAT chain, and the masquerade of what the host sent from the address

@@ -21,8 +21,10 @@ import (
 var fallbackRules = []struct{ table, line string }{
 	{"raw", `-A PREROUTING -d %[1]s -p tcp -m tcp --dport %[2]d %[5]s -m recent --rcheck --seconds 2 --name %[7]s --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
 	{"raw", `-A PREROUTING -d %[1]s -p udp -m udp --dport %[2]d %[5]s -m recent --rcheck --seconds 2 --name %[7]s --mask %[4]s --rdest -m comment --comment "nodelocaldns: skip conntrack while serving" -j NOTRACK`},
-	{"filter", `-A INPUT -d %[1]s -p tcp -m tcp --dport %[2]d -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
-	{"filter", `-A INPUT -d %[1]s -p udp -m udp --dport %[2]d -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
+	{"filter", `-A INPUT -d %[1]s -p tcp -m tcp --dport %[2]d %[5]s -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
+	{"filter", `-A INPUT -d %[1]s -p udp -m udp --dport %[2]d %[5]s -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},
+	{"filter", `-A INPUT -d %[1]s -p tcp -m tcp --dport %[2]d -m comment --comment "nodelocaldns: no socket, drop rather than refuse" -j DROP`},
+	{"filter", `-A INPUT -d %[1]s -p udp -m udp --dport %[2]d -m comment --comment "nodelocaldns: no socket, drop rather than refuse" -j DROP`},
 	{"raw", `-A OUTPUT -s %[1]s -p tcp -m tcp --sport %[2]d -m comment --comment "nodelocaldns: skip conntrack" -j NOTRACK`},
 	{"raw", `-A OUTPUT -s %[1]s -p udp -m udp --sport %[2]d -m comment --comment "nodelocaldns: skip conntrack" -j NOTRACK`},
 	{"filter", `-A OUTPUT -s %[1]s -p tcp -m tcp --sport %[2]d -m comment --comment "nodelocaldns: accept DNS" -j ACCEPT`},

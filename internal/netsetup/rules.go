@@ -24,6 +24,7 @@ const (
 	commentFallback = "nodelocaldns: fallback to kube-dns"
 	commentMasq     = "nodelocaldns: fallback from the host"
 	commentCount    = "nodelocaldns: fallback count"
+	commentNoSocket = "nodelocaldns: no socket, drop rather than refuse"
 	commentPod      = "nodelocaldns: kube-dns pod"
 )
 
@@ -166,8 +167,12 @@ func (b *ruleBuilder) dns(port int) {
 			b.add("raw", "PREROUTING", b.to(p, dns, commentNoTrack, "NOTRACK"))
 		}
 	}
-	for _, p := range protos {
-		b.add("filter", "INPUT", b.to(p, dns, commentAccept, "ACCEPT"))
+	if b.c.FallbackAfter > 0 {
+		b.accept(dns)
+	} else {
+		for _, p := range protos {
+			b.add("filter", "INPUT", b.to(p, dns, commentAccept, "ACCEPT"))
+		}
 	}
 	for _, p := range protos {
 		b.add("raw", "OUTPUT", b.from(p, dns, commentNoTrack, "NOTRACK"))
