@@ -56,6 +56,9 @@ func inNode(t *testing.T, tools ...string) {
 	}
 	for _, tool := range append([]string{"ip", "iptables-legacy", "iptables-nft", "ip6tables-legacy", "ip6tables-nft", "unshare"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("CI=true and %s is not installed (.ci/run installs it)", tool)
+			}
 			t.Skipf("%s not installed", tool)
 		}
 	}
