@@ -295,8 +295,10 @@ func TestStoppedFallsBackWithinTheBound(t *testing.T) {
 		}
 		took := direct[0].Sub(stopped)
 		t.Logf("the first lookup of %s answered by kube-dns %v after SIGSTOP (-fallback-after %v)", src, took.Round(time.Millisecond), fallbackAfter)
-		if took > bound {
-			t.Errorf("%s fell back %v after SIGSTOP, past the bound %v", src, took, bound)
+		// The gate closes at most -fallback-after after the stop; the next
+		// query is at most 100 ms later, and a loaded machine delays it.
+		if took > fallbackAfter+500*time.Millisecond {
+			t.Errorf("%s fell back %v after SIGSTOP, past -fallback-after (%v) and 0.5 s", src, took, fallbackAfter)
 		}
 	}
 	if after := count(append(s.pod.window(resumed, time.Now()), s.host.window(resumed, time.Now())...)); after.failed > 0 {
