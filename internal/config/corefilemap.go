@@ -165,16 +165,15 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				o := forwardOptions(f, c.MaxInflight)
 				c.DropIn.KubeForward = &o
 			}
-			for _, z := range s.Zones {
-				if z != "." && firstOf[z] == s && !slices.Contains(c.DropIn.KubeDNSZones, z) {
-					c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
-				}
-			}
+			root := c.addKubeZones(s, firstOf)
 			how := "pipelined TCP (force_tcp)"
 			if !f.ForceTCP {
 				how = "pipelined TCP (our kube-dns group always uses TCP: one connection carries many queries, no conntrack entry per query)"
 			}
 			mapped(s, "forward . %v: zones %v go to kube-dns %s over %s", upstreams(f), s.Zones, c.KubeDNS, how)
+			if root {
+				mapped(s, "forward . %v in the \".\" block: every name no other block forwards goes to kube-dns, as the stock's; the node's resolvers (-resolv-conf, upstreamNameservers) are not asked", upstreams(f))
+			}
 		case slices.Contains(s.Zones, ".") && firstOf["."] != s:
 			mapped(s, "forward . %v: the \".\" zone of another bind: this block's addresses forward there (a view of its own)", upstreams(f))
 		case slices.Contains(s.Zones, "."):
@@ -372,6 +371,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				q = fmt.Sprintf("a queue of %d messages (QUEUE asks for %d: at most %d here, each slot allocated at start)", t.QueueLen(), asked, dnstap.MaxQueueLen)
 			}
 			mapped(s, "dnstap %s%s: CLIENT_QUERY and CLIENT_RESPONSE of every query this block answers (cache hits too), identity %q, version %q; %s and at most %d MiB waiting in all taps, dropped and counted when the collector is slow or gone", t.Endpoint(), full, t.Identity, t.Version, q, dnstap.MaxQueueBytes>>20)
+			if ap, err := netip.ParseAddrPort(t.Address); err == nil && t.Network != "unix" && c.Ours(ap) {
+				return usage("%s: dnstap %s: one of our own DNS listen sockets: its frames would come back to us as queries, tapped in turn (a loop)", s.Pos, t.Endpoint())
+			}
 			taps[t.Key()] = true
 			if len(taps) > dnstap.MaxTaps {
 				return usage("%s: dnstap: more than %d distinct dnstap directives in the Corefile (each a queue, a connection and a goroutine)", s.Pos, dnstap.MaxTaps)
@@ -515,7 +517,7 @@ var noopWhy = map[string]string{
 	"errors": "errors are logged once per state change and counted",
 	"reload": "the Corefile and ConfigMaps are watched",
 	"loop":   "a forward to one of our own addresses is refused at start",
-	"debug":  "panics are not recovered per query; logs are structured",
+	"debug":  "panics are always recovered per query (answered SERVFAIL, counted in nodelocaldns_panics_recovered_total, logged); logs are structured",
 }
 
 // mapCacheTTLs sets the shared cache from the blocks: capacities add up
@@ -576,11 +578,15 @@ func (c *Config) mapCacheTTLs(set map[string]bool, succCap, denCap int) {
 }
 
 // resolve turns a forward's targets into addresses, reading resolv.conf
-// paths (our own addresses dropped, as for -resolv-conf).
+// paths (our own addresses dropped, as for -resolv-conf). A target that is
+// one of our own listen sockets is refused: forwarding there loops.
 func (c *Config) resolve(s *corefile.Server, f *corefile.Forward) ([]netip.AddrPort, error) {
 	var out []netip.AddrPort
 	for _, u := range f.To {
 		if u.ResolvConf == "" {
+			if c.Ours(u.Addr) {
+				return nil, usage("%s: forward %s %s: one of our own listen sockets: forwarding there loops back into us", s.Pos, f.From, u.Addr)
+			}
 			out = append(out, u.Addr)
 			continue
 		}
@@ -599,4 +605,18 @@ func upstreams(f *corefile.Forward) []string {
 		out[i] = u.String()
 	}
 	return out
+}
+
+// addKubeZones adds to the kube-dns zones those of block s (whose forward
+// targets kube-dns) that s is the first block for, "." too: kops'
+// forwardToKubeDNS, Gardener's disableForwardToUpstreamDNS and users send
+// every name to kube-dns (its rewrites and stub zones), as the stock does.
+// It reports whether "." is one of them.
+func (c *Config) addKubeZones(s *corefile.Server, firstOf map[string]*corefile.Server) (root bool) {
+	for _, z := range s.Zones {
+		if firstOf[z] == s && !slices.Contains(c.DropIn.KubeDNSZones, z) {
+			c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
+		}
+	}
+	return firstOf["."] == s && slices.Contains(s.Zones, ".")
 }
