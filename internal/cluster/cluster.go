@@ -2,23 +2,23 @@
 // cluster around this instance: whether this pod's DaemonSet is going away
 // (an uninstall, after which the fallback's rules must go too, as opposed to
 // a rollout or a deleted pod, after which they serve until the next pod
-// adopts them), and which of our listen addresses are a Service's ClusterIP
-// (kube-proxy translates those itself, so the fallback adds no DNAT for
-// them). It never watches, never writes, and answers "unknown" rather than
+// adopts them), and which of our listen addresses are kube-dns' ClusterIP
+// (kube-proxy translates it itself, so the fallback adds no DNAT for it).
+// Each is one get of one named object (the least the manifest's Role can
+// grant). It never watches, never writes, and answers "unknown" rather than
 // guess when the API server cannot be asked or forbids the question.
 package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
@@ -67,58 +67,63 @@ func (o Owner) String() string {
 	return "unknown"
 }
 
-// DaemonSet says whether the DaemonSet controlling pod namespace/name is
-// staying or leaving; with Unknown, the error says why.
-func (c *Client) DaemonSet(ctx context.Context, namespace, name string) (Owner, error) {
-	if namespace == "" || name == "" {
-		return Unknown, errors.New("this pod's name or namespace is unknown ($POD_NAME, $POD_NAMESPACE: the manifest's downward API)")
-	}
-	var pod corev1.Pod
-	if err := c.core.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(&pod); err != nil {
-		return Unknown, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
-	}
-	var ref *metav1.OwnerReference
-	for i, r := range pod.OwnerReferences {
-		if r.Controller != nil && *r.Controller && r.Kind == "DaemonSet" {
-			ref = &pod.OwnerReferences[i]
-		}
-	}
-	if ref == nil {
-		return Unknown, fmt.Errorf("pod %s/%s is not a DaemonSet's", namespace, name)
+// DaemonSet says whether the DaemonSet whose pod is namespace/pod is
+// staying or leaving; with Unknown, the error says why. The DaemonSet's
+// name is the pod's less the suffix the DaemonSet controller adds to it
+// ("nodelocaldns-x7k2q" is "nodelocaldns"'s): reading the pod would take a
+// grant of every pod of the namespace, this one takes a get of one
+// DaemonSet by name.
+func (c *Client) DaemonSet(ctx context.Context, namespace, pod string) (Owner, error) {
+	name, ok := daemonSetOf(pod)
+	if namespace == "" || !ok {
+		return Unknown, fmt.Errorf("this pod's name %q or namespace %q is not a DaemonSet pod's ($POD_NAME, $POD_NAMESPACE: the manifest's downward API)", pod, namespace)
 	}
 	var ds appsv1.DaemonSet
-	err := c.apps.Get().Namespace(namespace).Resource("daemonsets").Name(ref.Name).Do(ctx).Into(&ds)
+	err := c.apps.Get().Namespace(namespace).Resource("daemonsets").Name(name).Do(ctx).Into(&ds)
 	switch {
 	case apierrors.IsNotFound(err):
 		return Leaving, nil
 	case err != nil:
-		return Unknown, fmt.Errorf("get daemonset %s/%s: %w", namespace, ref.Name, err)
-	case ds.DeletionTimestamp != nil || ds.UID != ref.UID:
+		return Unknown, fmt.Errorf("get daemonset %s/%s: %w", namespace, name, err)
+	case ds.DeletionTimestamp != nil:
 		return Leaving, nil
 	}
 	return Staying, nil
 }
 
-// ServiceIPs returns those of addrs that are the ClusterIP of a Service in
-// namespace (kube-dns' namespace: the ClusterIP a node cache serves in
-// iptables mode is kube-dns' own).
-func (c *Client) ServiceIPs(ctx context.Context, namespace string, addrs []netip.Addr) ([]netip.Addr, error) {
-	var list corev1.ServiceList
-	if err := c.core.Get().Namespace(namespace).Resource("services").Do(ctx).Into(&list); err != nil {
-		return nil, fmt.Errorf("list services in %s: %w", namespace, err)
+// daemonSetOf is the DaemonSet a pod name is generated from: NAME-XXXXX,
+// five characters of the controller's alphabet (lower-case consonants
+// and digits).
+func daemonSetOf(pod string) (string, bool) {
+	i := strings.LastIndexByte(pod, '-')
+	if i <= 0 || len(pod)-i-1 != 5 {
+		return "", false
+	}
+	for _, r := range pod[i+1:] {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9') {
+			return "", false
+		}
+	}
+	return pod[:i], true
+}
+
+// ServiceIPs returns those of addrs that are the ClusterIP of Service
+// namespace/name (kube-dns: the ClusterIP a node cache serves in iptables
+// mode is kube-dns' own).
+func (c *Client) ServiceIPs(ctx context.Context, namespace, name string, addrs []netip.Addr) ([]netip.Addr, error) {
+	var svc corev1.Service
+	if err := c.core.Get().Namespace(namespace).Resource("services").Name(name).Do(ctx).Into(&svc); err != nil {
+		return nil, fmt.Errorf("get service %s/%s: %w", namespace, name, err)
 	}
 	var out []netip.Addr
-	for _, s := range list.Items {
-		ips := append([]string{s.Spec.ClusterIP}, s.Spec.ClusterIPs...)
-		for _, ip := range ips {
-			a, err := netip.ParseAddr(ip)
-			if err != nil {
-				continue
-			}
-			for _, x := range addrs {
-				if x == a.Unmap() && !slices.Contains(out, x) {
-					out = append(out, x)
-				}
+	for _, ip := range append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...) {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			continue
+		}
+		for _, x := range addrs {
+			if x == a.Unmap() && !slices.Contains(out, x) {
+				out = append(out, x)
 			}
 		}
 	}

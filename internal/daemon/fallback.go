@@ -26,6 +26,11 @@ import (
 // pods from the API, else from kube-proxy's rules), the counters of what went
 // to kube-dns, and on exit whether the rules stay for the next instance.
 
+// kubeDNSService is the Service whose ClusterIP a node cache serves in
+// iptables mode (kube-dns' own, in the pod's namespace): its address keeps
+// an empty DNAT chain, kube-proxy's rules being its fallback.
+const kubeDNSService = "kube-dns"
+
 const (
 	// beatsPerWindow: the gate is refreshed this many times per
 	// -fallback-after, so a beat or two late (a pause of the process, a
@@ -215,9 +220,9 @@ func (f *fallback) serviceIPs(ctx context.Context) []netip.Addr {
 	}
 	cctx, cancel := context.WithTimeout(ctx, exitCheckTimeout)
 	defer cancel()
-	s, err := f.api.ServiceIPs(cctx, f.ns, f.d.net.Addrs())
+	s, err := f.api.ServiceIPs(cctx, f.ns, kubeDNSService, f.d.net.Addrs())
 	if err != nil {
-		f.d.log.Info("fallback: cannot ask which listen addresses are Service ClusterIPs (RBAC: list services); every address gets the DNAT, after kube-proxy's rules", "err", err)
+		f.d.log.Info("fallback: cannot ask whether a listen address is kube-dns' ClusterIP (Service "+kubeDNSService+", the manifest's Role); every address gets the DNAT, after kube-proxy's rules", "err", err)
 		f.api = nil // asked once: not again
 		return nil
 	}

@@ -1260,15 +1260,14 @@ func checkNodeName(ps *corev1.PodSpec) []error {
 }
 
 // checkEndpointAccess: the service account may list and watch
-// EndpointSlices in its own namespace (kube-dns-upstream's), list its
-// Services (which address is kube-dns' ClusterIP: the fallback), get pods
-// and DaemonSets (on exit: an uninstall or a rollout?), nothing more.
+// EndpointSlices in its own namespace (kube-dns-upstream's), get Service
+// kube-dns (which address is kube-dns' ClusterIP: the fallback) and its own
+// DaemonSet (on exit: an uninstall or a rollout?), nothing more.
 func checkEndpointAccess(objs []any, sa *corev1.ServiceAccount) []error {
 	return checkGrant(objs, sa, "Role", "the kube-dns endpoint watch's and the fallback's",
 		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"list"}},
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
-		rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get"}})
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services"}, ResourceNames: []string{"kube-dns"}, Verbs: []string{"get"}},
+		rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"nodelocaldns"}, Verbs: []string{"get"}})
 }
 
 // checkGrant: a binding of kind (ClusterRole: a ClusterRoleBinding; Role:
@@ -1321,7 +1320,8 @@ func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want .
 			same := len(r.rules) == len(want)
 			for i := 0; same && i < len(want); i++ {
 				same = slices.Equal(r.rules[i].APIGroups, want[i].APIGroups) && slices.Equal(r.rules[i].Resources, want[i].Resources) &&
-					slices.Equal(r.rules[i].Verbs, want[i].Verbs) && len(r.rules[i].ResourceNames) == 0 && len(r.rules[i].NonResourceURLs) == 0
+					slices.Equal(r.rules[i].Verbs, want[i].Verbs) && slices.Equal(r.rules[i].ResourceNames, want[i].ResourceNames) &&
+					len(r.rules[i].NonResourceURLs) == 0
 			}
 			if !same {
 				var on []string
@@ -1329,6 +1329,9 @@ func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want .
 					o := strings.Join(w.Verbs, "/") + " on " + strings.Join(w.Resources, ",")
 					if g := strings.Join(w.APIGroups, ","); g != "" {
 						o = strings.Join(w.Verbs, "/") + " on " + g + " " + strings.Join(w.Resources, ",")
+					}
+					if len(w.ResourceNames) > 0 {
+						o += " " + strings.Join(w.ResourceNames, ",")
 					}
 					on = append(on, o)
 				}

@@ -100,8 +100,8 @@ func flushAll(t *testing.T) {
 
 // startAPI starts a real API server with kube-dns' Services and
 // kube-dns-upstream's EndpointSlice (what the controllers would write), the
-// manifest's RBAC, and a DaemonSet and its pod, and returns the token the
-// kubelet would mount for the pod and the pod's name.
+// manifest's RBAC and its DaemonSet, and returns the token the kubelet would
+// mount for the DaemonSet's pod and that pod's name.
 func startAPI(t *testing.T, f addrs) (*apiserver.Server, string, string) {
 	t.Helper()
 	s := apiserver.Start(t)
@@ -126,22 +126,13 @@ func startAPI(t *testing.T, f addrs) (*apiserver.Server, string, string) {
 		"ports":     []map[string]any{{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}},
 		"endpoints": []map[string]any{{"addresses": []string{f.kubeDNS.String()}, "conditions": map[string]bool{"ready": true}}},
 	}, nil)
-	var ds struct {
-		Metadata struct{ UID string } `json:"metadata"`
-	}
 	podSpec := map[string]any{"serviceAccountName": "nodelocaldns", "containers": []map[string]any{{"name": "nodelocaldns", "image": "nodelocaldns"}}}
 	s.MustDo(http.MethodPost, "/apis/apps/v1/namespaces/kube-system/daemonsets", map[string]any{
 		"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": map[string]any{"name": "nodelocaldns"},
 		"spec": map[string]any{"selector": map[string]any{"matchLabels": map[string]string{"k8s-app": "nodelocaldns"}},
 			"template": map[string]any{"metadata": map[string]any{"labels": map[string]string{"k8s-app": "nodelocaldns"}}, "spec": podSpec}},
-	}, &ds)
-	pod := "nodelocaldns-x1"
-	s.MustDo(http.MethodPost, "/api/v1/namespaces/kube-system/pods", map[string]any{
-		"apiVersion": "v1", "kind": "Pod",
-		"metadata": map[string]any{"name": pod, "labels": map[string]string{"k8s-app": "nodelocaldns"},
-			"ownerReferences": []map[string]any{{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nodelocaldns", "uid": ds.Metadata.UID, "controller": true}}},
-		"spec": podSpec,
 	}, nil)
+	pod := "nodelocaldns-x7k2q" // a name the DaemonSet controller would give its pod (no controller runs)
 	return s, s.ServiceAccountToken("kube-system", "nodelocaldns"), pod
 }
 
