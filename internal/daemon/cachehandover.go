@@ -67,7 +67,7 @@ func (d *Daemon) adoptCache(twin string) {
 	}
 	start := time.Now()
 	st, err := d.Cache.Import(&chunkReader{c: c, left: d.cacheHandoverBytes()}, d.clock.Now().UnixNano(), d.run.PolicyFingerprint())
-	d.Metrics.CacheHandover(st.Kept, st.Changed+st.Expired+st.Rejected)
+	d.Metrics.CacheHandover(st.Kept, st.Dropped())
 	switch {
 	case errors.Is(err, cache.ErrExportVersion):
 		d.log.Warn("the twin's cache is of another version: starting empty", "twin", twin, "err", err)
@@ -75,7 +75,10 @@ func (d *Daemon) adoptCache(twin string) {
 		d.log.Warn("cache handover from the twin cut short", "twin", twin, "kept", st.Kept, "err", err)
 	default:
 		d.log.Info("took the twin's cache", "twin", twin, "kept", st.Kept, "policy_changed", st.Changed,
-			"expired", st.Expired, "not_kept", st.Rejected, "took", time.Since(start).Round(time.Millisecond))
+			"expired", st.Expired, "not_kept", st.Rejected, "invalid", st.Invalid, "took", time.Since(start).Round(time.Millisecond))
+	}
+	if st.Invalid > 0 {
+		d.log.Warn("the twin's cache held entries that are not well-formed answers: dropped", "twin", twin, "invalid", st.Invalid, "first", st.InvalidErr)
 	}
 }
 

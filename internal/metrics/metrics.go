@@ -80,7 +80,7 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	m.httpRejects, m.httpEvicted = newHTTPBounds(r)
 	m.handover = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "cache_handover_entries_total",
-		Help: "Cache entries a twin handed over at start (a rollout's old instance), by result: kept, or dropped (their block's policy changed, expired, or not kept by the cache).",
+		Help: "Cache entries a twin handed over at start (a rollout's old instance), by result: kept, or dropped (their block's policy changed, expired, not kept by the cache, or not a well-formed answer).",
 	}, []string{"result"})
 	m.handover.WithLabelValues("kept")
 	m.handover.WithLabelValues("dropped")
