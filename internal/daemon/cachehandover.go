@@ -18,8 +18,8 @@ import (
 // and stale windows) is not the new configuration's for its name
 // (running.State.PolicyFingerprint). A twin
 // whose cache layout differs (cache.ExportVersion) starts empty and says
-// so; a restart after a crash has no twin and starts empty: nothing is
-// kept on disk.
+// so; a restart after a crash has no twin and loads the cache snapshot
+// instead (cachesnapshot.go), as does a start whose twin handed nothing.
 
 const (
 	// cacheHandoverTimeout bounds the whole transfer: 64 MiB of entries
@@ -68,6 +68,7 @@ func (d *Daemon) adoptCache(twin string) {
 	start := time.Now()
 	st, err := d.Cache.Import(&chunkReader{c: c, left: d.cacheHandoverBytes()}, d.clock.Now().UnixNano(), d.run.PolicyFingerprint())
 	d.Metrics.CacheHandover(st.Kept, st.Dropped())
+	d.cacheAdopted = err == nil || st.Kept > 0 // else the snapshot is loaded
 	switch {
 	case errors.Is(err, cache.ErrExportVersion):
 		d.log.Warn("the twin's cache is of another version: starting empty", "twin", twin, "err", err)

@@ -36,6 +36,7 @@ type Metrics struct {
 	httpEvicted *prometheus.CounterVec
 	// handover: cache entries taken from a twin at start, kept or dropped.
 	handover *prometheus.CounterVec
+	snapshot *snapshotMetrics // snapshot.go
 
 	upstreamDuration *prometheus.HistogramVec
 	upstreamFailures *prometheus.CounterVec
@@ -85,6 +86,7 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	m.handover.WithLabelValues("kept")
 	m.handover.WithLabelValues("dropped")
 	r.MustRegister(m.handover)
+	m.snapshot = newSnapshotMetrics(r)
 
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",

@@ -625,9 +625,16 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 			gml>>20, garbage>>20, gcfloor.DefaultFloor>>20)
 	}
 	tcpKernel := int64(cfg.MaxTCPConns) * perTCPConnKernel
-	if need := gml + sockets*socketRcvBuf + tcpKernel + childrenAndText; memLimit < need {
-		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + UDP socket buffers %d MiB + TCP socket buffers %d MiB + children %d MiB",
-			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, tcpKernel>>20, childrenAndText>>20)
+	// The cache snapshot on the state directory's tmpfs: its pages are
+	// charged to the pod, the old file's and the new one's while it is
+	// replaced.
+	var snapshot int64
+	if cfg.StateDir != "" && cfg.Cache.SnapshotInterval > 0 {
+		snapshot = 2 * cfg.Cache.SnapshotMaxBytes
+	}
+	if need := gml + sockets*socketRcvBuf + tcpKernel + childrenAndText + snapshot; memLimit < need {
+		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + UDP socket buffers %d MiB + TCP socket buffers %d MiB + children %d MiB + cache snapshot %d MiB",
+			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, tcpKernel>>20, childrenAndText>>20, snapshot>>20)
 	}
 
 	// Termination grace: the daemon's whole shutdown, as main computes it,
@@ -982,6 +989,7 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 		{"metrics on the link-local address", func(o []any) { setArg(o, "metrics-listen-address", testLocalDNS+":9253") }, "node's IP"},
 		{"metrics moved, annotations not", func(o []any) { setArg(o, "metrics-listen-address", ":9254") }, "prometheus.io/port"},
 		{"memory limit below the budget", func(o []any) { container(o).Resources.Limits[corev1.ResourceMemory] = resource.MustParse("128Mi") }, "memory: limit"},
+		{"cache snapshot over the memory budget", func(o []any) { setArg(o, "cache-snapshot-max-bytes", "32Mi") }, "cache snapshot 64 MiB"},
 		{"cache budget raised alone", func(o []any) { setArg(o, "cache-max-bytes", "256Mi") }, "memory: live heap"},
 		{"UDP sockets per core", func(o []any) {
 			container(o).Args = slices.DeleteFunc(container(o).Args, func(a string) bool { return strings.HasPrefix(a, "-udp-sockets") })

@@ -1,0 +1,109 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/config"
+)
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// TestCacheSnapshotWarmsAStartWithoutATwin: an instance writes its cache
+// to the state directory while it serves; one that starts with no twin
+// (here after a clean exit; test/deploy kills the binary with SIGKILL)
+// loads it and answers the names from it, without asking upstream; one
+// whose configuration changed the names' policy drops them; with the
+// interval 0 the file is removed and nothing is loaded.
+func TestCacheSnapshotWarmsAStartWithoutATwin(t *testing.T) {
+	node := startUpstream(t, records)
+	twin, ip, port, pidns := twins(t, node.addr)
+	mk := func() *config.Config {
+		c := twin()
+		c.Cache.SuccessTTL = 5 * time.Minute
+		c.Cache.SnapshotInterval = 100 * time.Millisecond
+		c.Cache.SnapshotMaxBytes = 8 << 20
+		return c
+	}
+	addr := netip.AddrPortFrom(ip, uint16(port)).String()
+	names := make([]string, 2000)
+	for i := range names {
+		names[i] = fmt.Sprintf("snap%d.example.com.", i)
+	}
+	const pidA, pidB, pidC, pidD = 5000021, 5000022, 5000023, 5000024
+	a, logsA, stopA := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidA))
+	askAll(t, addr, names)
+	path := ""
+	waitFor(t, "a snapshot of every name", func() bool {
+		m, _ := filepath.Glob(filepath.Join(mk().StateDir, "*", snapshotFile))
+		if len(m) == 1 {
+			path = m[0]
+		}
+		return strings.Contains(scrape(t, a), "nodelocaldns_cache_snapshot_entries 2000")
+	})
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("snapshot %s: %v %v", path, st, err)
+	}
+	if err := stopA(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logsA.String(), "no cache snapshot: the cache starts empty") {
+		t.Errorf("A's start did not say it found no snapshot:\n%s", logsA)
+	}
+
+	before := node.count()
+	b, logsB, stopB := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidB))
+	if !strings.Contains(logsB.String(), "loaded the cache snapshot") || !strings.Contains(logsB.String(), "kept=2000 expired=0 policy_changed=0 not_kept=0 invalid=0") {
+		t.Fatalf("B did not load A's snapshot:\n%s", logsB)
+	}
+	t.Log(grepLines(logsB.String(), "snapshot"))
+	askAll(t, addr, names)
+	if sent := node.count() - before; sent != 0 {
+		t.Fatalf("%d of %d names went upstream after the snapshot was loaded", sent, len(names))
+	}
+	if m := scrape(t, b); !strings.Contains(m, `nodelocaldns_cache_snapshot_loaded_entries_total{result="kept"} 2000`) {
+		t.Errorf("metrics:\n%s", grepLines(m, "snapshot"))
+	}
+	if err := stopB(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another TTL cap: every entry's policy changed.
+	changed := mk()
+	changed.Cache.SuccessTTL = 4 * time.Minute
+	_, logsC, stopC := startDaemon(t, changed, fmt.Sprintf("%d-%d", pidns, pidC))
+	if !strings.Contains(logsC.String(), "kept=0 expired=0 policy_changed=2000") {
+		t.Fatalf("C kept entries whose policy changed:\n%s", logsC)
+	}
+	_ = stopC()
+
+	off := mk()
+	off.Cache.SnapshotInterval = 0
+	_, logsD, _ := startDaemon(t, off, fmt.Sprintf("%d-%d", pidns, pidD))
+	if _, err := os.Stat(path); !os.IsNotExist(err) || !strings.Contains(logsD.String(), "cache snapshot off: removed the one an earlier run left") {
+		t.Fatalf("with the snapshot off the file is still there (%v):\n%s", err, logsD)
+	}
+	if strings.Contains(logsD.String(), "loaded the cache snapshot") {
+		t.Fatalf("D loaded a snapshot with the snapshot off:\n%s", logsD)
+	}
+}
+
+// scrape is the daemon's /metrics.
+func scrape(t *testing.T, d *Daemon) string {
+	t.Helper()
+	_, body := httpStatus(t, "http://"+d.MetricsAddr().String()+"/metrics")
+	return body
+}
