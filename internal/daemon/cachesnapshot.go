@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/snapshot"
 )
 
@@ -27,13 +28,25 @@ const snapshotFile = "cache.snapshot"
 // a writer killed midway (a write takes milliseconds).
 const snapshotLeftover = time.Minute
 
+// A crash loop must not be fed the same cache: an instance that loads the
+// snapshot leaves snapshotLoadedFile until it has served snapshotProbation
+// (or exits cleanly). A start that finds it knows the last instance to load
+// the snapshot died young, perhaps of what it loaded: it starts empty,
+// and writes its own snapshot from what it caches.
+const (
+	snapshotLoadedFile = "cache.snapshot.loaded"
+	snapshotProbation  = time.Minute
+)
+
 // snapshots is the writer of the cache snapshot.
 type snapshots struct {
-	path    string
-	stop    chan struct{}
-	done    chan struct{}
-	inserts uint64 // the cache's inserts when the file was last written
-	failing bool   // the last write failed (logged once per run of failures)
+	path      string
+	marker    string      // snapshotLoadedFile
+	probation clock.Timer // removes marker; nil when nothing was loaded
+	stop      chan struct{}
+	done      chan struct{}
+	inserts   uint64 // the cache's inserts when the file was last written
+	failing   bool   // the last write failed (logged once per run of failures)
 }
 
 // startSnapshots loads the snapshot unless the cache came from a twin,
@@ -46,22 +59,35 @@ func (d *Daemon) startSnapshots() {
 	path := d.reg.Path(snapshotFile)
 	snapshot.Clean(path, time.Now(), snapshotLeftover)
 	if d.cfg.Cache.SnapshotInterval == 0 {
+		_ = os.Remove(d.reg.Path(snapshotLoadedFile))
 		if err := os.Remove(path); err == nil {
 			d.log.Info("cache snapshot off: removed the one an earlier run left", "path", path)
 		}
 		return
 	}
-	if !d.cacheAdopted {
-		d.loadSnapshot(path)
+	s := &snapshots{path: path, marker: d.reg.Path(snapshotLoadedFile), stop: make(chan struct{}), done: make(chan struct{})}
+	if !d.cacheAdopted && d.afterYoungDeath(s.marker) {
+		d.log.Warn("the last instance that loaded the cache snapshot died within "+snapshotProbation.String()+" of starting: not loaded again, the cache starts empty",
+			"path", path)
+	} else if !d.cacheAdopted && d.loadSnapshot(path) {
+		_ = os.WriteFile(s.marker, nil, 0o600)
+		s.probation = d.clock.AfterFunc(snapshotProbation, func() { _ = os.Remove(s.marker) })
 	}
-	s := &snapshots{path: path, stop: make(chan struct{}), done: make(chan struct{}), inserts: d.Cache.Stats().Inserts}
+	s.inserts = d.Cache.Stats().Inserts
 	d.snap = s
 	go d.snapshotLoop(s)
 }
 
+// afterYoungDeath reports whether marker was left (by an instance that
+// loaded the snapshot and did not live out its probation), and removes it.
+func (d *Daemon) afterYoungDeath(marker string) bool {
+	return os.Remove(marker) == nil
+}
+
 // loadSnapshot fills the cache from the snapshot at path, with one log
-// line saying what came and what was dropped, and why.
-func (d *Daemon) loadSnapshot(path string) {
+// line saying what came and what was dropped, and why. It reports whether
+// it kept anything.
+func (d *Daemon) loadSnapshot(path string) bool {
 	start := time.Now()
 	l, err := snapshot.Load(path, d.Cache, snapshot.Now(d.clock.Now()), d.run.PolicyFingerprint(), d.cfg.Cache.SnapshotMaxBytes)
 	d.Metrics.SnapshotLoaded(map[string]int{"kept": l.Kept, "expired": l.Expired, "policy_changed": l.Changed,
@@ -69,10 +95,10 @@ func (d *Daemon) loadSnapshot(path string) {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		d.log.Info("no cache snapshot: the cache starts empty", "path", path)
-		return
+		return false
 	case err != nil && l.Kept+l.Dropped() == 0:
 		d.log.Warn("cache snapshot not loaded: the cache starts empty", "path", path, "err", err)
-		return
+		return false
 	}
 	args := []any{"path", path, "age", l.Age.Round(time.Millisecond), "bytes", l.Bytes, "kept", l.Kept, "expired", l.Expired,
 		"policy_changed", l.Changed, "not_kept", l.Rejected, "invalid", l.Invalid, "took", time.Since(start).Round(time.Millisecond)}
@@ -81,9 +107,10 @@ func (d *Daemon) loadSnapshot(path string) {
 	}
 	if err != nil {
 		d.log.Warn("cache snapshot loaded in part", append(args, "err", err)...)
-		return
+	} else {
+		d.log.Info("loaded the cache snapshot", args...)
 	}
-	d.log.Info("loaded the cache snapshot", args...)
+	return l.Kept > 0
 }
 
 // snapshotLoop writes the snapshot every interval when the cache changed,
@@ -154,5 +181,8 @@ func (d *Daemon) stopSnapshots(done <-chan struct{}) {
 	case <-s.done:
 	case <-done:
 		d.log.Warn("the last cache snapshot was not written in time", "path", s.path)
+	}
+	if s.probation != nil && s.probation.Stop() {
+		_ = os.Remove(s.marker) // a clean exit, not a crash
 	}
 }

@@ -26,8 +26,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // to the state directory while it serves; one that starts with no twin
 // (here after a clean exit; test/deploy kills the binary with SIGKILL)
 // loads it and answers the names from it, without asking upstream; one
-// whose configuration changed the names' policy drops them; with the
-// interval 0 the file is removed and nothing is loaded.
+// that finds the last loader died young does not load it; one whose
+// configuration changed the names' policy drops them; with the interval 0
+// the file is removed and nothing is loaded.
 func TestCacheSnapshotWarmsAStartWithoutATwin(t *testing.T) {
 	node := startUpstream(t, records)
 	twin, ip, port, pidns := twins(t, node.addr)
@@ -43,7 +44,7 @@ func TestCacheSnapshotWarmsAStartWithoutATwin(t *testing.T) {
 	for i := range names {
 		names[i] = fmt.Sprintf("snap%d.example.com.", i)
 	}
-	const pidA, pidB, pidC, pidD = 5000021, 5000022, 5000023, 5000024
+	const pidA, pidB, pidC, pidD, pidY = 5000021, 5000022, 5000023, 5000024, 5000025
 	a, logsA, stopA := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidA))
 	askAll(t, addr, names)
 	path := ""
@@ -77,9 +78,27 @@ func TestCacheSnapshotWarmsAStartWithoutATwin(t *testing.T) {
 	if m := scrape(t, b); !strings.Contains(m, `nodelocaldns_cache_snapshot_loaded_entries_total{result="kept"} 2000`) {
 		t.Errorf("metrics:\n%s", grepLines(m, "snapshot"))
 	}
+	marker := filepath.Join(filepath.Dir(path), snapshotLoadedFile)
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("B loaded the snapshot and left no marker: %v", err)
+	}
 	if err := stopB(); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Errorf("B exited cleanly and left the marker: %v", err)
+	}
+
+	// The marker of an instance that loaded the snapshot and died young
+	// (SIGKILLed in test/deploy): the next start does not load it again.
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, logsY, stopY := startDaemon(t, mk(), fmt.Sprintf("%d-%d", pidns, pidY))
+	if !strings.Contains(logsY.String(), "died within 1m0s of starting: not loaded again") || strings.Contains(logsY.String(), `msg="loaded the cache snapshot"`) {
+		t.Fatalf("a start after a young death loaded the snapshot:\n%s", logsY)
+	}
+	_ = stopY()
 
 	// Another TTL cap: every entry's policy changed.
 	changed := mk()
@@ -96,7 +115,7 @@ func TestCacheSnapshotWarmsAStartWithoutATwin(t *testing.T) {
 	if _, err := os.Stat(path); !os.IsNotExist(err) || !strings.Contains(logsD.String(), "cache snapshot off: removed the one an earlier run left") {
 		t.Fatalf("with the snapshot off the file is still there (%v):\n%s", err, logsD)
 	}
-	if strings.Contains(logsD.String(), "loaded the cache snapshot") {
+	if strings.Contains(logsD.String(), `msg="loaded the cache snapshot"`) {
 		t.Fatalf("D loaded a snapshot with the snapshot off:\n%s", logsD)
 	}
 }
