@@ -23,6 +23,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 )
 
@@ -57,6 +59,9 @@ var (
 	ErrClock = errors.New("the clock went back since the snapshot was written")
 	// ErrTooLarge: the file is larger than the bound it is read with.
 	ErrTooLarge = errors.New("cache snapshot larger than the bound")
+	// ErrNotOurs: the file is not what Write leaves: owned by another
+	// user, or writable by others.
+	ErrNotOurs = errors.New("cache snapshot not owned by this user or writable by others")
 )
 
 // Times is a moment on the clocks a snapshot is aged by.
@@ -183,8 +188,9 @@ type Loaded struct {
 // is the importer's (fp), each checked by cache.Import. Their times are
 // moved by what the wall clock and the snapshot's age disagree on, so a
 // hit's TTLs count down from each entry's true age. A missing file is
-// os.ErrNotExist; a file that is not whole ErrCorrupt; one larger than
-// maxBytes ErrTooLarge; one whose age is unknown ErrClock.
+// os.ErrNotExist; one another user owns, or others may write, ErrNotOurs;
+// a file that is not whole ErrCorrupt; one larger than maxBytes
+// ErrTooLarge; one whose age is unknown ErrClock.
 func Load(path string, c *cache.Cache, now Times, fp cache.Fingerprint, maxBytes int64) (Loaded, error) {
 	var l Loaded
 	f, err := os.Open(path)
@@ -192,6 +198,13 @@ func Load(path string, c *cache.Cache, now Times, fp cache.Fingerprint, maxBytes
 		return l, err
 	}
 	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return l, err
+	}
+	if int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return l, fmt.Errorf("%w (uid %d, mode %o)", ErrNotOurs, st.Uid, st.Mode&0o7777)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxBytes+1))
 	if err != nil {
 		return l, err

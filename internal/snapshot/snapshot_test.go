@@ -194,6 +194,28 @@ func TestLoadOnlyWholeFiles(t *testing.T) {
 		try(fmt.Sprintf("byte %d changed", i), b, ErrCorrupt)
 	}
 	try("a byte more", append(bytes.Clone(good), 0), ErrCorrupt)
+	// Writable by others, or another user's: not what Write leaves.
+	if err := os.WriteFile(bad, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(bad, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	notOurs := func(what string) {
+		t.Helper()
+		nw := cache.New(cache.Config{})
+		if l, err := Load(bad, nw, at, fp, 1<<20); !errors.Is(err, ErrNotOurs) || l.Kept != 0 {
+			t.Fatalf("%s: loaded %+v, %v", what, l, err)
+		}
+	}
+	notOurs("mode 0666")
+	if os.Geteuid() == 0 {
+		_ = os.Chmod(bad, 0o600)
+		if err := os.Chown(bad, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		notOurs("owned by nobody")
+	}
 	nw := cache.New(cache.Config{})
 	if _, err := Load(path, nw, at, fp, int64(len(good)-1)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("over the bound: %v", err)
