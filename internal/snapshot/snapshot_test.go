@@ -186,7 +186,9 @@ func TestLoadOnlyWholeFiles(t *testing.T) {
 	}
 	for cut := 0; cut < len(good); cut++ {
 		if cut > headerLen+64 && cut < len(good)-trailerLen-64 {
-			cut += rand.IntN(400) // every cut of the header, the trailer and next to them; here and there between
+			// Every cut of the header, the trailer and next to them; here
+			// and there between.
+			cut = min(cut+rand.IntN(400), len(good)-trailerLen-64)
 		}
 		try(fmt.Sprintf("cut at %d of %d", cut, len(good)), good[:cut], ErrCorrupt)
 	}
