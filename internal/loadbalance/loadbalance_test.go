@@ -181,6 +181,7 @@ func FuzzShuffle(f *testing.F) {
 	f.Add(answer(f, dns.TypeAAAA, dns.RcodeSuccess, []string{"www.example.org. 30 IN CNAME web.example.net.", "web.example.net. 30 IN AAAA 2001:db8::1", "web.example.net. 30 IN AAAA 2001:db8::2"}, nil))
 	f.Add(answer(f, dns.TypeMX, dns.RcodeSuccess, []string{"www.example.org. 30 IN MX 10 mx1.example.org.", "www.example.org. 30 IN MX 20 mx2.example.org."},
 		[]string{"mx1.example.org. 30 IN A 192.0.2.25", "mx2.example.org. 30 IN A 192.0.2.26"}))
+	f.Add(pointedInto(f))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		in := slices.Clone(b)
 		out := Shuffle(b)
@@ -201,4 +202,37 @@ func FuzzShuffle(f *testing.F) {
 			t.Fatalf("sections changed: %v\n%v", mi, mo)
 		}
 	})
+}
+
+// pointedInto is an answer whose second A record's owner is a pointer
+// into the first (at its length field's 0 byte: the root), which
+// wire.CheckMessage accepts.
+func pointedInto(t testing.TB) []byte {
+	t.Helper()
+	b := answer(t, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2"}, nil)
+	first := 12 + len("www.example.org.") + 1 + 4
+	rdlen := first + 2 + 8
+	binary.BigEndian.PutUint16(b[first+16:], uint16(0xC000|rdlen))
+	if err := wire.CheckMessage(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestShuffleKeepsWhatIsPointedInto: records that a compression pointer
+// points into are not moved in place (the name would change, or stop
+// being one): the message is repacked, and stays well-formed. FuzzImport
+// found it, through an entry a twin could hand over.
+func TestShuffleKeepsWhatIsPointedInto(t *testing.T) {
+	in := pointedInto(t)
+	want := unpackMsg(t, in)
+	for range 40 {
+		out := Shuffle(slices.Clone(in))
+		if err := wire.CheckMessage(out); err != nil {
+			t.Fatalf("shuffled into a malformed message: %v\n%x\n%x", err, in, out)
+		}
+		if got := unpackMsg(t, out); len(got.Answer) != len(want.Answer) {
+			t.Fatalf("records changed: %v", got)
+		}
+	}
 }
