@@ -29,11 +29,10 @@ func setupCache(s *Server, d *Directive) error {
 			args = args[1:]
 		}
 	}
-	for _, a := range args {
-		z, err := normalizeZone(a.Text)
-		if err != nil {
-			return bad(d, "zone %q: %v", a.Text, err)
-		}
+	if len(args) > 0 {
+		c.Zones = []string{}
+	}
+	for _, z := range zoneList(s, d, args) {
 		if !slices.Contains(c.Zones, z) {
 			c.Zones = append(c.Zones, z)
 		}
@@ -121,11 +120,7 @@ func setupCache(s *Server, d *Directive) error {
 			}
 			var zones []string
 			all := len(a) == 1
-			for _, z := range a[1:] {
-				nz, err := normalizeZone(z)
-				if err != nil {
-					return badOpt(d, o, "invalid disabled zone: %v", err)
-				}
+			for _, nz := range zoneList(s, d, o.Args[1:]) {
 				all = all || nz == "."
 				if !slices.Contains(zones, nz) {
 					zones = append(zones, nz)
@@ -421,11 +416,7 @@ func setupForward(s *Server, d *Directive) error {
 			if len(a) == 0 {
 				return badOpt(d, o, "except takes at least one zone")
 			}
-			for _, z := range a {
-				nz, err := normalizeZone(z)
-				if err != nil {
-					return badOpt(d, o, "except: %v", err)
-				}
+			for _, nz := range zoneList(s, d, o.Args) {
 				if !slices.Contains(f.Except, nz) {
 					f.Except = append(f.Except, nz)
 				}

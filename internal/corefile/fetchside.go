@@ -24,15 +24,7 @@ func zonesOf(s *Server, d, o *Directive, args []Token) ([]string, error) {
 	if len(args) == 0 {
 		return append([]string(nil), s.Zones...), nil
 	}
-	var out []string
-	for _, a := range args {
-		z, err := normalizeZone(a.Text)
-		if err != nil {
-			return nil, badOpt(d, o, "%v", err)
-		}
-		out = append(out, z)
-	}
-	return out, nil
+	return zoneList(s, d, args), nil
 }
 
 // fallthroughZones reads `fallthrough [ZONE...]`: "." without zones.
@@ -127,7 +119,9 @@ func setupHosts(s *Server, d *Directive) error {
 		if st, err := os.Stat(c.Path); err != nil && !os.IsNotExist(err) {
 			return bad(d, "unable to access hosts file %q: %v", c.Path, err)
 		} else if err == nil && st.IsDir() {
-			return bad(d, "hosts file %q is a directory", c.Path)
+			// CoreDNS warns and serves the inline entries (and the file,
+			// should it become one): so do we, recorded.
+			s.skip(d, d.Args[0].Pos, c.Path, "a directory, not a hosts file: the inline entries are served")
 		}
 		// A file that does not exist yet is read when it appears (CoreDNS
 		// warns likewise); the daemon logs it.
@@ -170,15 +164,22 @@ func setupHosts(s *Server, d *Directive) error {
 				return badOpt(d, o, "unknown property %s (entries come before fallthrough)", o.Name)
 			}
 			// An inline entry: ADDRESS NAME... CoreDNS skips a line whose
-			// address does not parse; we refuse it.
+			// address does not parse or that names no host, as /etc/hosts
+			// parsing does (a misspelt option too): skipped and recorded.
+			line := strings.Join(append([]string{o.Name}, a...), " ")
 			ip := o.Name
 			if i := strings.IndexByte(ip, '%'); i >= 0 {
 				ip = ip[:i]
 			}
-			if _, err := netip.ParseAddr(ip); err != nil || len(a) == 0 {
-				return badOpt(d, o, "%q is not an option nor an entry ADDRESS NAME...", strings.Join(append([]string{o.Name}, a...), " "))
+			if _, err := netip.ParseAddr(ip); err != nil {
+				s.skip(d, o.Pos, line, "neither an option nor an entry ADDRESS NAME...: "+strconv.Quote(o.Name)+" is no address")
+				continue
 			}
-			c.Inline = append(c.Inline, strings.Join(append([]string{o.Name}, a...), " "))
+			if len(a) == 0 {
+				s.skip(d, o.Pos, line, "an address without a name")
+				continue
+			}
+			c.Inline = append(c.Inline, line)
 		}
 	}
 	if c.FallthroughUnsupported && c.Fallthrough == nil {
