@@ -66,7 +66,7 @@ func (d *Daemon) startSnapshots() {
 		return
 	}
 	s := &snapshots{path: path, marker: d.reg.Path(snapshotLoadedFile), stop: make(chan struct{}), done: make(chan struct{})}
-	if !d.cacheAdopted && d.afterYoungDeath(s.marker) {
+	if !d.cacheAdopted && afterYoungDeath(s.marker) {
 		d.log.Warn("the last instance that loaded the cache snapshot died within "+snapshotProbation.String()+" of starting: not loaded again, the cache starts empty",
 			"path", path)
 	} else if !d.cacheAdopted && d.loadSnapshot(path) {
@@ -80,7 +80,7 @@ func (d *Daemon) startSnapshots() {
 
 // afterYoungDeath reports whether marker was left (by an instance that
 // loaded the snapshot and did not live out its probation), and removes it.
-func (d *Daemon) afterYoungDeath(marker string) bool {
+func afterYoungDeath(marker string) bool {
 	return os.Remove(marker) == nil
 }
 
