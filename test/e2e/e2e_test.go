@@ -970,7 +970,7 @@ func TestKill9RestartsWarm(t *testing.T) {
 	}
 	t.Logf("kill -9 %v after the lookup; the restarted container served %v later, answered with TTL %d; its log: %s",
 		killed.Sub(asked).Round(time.Millisecond), time.Since(killed).Round(time.Millisecond), ttl, line)
-	if !strings.Contains(line, "loaded the cache snapshot") || strings.Contains(line, "kept=0 ") {
+	if !strings.Contains(line, "loaded the cache snapshot") || strings.Contains(line, " kept=0 ") {
 		t.Errorf("the restarted daemon loaded no snapshot:\n%s", logs)
 	}
 	if ttl >= 30 {
