@@ -52,17 +52,17 @@ func (d *Daemon) sendCache(c *net.UnixConn, twin string) {
 }
 
 // adoptCache asks the twin that handed us its sockets for its entries.
-// Failing that, the cache starts empty, as after a crash.
+// Failing that, the cache snapshot is loaded, as after a crash
+// (cachesnapshot.go).
 func (d *Daemon) adoptCache(twin string) {
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.reg.SockPath(twin), Net: "unixpacket"})
+	c, err := d.reg.Dial(twin, cacheHandoverTimeout)
 	if err != nil {
-		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
+		d.log.Warn("no cache from the twin: the snapshot instead", "twin", twin, "err", err)
 		return
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(cacheHandoverTimeout))
 	if _, _, err := c.WriteMsgUnix([]byte("cache "+d.reg.ID()), nil, nil); err != nil {
-		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
+		d.log.Warn("no cache from the twin: the snapshot instead", "twin", twin, "err", err)
 		return
 	}
 	start := time.Now()
@@ -71,7 +71,7 @@ func (d *Daemon) adoptCache(twin string) {
 	d.cacheAdopted = err == nil || st.Kept > 0 // else the snapshot is loaded
 	switch {
 	case errors.Is(err, cache.ErrExportVersion):
-		d.log.Warn("the twin's cache is of another version: starting empty", "twin", twin, "err", err)
+		d.log.Warn("the twin's cache is of another version: the snapshot instead", "twin", twin, "err", err)
 	case err != nil:
 		d.log.Warn("cache handover from the twin cut short", "twin", twin, "kept", st.Kept, "err", err)
 	default:
