@@ -142,11 +142,13 @@ type CacheConfig struct {
 	// answers are kept over a refresh that does not answer the question
 	// (-last-known-good; serve_stale_policy prefer_positive).
 	LastKnownGood []string
-	// SnapshotInterval is how often the cache is written to the state
-	// directory when it changed, for a start after a crash (0: never, and
-	// none is loaded); SnapshotMaxBytes bounds that file.
+	// SnapshotInterval is how often the cache is written when it
+	// changed, for a start after a crash (0: never, and none is loaded);
+	// SnapshotMaxBytes bounds that file; SnapshotDir is where it is kept
+	// ("": the state directory's group directory).
 	SnapshotInterval time.Duration
 	SnapshotMaxBytes int64
+	SnapshotDir      string
 }
 
 // AutopathConfig turns autopath on and says how to find this node's pods.
@@ -422,6 +424,9 @@ func (cc *CacheConfig) validate() error {
 	if cc.SnapshotInterval != 0 && (cc.SnapshotInterval < time.Second || cc.SnapshotInterval > time.Hour) {
 		return usage("-cache-snapshot-interval: %v is not 0 (off) or between 1s and 1h", cc.SnapshotInterval)
 	}
+	if cc.SnapshotDir != "" && !strings.HasPrefix(cc.SnapshotDir, "/") {
+		return usage("-cache-snapshot-dir: %q is not an absolute path", cc.SnapshotDir)
+	}
 	return nil
 }
 
@@ -438,6 +443,7 @@ func registerSnapshotFlags(fs *flag.FlagSet, cc *CacheConfig) {
 		"how often the cache is written to -state-dir when it changed (and at exit), so a start after a crash loads it; 0 turns it off (nothing written or loaded)")
 	cc.SnapshotMaxBytes = DefaultSnapshotMaxBytes
 	fs.Var(bytesFlag{&cc.SnapshotMaxBytes}, "cache-snapshot-max-bytes", "bound on the cache snapshot file (bytes; suffixes Ki, Mi, Gi): the most recently used answers of every part of the cache that fit")
+	fs.StringVar(&cc.SnapshotDir, "cache-snapshot-dir", "", "directory of the cache snapshot, private to this instance (a pod's emptyDir: a pod that mounts the shared -state-dir must not read every cached name); \"\": -state-dir's directory for these addresses")
 }
 
 // bytesFlag is a byte count flag (parseBytes: at least 1Mi).

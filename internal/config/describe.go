@@ -99,15 +99,18 @@ func Describe(w io.Writer, c *Config) {
 
 // describeSnapshot says where the cache snapshot is kept, or why not.
 func describeSnapshot(c *Config) string {
+	where := c.Cache.SnapshotDir + "/cache.snapshot"
 	switch {
-	case c.StateDir == "":
-		return "off: no -state-dir (a start after a crash is cold)"
+	case c.Cache.SnapshotDir == "" && c.StateDir == "":
+		return "off: no -state-dir nor -cache-snapshot-dir (a start after a crash is cold)"
 	case c.Cache.SnapshotInterval == 0:
 		return "off (-cache-snapshot-interval=0; a file left by an earlier run is removed at start)"
+	case c.Cache.SnapshotDir == "":
+		where = c.StateDir + "/<group>/cache.snapshot (the group: a hash of the network namespace, addresses and port; the start logs the path; " +
+			"every process that mounts " + c.StateDir + " can read the cached names: -cache-snapshot-dir keeps it private)"
 	}
-	return fmt.Sprintf("%s/<group>/cache.snapshot (the group: a hash of the network namespace, addresses and port; the start logs the path), "+
-		"written every %v when the cache changed and at exit, at most %d bytes; loaded at a start that has no twin to take the cache from (off: -cache-snapshot-interval=0)",
-		c.StateDir, c.Cache.SnapshotInterval, c.Cache.SnapshotMaxBytes)
+	return fmt.Sprintf("%s, written every %v when the cache changed and at exit, at most %d bytes; loaded at a start that has no twin to take the cache from (off: -cache-snapshot-interval=0)",
+		where, c.Cache.SnapshotInterval, c.Cache.SnapshotMaxBytes)
 }
 
 // ServiceAccountDir is where the kubelet mounts the pod's service account token and namespace.

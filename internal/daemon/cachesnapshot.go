@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"runtime"
 	"time"
 
@@ -14,7 +15,8 @@ import (
 
 // Warm after a crash, too (issue 42): a rollout hands the cache to the
 // twin (cachehandover.go), a crash hands it to nobody. So the cache is
-// also kept in the state directory (<state-dir>/<group>/cache.snapshot,
+// also kept in a file (-cache-snapshot-dir, the manifest's pod-private
+// emptyDir; by default <state-dir>/<group>/cache.snapshot;
 // internal/snapshot): written every -cache-snapshot-interval when it
 // changed and at exit, and loaded by an instance that starts without a
 // twin's cache, each entry checked as an upstream answer, aged by the
@@ -23,10 +25,6 @@ import (
 
 // snapshotFile is the snapshot's name in the group's directory.
 const snapshotFile = "cache.snapshot"
-
-// snapshotLeftover: a temporary snapshot file older than this was left by
-// a writer killed midway (a write takes milliseconds).
-const snapshotLeftover = time.Minute
 
 // A crash loop must not be fed the same cache: an instance that loads the
 // snapshot leaves snapshotLoadedFile until it has served snapshotProbation
@@ -53,19 +51,28 @@ type snapshots struct {
 // then writes one every -cache-snapshot-interval when the cache changed.
 // With the interval 0 it removes a snapshot an earlier run left.
 func (d *Daemon) startSnapshots() {
-	if d.reg == nil {
+	dir := d.cfg.Cache.SnapshotDir
+	switch {
+	case dir != "":
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			d.log.Error("cache snapshot directory unusable: a start after a crash will be cold", "dir", dir, "err", err)
+			return
+		}
+	case d.reg == nil:
 		return
+	default:
+		dir = filepath.Dir(d.reg.Path(snapshotFile))
 	}
-	path := d.reg.Path(snapshotFile)
-	snapshot.Clean(path, time.Now(), snapshotLeftover)
+	path, marker := filepath.Join(dir, snapshotFile), filepath.Join(dir, snapshotLoadedFile)
+	snapshot.Clean(path)
 	if d.cfg.Cache.SnapshotInterval == 0 {
-		_ = os.Remove(d.reg.Path(snapshotLoadedFile))
+		_ = os.Remove(marker)
 		if err := os.Remove(path); err == nil {
 			d.log.Info("cache snapshot off: removed the one an earlier run left", "path", path)
 		}
 		return
 	}
-	s := &snapshots{path: path, marker: d.reg.Path(snapshotLoadedFile), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &snapshots{path: path, marker: marker, stop: make(chan struct{}), done: make(chan struct{})}
 	if !d.cacheAdopted && afterYoungDeath(s.marker) {
 		d.log.Warn("the last instance that loaded the cache snapshot died within "+snapshotProbation.String()+" of starting: not loaded again, the cache starts empty",
 			"path", path)

@@ -126,3 +126,39 @@ func scrape(t *testing.T, d *Daemon) string {
 	_, body := httpStatus(t, "http://"+d.MetricsAddr().String()+"/metrics")
 	return body
 }
+
+// TestCacheSnapshotInItsOwnDirectory: with -cache-snapshot-dir the
+// snapshot lives there (the manifest's pod-private emptyDir), with or
+// without a state directory, and nothing of it in the state directory.
+func TestCacheSnapshotInItsOwnDirectory(t *testing.T) {
+	node := startUpstream(t, records)
+	dir := filepath.Join(t.TempDir(), "cache")
+	mk := func() *config.Config {
+		c := testConfig(node.addr)
+		c.LocalIPs = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+		c.Port = 0
+		c.Cache.SuccessTTL = 5 * time.Minute
+		c.Cache.SnapshotInterval = 100 * time.Millisecond
+		c.Cache.SnapshotMaxBytes = 1 << 20
+		c.Cache.SnapshotDir = dir
+		return c
+	}
+	a, _, stopA := startDaemon(t, mk(), "")
+	names := []string{"own1.example.com.", "own2.example.com."}
+	askAll(t, a.Server.Addr().String(), names)
+	if err := stopA(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapshotFile)); err != nil {
+		t.Fatalf("no snapshot in %s: %v", dir, err)
+	}
+	before := node.count()
+	b, logsB, _ := startDaemon(t, mk(), "")
+	if !strings.Contains(logsB.String(), `msg="loaded the cache snapshot"`) || !strings.Contains(logsB.String(), " kept=2 ") {
+		t.Fatalf("B did not load the snapshot in %s:\n%s", dir, logsB)
+	}
+	askAll(t, b.Server.Addr().String(), names)
+	if sent := node.count() - before; sent != 0 {
+		t.Fatalf("%d names went upstream after the snapshot was loaded", sent)
+	}
+}

@@ -115,6 +115,9 @@ func Write(path string, c *cache.Cache, now Times, fp cache.Fingerprint, maxByte
 	if err != nil {
 		return w, err
 	}
+	// Held while it is written: Clean removes a temporary file only when
+	// its writer is gone (the kernel drops the lock with the process).
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	defer func() {
 		if f != nil {
 			_ = f.Close()
@@ -251,9 +254,9 @@ func parse(b []byte) (Times, []byte, error) {
 }
 
 // Clean removes what writers killed midway left next to path: temporary
-// files older than olderThan (a live writer's is younger). It returns how
-// many it removed.
-func Clean(path string, now time.Time, olderThan time.Duration) int {
+// files nobody holds locked (a live writer's, a twin's, is). It returns
+// how many it removed.
+func Clean(path string) int {
 	dir, base := filepath.Dir(path), filepath.Base(path)+tmpInfix
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -264,9 +267,15 @@ func Clean(path string, now time.Time, olderThan time.Duration) int {
 		if !strings.HasPrefix(e.Name(), base) {
 			continue
 		}
-		if info, err := e.Info(); err == nil && now.Sub(info.ModTime()) > olderThan && os.Remove(filepath.Join(dir, e.Name())) == nil {
+		name := filepath.Join(dir, e.Name())
+		f, err := os.Open(name)
+		if err != nil {
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil && os.Remove(name) == nil {
 			n++
 		}
+		_ = f.Close()
 	}
 	return n
 }

@@ -892,19 +892,26 @@ func digTTL(server, name string) (addr string, ttl int, err error) {
 	return "", 0, fmt.Errorf("%s: no address: %v", name, r)
 }
 
+// snapshotFiles is a glob of the files name in the cache snapshot's
+// directory of every pod on the node: the manifest's emptyDir
+// (-cache-snapshot-dir), under the kubelet's root directory (run.sh).
+func snapshotFiles(name string) string {
+	return filepath.Join(os.Getenv("NLD_E2E_WORK"), "kubelet", "pods", "*", "volumes", "kubernetes.io~empty-dir", "cache-snapshot", name)
+}
+
 // TestKill9RestartsWarm (issue 42, "Warm after a crash, too"): the cache
-// outlives a kill -9. The killed process wrote it to the state directory
-// (the hostPath on the node's /run, a tmpfs); the container the kubelet
-// starts again loads it and answers a name it had cached from it: with
-// what is left of its TTL, where kube-dns's answer through the node's
-// resolver would come with the full 30 s.
+// outlives a kill -9. The killed process wrote it to its pod's emptyDir
+// (-cache-snapshot-dir, in memory); the container the kubelet starts again
+// loads it and answers a name it had cached from it: with what is left of
+// its TTL, where kube-dns's answer through the node's resolver would come
+// with the full 30 s.
 func TestKill9RestartsWarm(t *testing.T) {
 	pod := nldPods(t)[0]
 	// An instance that loaded the snapshot is not fed it again if it dies
 	// within a minute (TestKill9Recovers' restart may have): wait for its
 	// marker to go.
 	poll(t, 90*time.Second, func() error {
-		if m, _ := filepath.Glob("/run/nodelocaldns/*/cache.snapshot.loaded"); len(m) > 0 {
+		if m, _ := filepath.Glob(snapshotFiles("cache.snapshot.loaded")); len(m) > 0 {
 			return fmt.Errorf("the last loader is in its first minute: %v", m)
 		}
 		return nil
@@ -922,7 +929,7 @@ func TestKill9RestartsWarm(t *testing.T) {
 	})
 	// The snapshot written after it (every 5 s when the cache took entries).
 	poll(t, 15*time.Second, func() error {
-		m, _ := filepath.Glob("/run/nodelocaldns/*/cache.snapshot")
+		m, _ := filepath.Glob(snapshotFiles("cache.snapshot"))
 		for _, f := range m {
 			if st, err := os.Stat(f); err == nil && st.ModTime().After(asked) {
 				return nil
