@@ -75,6 +75,10 @@ type Daemon struct {
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 	started  time.Time              // when we joined, real time: twins are ordered by it
+	// The cache snapshot (cachesnapshot.go): its writer, nil when off;
+	// whether the cache came from a twin (then no snapshot is loaded).
+	snap         *snapshots
+	cacheAdopted bool
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -299,6 +303,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if len(twins) > 0 {
 		d.adoptSockets(ctx, twins)
 	}
+	d.startSnapshots() // the cache from the snapshot, unless a twin's came
 	if err := listenAs(d.cfg.SocketUID, d.Server.Listen); err != nil {
 		return err
 	}
@@ -584,6 +589,7 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	if err := finish(); err != nil {
 		errs = append(errs, fmt.Errorf("teardown: %w", err))
 	}
+	d.stopSnapshots(ctx.Done()) // the last one, with what the drain answered
 	if d.stopHTTP != nil {
 		d.stopHTTP()
 	}
