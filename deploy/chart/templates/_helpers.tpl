@@ -72,3 +72,14 @@ ClusterIP (or the kubelet's $(KUBE_DNS_SERVICE_HOST) for kubeDNS.service). */}}
 {{- fail (printf "kubeDNS.clusterIP is served in iptables mode only; mode %s serves %s" .Values.mode (ternary "the pod's own addresses (Cilium redirects the ClusterIP)" "the link-local addresses only" (eq .Values.mode "lrp"))) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The cache snapshot's volume (-cache-snapshot-dir): the pod's own tmpfs,
+which a restarted container finds again and no other pod reads, sized for
+-cache-snapshot-max-bytes' 8 MiB twice (the old file and the new one while it
+replaces it), charged to the pod's memory (deploy/daemonset.yaml). */}}
+{{- define "nld.snapshotVolume" -}}
+- name: cache-snapshot
+  emptyDir:
+    medium: Memory
+    sizeLimit: 16Mi
+{{- end -}}
