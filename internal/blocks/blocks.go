@@ -27,7 +27,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
@@ -38,6 +37,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/rwanswer"
 	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // Block is what serves the names of one zone (the longest zone of the
@@ -86,19 +86,13 @@ type Block struct {
 // View is the compiled table of one view. Safe for concurrent use; never
 // modified once compiled.
 type View struct {
-	zones    []zone // longest first
-	def      *Block
+	t        *zone.Table[*Block]
 	logs     bool // some block logs
 	shuffles bool // some block shuffles
 	whoami   bool // some block answers whoami
 	traces   bool // some block traces
 	rewrites bool // some block rewrites its answers
 	taps     bool // some block taps (dnstap)
-}
-
-type zone struct {
-	wire []byte // lower-case wire name
-	b    *Block
 }
 
 // Compile builds a view over zones (any order, duplicates ignored; "."
@@ -111,38 +105,36 @@ type zone struct {
 // holding it, extended to the union, so evaluating every source at that
 // zone gives what it would give for the name.
 func Compile(zones []string, def Block, at func(zone string) (Block, error)) (*View, error) {
-	v := &View{def: &def}
-	v.def.Policy.Route = v.def
-	seen := map[string]bool{}
+	d := &def
+	d.Policy.Route = d
+	b := zone.NewBuilder(d)
+	v := &View{}
+	note := func(x *Block) {
+		v.logs = v.logs || x.Log != nil
+		v.shuffles = v.shuffles || x.Shuffle
+		v.whoami = v.whoami || x.Whoami
+		v.traces = v.traces || x.Trace != nil
+		v.rewrites = v.rewrites || x.Rewrite != nil
+		v.taps = v.taps || len(x.Taps) > 0
+	}
+	note(d)
 	for _, z := range zones {
-		if seen[z] {
+		if b.Has(z) {
 			continue
 		}
-		seen[z] = true
-		w, ok := wire.AppendNameWire(nil, z)
-		if !ok {
-			return nil, fmt.Errorf("blocks: invalid zone %q", z)
-		}
-		b, err := at(z)
+		blk, err := at(z)
 		if err != nil {
 			return nil, fmt.Errorf("blocks: zone %s: %w", z, err)
 		}
-		b.Zone = z
-		bp := &b
+		blk.Zone = z
+		bp := &blk
 		bp.Policy.Route = bp
-		v.zones = append(v.zones, zone{wire: wire.AppendLower(nil, w), b: bp})
+		if err := b.Set(z, bp); err != nil {
+			return nil, fmt.Errorf("blocks: invalid zone %q", z)
+		}
+		note(bp)
 	}
-	slices.SortStableFunc(v.zones, func(a, b zone) int { return cmp.Compare(len(b.wire), len(a.wire)) })
-	v.logs, v.shuffles, v.whoami, v.traces = v.def.Log != nil, v.def.Shuffle, v.def.Whoami, v.def.Trace != nil
-	v.rewrites, v.taps = v.def.Rewrite != nil, len(v.def.Taps) > 0
-	for _, z := range v.zones {
-		v.rewrites = v.rewrites || z.b.Rewrite != nil
-		v.taps = v.taps || len(z.b.Taps) > 0
-		v.logs = v.logs || z.b.Log != nil
-		v.shuffles = v.shuffles || z.b.Shuffle
-		v.whoami = v.whoami || z.b.Whoami
-		v.traces = v.traces || z.b.Trace != nil
-	}
+	v.t = b.Table()
 	return v, nil
 }
 
@@ -162,15 +154,8 @@ func (v *View) Rewrites() bool { return v.rewrites }
 func (v *View) Taps() bool { return v.taps }
 
 // Lookup returns the block serving name (wire format, any case). It
-// allocates nothing.
-func (v *View) Lookup(name []byte) *Block {
-	for i := range v.zones {
-		if wire.InZone(name, v.zones[i].wire) {
-			return v.zones[i].b
-		}
-	}
-	return v.def
-}
+// allocates nothing, and costs the name's labels, not the view's zones.
+func (v *View) Lookup(name []byte) *Block { return v.t.Lookup(name) }
 
 // Policy is Lookup's block's policy: a resolve.PolicyFunc.
 func (v *View) Policy(name []byte) *resolve.Policy { return &v.Lookup(name).Policy }
@@ -187,10 +172,8 @@ func Of(p *resolve.Policy) *Block {
 
 // Zones lists the view's zones, longest first (for logs and tests).
 func (v *View) Zones() []string {
-	out := make([]string, len(v.zones))
-	for i, z := range v.zones {
-		out[i] = z.b.Zone
-	}
+	out := slices.Clone(v.t.Zones())
+	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
 	return out
 }
 
@@ -238,19 +221,29 @@ type Answers struct {
 
 // CompileView compiles a view from its sources. Its zones are the union
 // of theirs, so the longest zone holding a name is also each source's.
+// Each source is a zone table, so the compile costs the zones' labels,
+// not the product of the sources' sizes.
 func CompileView(s Sources) (*View, error) {
 	zones := slices.Clone(s.PolicyZones)
 	zones = append(zones, s.Chains.Zones()...)
 	if s.Own != nil {
 		zones = append(zones, s.Own.Zones...)
 	}
+	shared := zone.NewBuilder[*forward.Group](nil)
 	for _, r := range s.Shared {
 		zones = append(zones, r.Zone)
+		_ = shared.Set(r.Zone, r.Group) // of a zone listed twice, the last
 	}
+	routes := shared.Table()
 	zones = append(zones, s.Metrics...)
+	metrics := metricTable(s.Metrics)
+	answers := zone.NewBuilder(-1)
 	logs := make([]*dnslog.Log, len(s.Answers)) // one Log per block and view
 	for i, a := range s.Answers {
 		zones = append(zones, a.Zone)
+		if err := answers.SetFirst(a.Zone, i); err != nil {
+			return nil, fmt.Errorf("blocks: %w", err)
+		}
 		if len(a.Log) > 0 {
 			if s.Sink == nil {
 				return nil, fmt.Errorf("blocks: zone %s logs without a sink", a.Zone)
@@ -258,70 +251,49 @@ func CompileView(s Sources) (*View, error) {
 			logs[i] = s.Sink.Compile(a.Log)
 		}
 	}
+	ans := answers.Table()
+	chains := s.Chains.table()
 	def := Block{Policy: s.Default, Metric: -1}
 	return Compile(zones, def, func(z string) (Block, error) {
 		w, ok := wire.AppendNameWire(nil, z)
 		if !ok {
 			return Block{}, fmt.Errorf("invalid zone name %q", z)
 		}
-		b := Block{Policy: *s.Policy(w), Run: s.Chains.Run(z), Metric: metricZone(s.Metrics, z)}
+		b := Block{Policy: *s.Policy(w), Metric: metrics.Lookup(w)}
+		if chains != nil {
+			if c := chains.Lookup(w); c != nil {
+				b.Run = c.run
+			}
+		}
 		if s.Own != nil {
 			b.Refused, b.Group = s.Own.At(z)
 		}
 		if b.Group == nil {
-			b.Group = sharedGroup(s.Shared, z)
+			b.Group = routes.Lookup(w)
 		}
-		if i := answersAt(s.Answers, z); i >= 0 {
-			b.Log, b.Shuffle, b.Balance, b.Whoami, b.Trace = logs[i], s.Answers[i].Shuffle, s.Answers[i].Balance, s.Answers[i].Whoami, s.Answers[i].Trace
-			b.Rewrite = s.Answers[i].Rewrite
-			b.Taps = s.Answers[i].Taps
+		if i := ans.Lookup(w); i >= 0 {
+			a := &s.Answers[i]
+			b.Log, b.Shuffle, b.Balance, b.Whoami, b.Trace = logs[i], a.Shuffle, a.Balance, a.Whoami, a.Trace
+			b.Rewrite = a.Rewrite
+			b.Taps = a.Taps
 		}
 		return b, nil
 	})
 }
 
-// holds reports whether zone holds name (both lower-case FQDNs); for
-// compiling only: serving looks names up in a View.
-func holds(zone, name string) bool {
-	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
-}
-
-// sharedGroup is the group of the longest route zone holding zone (of a
-// zone listed twice, the last).
-func sharedGroup(routes []forward.Route, zone string) *forward.Group {
-	var g *forward.Group
-	best := -1
-	for _, r := range routes {
-		if len(r.Zone) >= best && holds(r.Zone, zone) {
-			g, best = r.Group, len(r.Zone)
-		}
-	}
-	return g
-}
-
-// answersAt is the index of the longest of answers' zones holding zone;
-// -1: none.
-func answersAt(answers []Answers, zone string) int {
-	at, best := -1, -1
-	for i, a := range answers {
-		if len(a.Zone) > best && holds(a.Zone, zone) {
-			at, best = i, len(a.Zone)
-		}
-	}
-	return at
-}
-
-// metricZone is the index of the longest metric zone holding zone; -1:
-// none.
-func metricZone(metrics []string, zone string) int {
-	m, best := -1, -1
+// metricTable gives a zone the index of the longest metric zone holding
+// it (-1: none): of a zone listed twice the first, of the root the last
+// (as CoreDNS's servers list them); "" is no zone.
+func metricTable(metrics []string) *zone.Table[int] {
+	b := zone.NewBuilder(-1)
 	for i, z := range metrics {
-		if z == "" || !holds(z, zone) {
-			continue
-		}
-		if len(z) > best || (z == "." && best == 1) { // the first of a zone, the last root
-			m, best = i, len(z)
+		switch {
+		case z == "":
+		case z == ".":
+			_ = b.Set(z, i)
+		default:
+			_ = b.SetFirst(z, i)
 		}
 	}
-	return m
+	return b.Table()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // The Corefile's directives that CoreDNS's plugin.cfg puts behind `cache`
@@ -166,7 +167,7 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 		except = true
 		zones, fwd := f.Except, run
 		run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
-			if len(r.Question) == 1 && underAny(strings.ToLower(r.Question[0].Name), zones) {
+			if len(r.Question) == 1 && zone.HoldsAny(zones, strings.ToLower(r.Question[0].Name)) {
 				return nil, fmt.Errorf("%w: %s", ErrExcepted, r.Question[0].Name)
 			}
 			return fwd(ctx, r)
@@ -200,30 +201,20 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 // plugin follows forward (the fetch fails: SERVFAIL, as CoreDNS's).
 var ErrExcepted = errors.New("forward except: no plugin after forward")
 
-// underAny reports whether name (lower-case FQDN) is one of zones or
-// below one.
-func underAny(name string, zones []string) bool {
-	for _, z := range zones {
-		if z == "." || name == z || strings.HasSuffix(name, "."+z) {
-			return true
+// table maps the blocks' zones to their chains (nil: no chains), for
+// compiling (CompileView) and comparing (Changed): serving looks names up
+// in a View.
+func (c *Chains) table() *zone.Table[*blockChain] {
+	if c == nil {
+		return nil
+	}
+	b := zone.NewBuilder[*blockChain](nil)
+	for _, bc := range c.blocks {
+		for _, z := range bc.zones {
+			_ = b.SetFirst(z, bc)
 		}
 	}
-	return false
-}
-
-// block returns the chain of the longest zone holding zone, when
-// compiling (Run) or comparing (Changed): serving looks names up in a View.
-func (c *Chains) block(zone string) *blockChain {
-	var best *blockChain
-	bestLen := -1
-	for _, b := range c.blocks {
-		for _, z := range b.zones {
-			if len(z) > bestLen && holds(z, zone) {
-				best, bestLen = b, len(z)
-			}
-		}
-	}
-	return best
+	return b.Table()
 }
 
 // RunChain fetches query for qname through a block's chain.
@@ -351,10 +342,7 @@ func (c *Chains) Stats() []BlockStats {
 
 // Run is the chain of the block holding zone (nil: none runs).
 func (c *Chains) Run(zone string) directive.Next {
-	if c == nil {
-		return nil
-	}
-	if b := c.block(zone); b != nil {
+	if b := c.table().LookupString(zone); b != nil {
 		return b.run
 	}
 	return nil
@@ -378,17 +366,18 @@ func (c *Chains) Changed(old *Chains) []string {
 	if old == nil {
 		old = &Chains{}
 	}
+	ot, nt := old.table(), c.table()
 	var changed []string
 	for _, b := range c.blocks {
 		for _, z := range b.zones {
-			if ob := old.block(z); ob == nil || !reflect.DeepEqual(ob.sig, b.sig) || !slices.Contains(ob.zones, z) {
+			if ob := ot.LookupString(z); ob == nil || !reflect.DeepEqual(ob.sig, b.sig) || !slices.Contains(ob.zones, z) {
 				changed = append(changed, z)
 			}
 		}
 	}
 	for _, ob := range old.blocks {
 		for _, z := range ob.zones {
-			if nb := c.block(z); (nb == nil || !slices.Contains(nb.zones, z)) && !slices.Contains(changed, z) {
+			if nb := nt.LookupString(z); (nb == nil || !slices.Contains(nb.zones, z)) && !slices.Contains(changed, z) {
 				changed = append(changed, z)
 			}
 		}

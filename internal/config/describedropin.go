@@ -56,6 +56,7 @@ func describeDropIn(p func(string, ...any), c *Config) {
 			}
 		}
 		shown := map[string]bool{}
+		mapping := mappingByBlock(cc)
 		for _, s := range cc.Servers {
 			var names []string
 			for _, pl := range s.Plugins {
@@ -67,15 +68,39 @@ func describeDropIn(p func(string, ...any), c *Config) {
 				p("    the block above, its keys on port %d: the same directives", s.Port)
 				continue
 			}
-			shown[s.Pos.String()] = true
-			for _, m := range cc.Mapping {
-				if strings.HasPrefix(m, s.Pos.String()+"  ") {
-					p("    %s", strings.TrimPrefix(m, s.Pos.String()+"  "))
-				}
+			pos := s.Pos.String()
+			shown[pos] = true
+			for _, line := range mapping[pos] {
+				p("    %s", line)
 			}
 		}
 	}
 	for _, n := range c.DropIn.Notes {
 		p("note:             %s", n)
 	}
+}
+
+// mappingByBlock groups cc.Mapping's lines ("POS  text") by the position
+// of their block: one pass, not one per block (5,000 blocks printed in
+// 28 s when each scanned every line).
+func mappingByBlock(cc *CorefileConfig) map[string][]string {
+	pos := map[string]bool{}
+	for _, s := range cc.Servers {
+		pos[s.Pos.String()] = true
+	}
+	out := map[string][]string{}
+	for _, m := range cc.Mapping {
+		for i := strings.Index(m, "  "); i >= 0; {
+			if pos[m[:i]] {
+				out[m[:i]] = append(out[m[:i]], m[i+2:])
+				break
+			}
+			j := strings.Index(m[i+1:], "  ")
+			if j < 0 {
+				break
+			}
+			i += 1 + j
+		}
+	}
+	return out
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // A view is what a query sees by the address it arrived on, as in CoreDNS:
@@ -94,18 +95,16 @@ func viewBlocks(srv []*corefile.Server, ap netip.AddrPort) []int {
 	return wild
 }
 
-// pickBlock is the block of blocks whose longest zone holds name, -1 if
-// none.
-func pickBlock(srv []*corefile.Server, blocks []int, name string) int {
-	best, bestLen := -1, -1
+// picker gives a name the block of blocks (indexes into srv) whose
+// longest zone holds it, -1 if none (of a zone in two of them, the first).
+func picker(srv []*corefile.Server, blocks []int) *zone.Table[int] {
+	b := zone.NewBuilder(-1)
 	for _, i := range blocks {
 		for _, z := range srv[i].Zones {
-			if len(z) > bestLen && (z == "." || name == z || strings.HasSuffix(name, "."+z)) {
-				best, bestLen = i, len(z)
-			}
+			_ = b.SetFirst(z, i)
 		}
 	}
-	return best
+	return b.Table()
 }
 
 // blockSig is what of a block decides how a query is answered: its cache,
@@ -150,8 +149,9 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 	for vi := range views {
 		v := &views[vi]
 		v.Pick = map[string]int{}
+		pick := picker(srv, v.Blocks)
 		for _, z := range zones {
-			p := pickBlock(srv, v.Blocks, z)
+			p := pick.LookupString(z)
 			v.Pick[z] = p
 			if p != first[z] && (p < 0 || !reflect.DeepEqual(blockSig(srv[p]), blockSig(srv[first[z]]))) {
 				same = false

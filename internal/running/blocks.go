@@ -116,8 +116,19 @@ func (d *State) tracers(srv []*corefile.Server) func(int) *trace.Tracer {
 // firstBlock is the shared view's pick: the first block of a zone (where
 // every listen address sees a block answering alike: config.View).
 func firstBlock(srv []*corefile.Server) func(zone string) int {
+	first := map[string]int{}
+	for i, s := range srv {
+		for _, z := range s.Zones {
+			if _, ok := first[z]; !ok {
+				first[z] = i
+			}
+		}
+	}
 	return func(z string) int {
-		return slices.IndexFunc(srv, func(s *corefile.Server) bool { return slices.Contains(s.Zones, z) })
+		if i, ok := first[z]; ok {
+			return i
+		}
+		return -1
 	}
 }
 
