@@ -117,7 +117,7 @@ func resolveCandidate(res *resolve.Resolver, viewOf ViewOf, clk clock.Clock, udp
 			// and refusals, and its cache key.
 			r, q.View = vr, view
 		}
-		e, stale, err := r.Resolve(ctx, &q)
+		e, stale, err := r.Resolve(ctx, &q, nil)
 		if err != nil {
 			return Result{}, err
 		}

@@ -245,15 +245,23 @@ func lookup(ctx context.Context, table func() *View, name string, qtype uint16, 
 	r.SetQuestion(dns.Fqdn(strings.ToLower(name)), qtype)
 	r.SetEdns0(dns.DefaultMsgSize, false)
 	ctx = context.WithValue(ctx, routeKey{}, r.Question[0].Name)
-	if table != nil {
+	if v := viewOf(table); v != nil {
 		w := make([]byte, 256)
 		if n, err := dns.PackDomainName(r.Question[0].Name, w, 0, nil, false); err == nil {
-			if run := table().Lookup(w[:n]).Run; run != nil {
+			if run := v.Lookup(w[:n]).Run; run != nil {
 				return run(ctx, r)
 			}
 		}
 	}
 	return exchangeMsg(ctx, r, next)
+}
+
+// viewOf is table's view now (nil: no table, or none yet).
+func viewOf(table func() *View) *View {
+	if table == nil {
+		return nil
+	}
+	return table()
 }
 
 // depthKey counts nested lookups in a context; maxLookupDepth bounds them

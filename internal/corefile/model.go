@@ -120,9 +120,11 @@ func inZone(name, zone string) bool {
 	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
 }
 
-// Config is the configuration of the fetch-side directive name in s, what
-// its setup reads (internal/directive): []template.Config, *hosts.Config,
-// []*rewrite.Rule or *dns64.Config; nil for any other name.
+// Config is the configuration of the directive name in s, what its setup
+// reads (internal/directive, internal/answer): []template.Config,
+// *hosts.Config, []*rewrite.Rule, *dns64.Config, []dnslog.Rule,
+// *loadbalance.Policy, whoami's bool (it answers), *trace.Config or
+// []dnstap.Config; nil for any other name.
 func (s *Server) Config(name string) any {
 	switch name {
 	case "template":
@@ -133,6 +135,22 @@ func (s *Server) Config(name string) any {
 		return s.Rewrites
 	case "dns64":
 		return s.DNS64
+	case "log":
+		return s.LogRules
+	case "loadbalance":
+		if !s.Loadbalance {
+			return (*loadbalance.Policy)(nil)
+		}
+		if s.Balance != nil {
+			return s.Balance
+		}
+		return &loadbalance.Policy{}
+	case "whoami":
+		return s.WhoamiAnswers()
+	case "trace":
+		return s.Trace
+	case "dnstap":
+		return s.Dnstap
 	}
 	return nil
 }

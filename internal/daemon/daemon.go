@@ -156,9 +156,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		TCPMaxQueries:    cfg.DropIn.TCPMaxQueries,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
-		CoreDNSZones:     running.CoreDNSZones(cdBlocks),
-		CoreDNSZone:      running.CoreDNSZone,  // the label of the block the table holds
-		BlockAnswers:     running.BlockAnswers, // its log (on stdout, as CoreDNS's) and loadbalance
+		CoreDNSZones:     running.CoreDNSZones(cdBlocks), // a query counts under its block's (resolve.Block.Metric)
 		Autopath:         ap,
 	})
 	if err != nil {

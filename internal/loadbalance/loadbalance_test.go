@@ -8,7 +8,7 @@ import (
 	"github.com/miekg/dns"
 )
 
-func answer(t testing.TB, qtype uint16, rcode int, answers, extra []string) []byte {
+func packAnswer(t testing.TB, qtype uint16, rcode int, answers, extra []string) []byte {
 	t.Helper()
 	m := new(dns.Msg)
 	m.SetQuestion("www.example.org.", qtype)
@@ -71,7 +71,7 @@ func TestShuffle(t *testing.T) {
 			[]string{"mx1.example.org. 30 IN A 192.0.2.25", "mx2.example.org. 30 IN A 192.0.2.26"}, 6, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			orig := answer(t, tc.qtype, dns.RcodeSuccess, tc.answers, tc.extra)
+			orig := packAnswer(t, tc.qtype, dns.RcodeSuccess, tc.answers, tc.extra)
 			wantAns, wantExtra := sections(t, orig)
 			seen := map[string]bool{}
 			for range 400 {
@@ -96,7 +96,7 @@ func TestShuffle(t *testing.T) {
 			}
 		})
 	}
-	nx := answer(t, dns.TypeA, dns.RcodeNameError, nil, nil)
+	nx := packAnswer(t, dns.TypeA, dns.RcodeNameError, nil, nil)
 	if got := Shuffle(slices.Clone(nx)); !slices.Equal(got, nx) {
 		t.Error("NXDOMAIN changed")
 	}
@@ -110,7 +110,7 @@ func sorted(s []string) []string {
 
 // BenchmarkShuffleInPlace: the common answer, four A records.
 func BenchmarkShuffleInPlace(b *testing.B) {
-	orig := answer(b, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2", "www.example.org. 30 IN A 192.0.2.3", "www.example.org. 30 IN A 192.0.2.4"}, nil)
+	orig := packAnswer(b, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2", "www.example.org. 30 IN A 192.0.2.3", "www.example.org. 30 IN A 192.0.2.4"}, nil)
 	b.ReportAllocs()
 	for b.Loop() {
 		Shuffle(orig)

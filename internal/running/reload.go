@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -66,6 +65,9 @@ type reloader struct {
 	// Groups and zones a Corefile change replaced: apply retires them.
 	retireLater  []*forward.Group
 	changedZones []string
+	// viewsPending: a Corefile change built new views (State.views);
+	// publish hands their resolvers to the server.
+	viewsPending bool
 
 	resolv    []netip.AddrPort // last good resolv.conf list
 	resolvErr string           // last resolv.conf error logged
@@ -352,8 +354,9 @@ func (d *State) apply() error {
 	return nil
 }
 
-// recompile compiles every view's blocks over routes and swaps them all
-// in; before New has compiled the first ones it only records routes.
+// recompile makes routes the shared route table (lower-case FQDN zones)
+// and publishes every view's blocks over it; before New has the rest of
+// the sources it only records routes. On error nothing changes.
 func (d *State) recompile(routes []forward.Route) error {
 	for i := range routes { // lower-case FQDNs, as the blocks' zones
 		if z := strings.ToLower(routes[i].Zone); strings.HasSuffix(z, ".") {
@@ -364,30 +367,45 @@ func (d *State) recompile(routes []forward.Route) error {
 	}
 	old := d.routes
 	d.routes = routes
-	if d.shared.Load() == nil {
-		return nil
+	if d.res0 == nil {
+		return nil // New publishes once it has every source
 	}
-	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil, nil)
-	if err != nil {
+	if err := d.publish(); err != nil {
 		d.routes = old
 		return err
 	}
-	var views []*blocks.View
+	return nil
+}
+
+// publish compiles every view's blocks from their sources (the shared
+// view's policies, handlers and chains; each view's own) over the route
+// table, and publishes them with one store: the snapshot every view's
+// resolver finds a query's block in. Views a Corefile edit replaced go to
+// the server after (useViews). On error nothing changes.
+func (d *State) publish() error {
+	p := &snapshot{}
+	var err error
+	if p.shared, err = d.compileView(-1, d.sharedPol, d.chain.Load(), nil, nil, d.routes); err != nil {
+		return err
+	}
 	if d.views != nil {
-		for _, t := range d.views.tables {
-			v, err := d.compileView(t.sp, t.c, t.vr, t.metrics)
+		for i, t := range d.views.tables {
+			v, err := d.compileView(i, t.sp, t.c, t.vr, t.metrics, d.routes)
 			if err != nil {
-				d.routes = old
 				return err
 			}
-			views = append(views, v)
+			p.views = append(p.views, v)
 		}
 	}
-	d.shared.Store(shared)
-	for i, v := range views {
-		d.views.tables[i].v.Store(v)
+	d.pub.Store(p)
+	if d.reload.viewsPending && d.Server != nil {
+		d.reload.viewsPending = false
+		if _, err := d.useViews(d.views); err != nil {
+			// Checked when the views were built (one view per address,
+			// at most MaxViews): not reached.
+			d.log.Error("views not applied", "err", err)
+		}
 	}
-	d.noteActs()
 	return nil
 }
 

@@ -6,10 +6,11 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync/atomic"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
@@ -42,10 +43,9 @@ type viewSet struct {
 	tables []*viewTable // by view index
 }
 
-// viewTable is one view's block table and what it is compiled from, so
-// that a change of the shared routes recompiles it (apply).
+// viewTable is what one view's block table is compiled from (publish
+// compiles it anew with every reload).
 type viewTable struct {
-	v  atomic.Pointer[blocks.View]
 	sp sharedPolicy
 	c  *blocks.Chains
 	vr *blocks.Routes
@@ -57,9 +57,10 @@ type viewTable struct {
 }
 
 // newViews builds a resolver per view of cc over the listen sockets
-// listen (the running ones, cfg.Sockets). It changes nothing of d but creating groups,
-// which the caller owns (closed on error here).
-func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.AddrPort) (vs *viewSet, err error) {
+// listen (the running ones, cfg.Sockets), with the blocks' answer-side
+// chains (answerChains of cc's blocks). It changes nothing of d but
+// creating groups, which the caller owns (closed on error here).
+func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.AddrPort, chains map[*corefile.Server]*answer.Chain) (vs *viewSet, err error) {
 	vs = &viewSet{cc: cc}
 	if cc == nil || cc.Views == nil {
 		return vs, nil
@@ -109,44 +110,33 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 			vs.groups = append(vs.groups, g)
 			vr.Groups[zr.Zone] = g
 		}
-		t := &viewTable{sp: sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies),
-			answers: d.blockAnswers(cc.Servers, func(z string) int {
+		t := &viewTable{sp: sharedPolicy{pol: pol.Policies(), zones: zonePolicyZones(v.ZonePolicies),
+			answers: blockAnswers(cc.Servers, chains, func(z string) int {
 				if p, ok := v.Pick[z]; ok {
 					return p
 				}
 				return -1
-			}, d.tracers(cc.Servers))}, vr: vr}
+			})}, vr: vr}
 		for _, z := range d.metricZones {
 			if !slices.ContainsFunc(v.Blocks, func(b int) bool { return slices.Contains(cc.Servers[b].Zones, z) }) {
 				z = ""
 			}
 			t.metrics = append(t.metrics, z)
 		}
-		next := d.forwardIn(t.v.Load) // the end of the view's chains
-		if t.c, err = d.buildChains(cc, v.Pick, next, t.v.Load); err != nil {
+		// The end of the view's chains; the view's table for the
+		// directives' own lookups.
+		if t.c, err = d.buildChains(cc, v.Pick, d.forwardIn(vi), d.tableIn(vi)); err != nil {
 			return nil, err
 		}
 		vs.groups = append(vs.groups, t.c.Groups()...)
 		if vi == 0 {
 			vs.chain0 = t.c
 		}
-		view, err := d.compileView(t.sp, t.c, t.vr, t.metrics)
-		if err != nil {
-			return nil, err
+		if _, err := d.compileView(vi, t.sp, t.c, t.vr, t.metrics, d.routes); err != nil {
+			return nil, err // refused here, before the views are in use
 		}
-		t.v.Store(view)
 		vs.tables = append(vs.tables, t)
-		res, err := resolve.New(resolve.Config{
-			Cache:        d.Cache,
-			Fetch:        d.fetchIn(t.v.Load),
-			Start:        d.startIn(t.v.Load),
-			Policy:       func(name []byte) *resolve.Policy { return t.v.Load().Policy(name) },
-			Clock:        d.clock,
-			FetchTimeout: cfg.ForwardTimeout,
-			UDPSize:      uint16(cfg.MaxUDPSize),
-			MaxFlights:   cfg.MaxInflight,
-			Logger:       d.log.With("component", "cache"),
-		})
+		res, err := d.newResolver(vi)
 		if err != nil {
 			return nil, err
 		}
@@ -155,8 +145,12 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 	return vs, nil
 }
 
-// useViews makes the server answer by vs (before Start or live) and
-// returns the view set it replaces.
+// useViews makes the server answer by vs's resolvers (before Start or
+// live; their blocks are the snapshot's: publish first) and returns the
+// view set it replaces. The server's resolvers and the snapshot are two
+// stores: a query at the swap of the views may be answered by the new
+// blocks through the old view's resolver (whose cache entries the change
+// drops anyway: apply drops every zone).
 func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 	res, addr := vs.res, vs.addr
 	if res == nil {
@@ -177,11 +171,11 @@ func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 // retired and the whole cache dropped by apply: the view indexes changed
 // meaning, and CoreDNS too starts with new caches on reload). A change of
 // the listen addresses needs a restart: refused.
-func (d *State) prepareViews(n *config.Config) (*viewSet, error) {
+func (d *State) prepareViews(n *config.Config, chains map[*corefile.Server]*answer.Chain) (*viewSet, error) {
 	if !slices.Equal(n.Sockets(), d.cfg.Sockets()) {
 		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.Sockets(), n.Sockets())
 	}
-	return d.newViews(n, n.DropIn.Corefile, d.cfg.Sockets())
+	return d.newViews(n, n.DropIn.Corefile, d.cfg.Sockets(), chains)
 }
 
 // viewsChanged reports whether a reloaded Corefile sees other views than

@@ -326,14 +326,10 @@ func (s *Server) serveUDP(l *udpListener) {
 		}
 		t := s.cfg.Clock.Now()
 		now := t.UnixNano()
-		acts := s.acts.Load()
-		qlog := s.logOn(acts)
-		req.acts = acts
 		askers := s.askers.Load()
 		var from netip.Addr
-		local := l.local.Addr()         // the wildcard's: each datagram's destination
 		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
-		req.now = now
+		req.t, req.now = t, now
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {
@@ -351,58 +347,36 @@ func (s *Server) serveUDP(l *udpListener) {
 				continue
 			}
 			var clen uint32
+			req.local = l.local.Addr() // the wildcard's: each datagram's destination
 			if l.wild {
 				req.wild, req.v6 = true, isV6Sockaddr(name)
-				if clen, local = pktDst(b.ctlIn[i][:h.Hdr.Controllen], &b.ctlOut[i]); clen == 0 {
-					local = l.local.Addr()
+				var local netip.Addr
+				if clen, local = pktDst(b.ctlIn[i][:h.Hdr.Controllen], &b.ctlOut[i]); clen > 0 {
+					req.local = local
 				}
 			}
 			start := len(b.out)
 			if askers {
 				from = sockaddrAddrPort(name).Addr()
 			}
-			req.raw, req.from = raw, from
-			if acts&actWhoami != 0 {
-				req.client = sockaddrAddrPort(name)
-			}
+			req.raw, req.from, req.sa = raw, from, name
 			out, v := s.answerLocal(req, b.out)
 			switch v {
 			case dropped:
 				continue
 			case miss:
-				m := newMiss(raw, false, t)
-				m.q.From = from
-				m.q.View = req.q.View
+				m := newMiss(req)
 				m.l = l
-				m.cdk = req.k
 				m.nlen = uint32(copy(m.name[:], name))
 				m.clen = clen
 				if clen > 0 {
 					m.ctl = b.ctlOut[i]
-					m.local = local
 				}
 				l.ref() // released once the answer is sent (reply)
 				if s.startMiss(m) {
 					handed = true
 				}
 				continue
-			}
-			if acts != 0 {
-				a := s.answersOf(req)
-				if a.Shuffle || a.Rewrite != nil {
-					out = s.answerSide(a, out, start)
-				}
-				if qlog {
-					s.logQuery(a.Log, sockaddrAddrPort(name), local, false, &req.q, raw, out[start:], fromCache, t)
-				}
-				if a.Trace != nil {
-					s.traced(a.Trace, sockaddrAddrPort(name).Addr(), false, &req.q, out[start:], false, t)
-				}
-				if len(a.Taps) > 0 {
-					s.tapAnswered(a.Taps, &req.q, sockaddrAddrPort(name), false, raw, out[start:], t)
-				}
-			} else if qlog {
-				s.logQuery(nil, sockaddrAddrPort(name), local, false, &req.q, raw, out[start:], fromCache, t)
 			}
 			b.out = out
 			o := &b.hdrOut[nout]

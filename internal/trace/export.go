@@ -43,6 +43,9 @@ type Exporter struct {
 	enc     encoder
 	// stats is where its spans are counted: Counters, or a test's own.
 	stats *Stats
+	// stop ends the goroutine StartExporter started, done says it ended.
+	stop, done chan struct{}
+	closeOnce  sync.Once
 }
 
 // encoder writes a batch of spans in the collector's format.
@@ -52,33 +55,46 @@ type encoder interface {
 	header(h http.Header, n int)
 }
 
-var (
-	exportersMu sync.Mutex
-	exporters   = map[string]*Exporter{}
-)
-
-// MaxExporters bounds the endpoints traced at once in one process: each
-// is a goroutine and a backlog that live as long as the process (a
-// reload that keeps the endpoint keeps its exporter and its backlog).
+// MaxExporters bounds the endpoints traced by one Corefile: each is a
+// goroutine and a backlog, kept while a reloaded Corefile traces to it
+// again (so a reload does not lose waiting spans) and stopped when none
+// does (config refuses a Corefile with more).
 const MaxExporters = 16
 
-// ExporterFor returns the exporter of cfg's endpoint and options,
-// started on first use and kept for the life of the process, so a
-// reload does not lose waiting spans. cfg must be normalized.
-func ExporterFor(cfg Config, log *slog.Logger) (*Exporter, error) {
-	key := fmt.Sprintf("%s|%s|%d|%d|%s|%s", cfg.Type, cfg.Endpoint, cfg.Backlog, cfg.Batch, cfg.BatchInterval, cfg.Service)
-	exportersMu.Lock()
-	defer exportersMu.Unlock()
-	if e := exporters[key]; e != nil {
-		return e, nil
-	}
-	if len(exporters) >= MaxExporters {
-		return nil, fmt.Errorf("trace: more than %d distinct endpoints traced in one process", MaxExporters)
-	}
+// ExporterKey identifies an exporter: cfg's endpoint and the options that
+// shape what it sends (cfg normalized). Tracers of blocks with the same
+// key share one exporter.
+func ExporterKey(cfg Config) string {
+	return fmt.Sprintf("trace|%s|%s|%d|%d|%s|%s", cfg.Type, cfg.Endpoint, cfg.Backlog, cfg.Batch, cfg.BatchInterval, cfg.Service)
+}
+
+// StartExporter starts the exporter of cfg's endpoint (cfg normalized):
+// its goroutine runs until Close. Whoever starts it owns it
+// (internal/running keeps it across the reloads that keep its key).
+func StartExporter(cfg Config, log *slog.Logger) *Exporter {
 	e := newExporter(cfg, log)
-	exporters[key] = e
-	go e.run(nil)
-	return e, nil
+	e.stop, e.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(e.done)
+		e.run(e.stop)
+	}()
+	return e
+}
+
+// Close stops the exporter: the spans still waiting are dropped (counted
+// as dropped from the backlog). It waits for its goroutine.
+func (e *Exporter) Close() error {
+	e.closeOnce.Do(func() { close(e.stop) })
+	<-e.done
+	for {
+		select {
+		case <-e.q:
+			waiting.Add(-1)
+			e.stats.DroppedBacklog.Add(1)
+		default:
+			return nil
+		}
+	}
 }
 
 func newExporter(cfg Config, log *slog.Logger) *Exporter {

@@ -136,6 +136,14 @@ type Query struct {
 	View uint8
 }
 
+// Rebase points q's slices into b, a copy of the buffer q was parsed
+// from (a query kept past its read buffer), instead of parsing b again.
+func (q *Query) Rebase(b []byte) {
+	if len(q.Name) > 0 && HeaderLen+len(q.Name) <= len(b) {
+		q.Name = b[HeaderLen : HeaderLen+len(q.Name) : HeaderLen+len(q.Name)]
+	}
+}
+
 // CD reports whether the client disabled DNSSEC checking.
 func (q *Query) CD() bool { return q.Flags&FlagCD != 0 }
 
