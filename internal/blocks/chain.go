@@ -77,17 +77,11 @@ func (c *Chains) Groups() []*forward.Group {
 	return c.groups
 }
 
-// UsesRemote reports whether a template of any block uses .Remote, or a
-// rewrite edns0 rule the client's address, so the server must record each
-// query's client (Server.SetRecordAskers).
-func UsesRemote(servers []*corefile.Server) bool {
-	for _, s := range servers {
-		if template.ConfigsUseRemote(s.Templates) || rewrite.UsesClient(s.Rewrites) {
-			return true
-		}
-	}
-	return false
-}
+// UsesRemote reports whether a directive of any block needs each query's
+// client on the fetch side (a template's .Remote, a rewrite edns0 rule's
+// client address), so the server must record it
+// (Server.SetRecordAskers; corefile.Spec.UsesClient).
+func UsesRemote(servers []*corefile.Server) bool { return corefile.UsesClient(servers) }
 
 // BuildChains builds every block's chain. pick (a view's, config.View)
 // gives each zone its block, by index in servers; nil: a zone's first
@@ -117,7 +111,7 @@ func BuildChains(env ChainEnv, servers []*corefile.Server, pick map[string]int, 
 		if s.Forward != nil {
 			except = s.Forward.Except
 		}
-		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64, except, linkSig(s)}
+		b.sig = []any{fetchSideSig(s), except, linkSig(s)}
 		if err := b.build(env, s, c, next); err != nil {
 			for _, g := range c.groups {
 				_ = g.Close()
@@ -301,10 +295,15 @@ func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.
 	return m, nil
 }
 
-func rewriteSig(rules []*rewrite.Rule) []string {
+// fetchSideSig is the text of s's fetch-side directives (those registered
+// with internal/directive), as written: derived, so a directive added
+// later is in it without a word.
+func fetchSideSig(s *corefile.Server) []string {
 	var out []string
-	for _, r := range rules {
-		out = append(out, r.String())
+	for _, p := range s.Plugins {
+		if _, ok := directive.Registered(p.Name); ok {
+			out = append(out, p.Text)
+		}
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	_ "github.com/nodelocaldns/nodelocaldns/internal/plugins" // the directives, read and run by their own packages
 )
 
 // CorefileConfig is the Corefile the daemon runs (Corefile mode).

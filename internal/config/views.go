@@ -107,16 +107,10 @@ func picker(srv []*corefile.Server, blocks []int) *zone.Table[int] {
 	return b.Table()
 }
 
-// blockSig is what of a block decides how a query is answered: its cache,
-// its forward, its fetch-side directives, what it does to every answer
-// (log, loadbalance, dnstap), whoami and trace. Two blocks with equal signatures answer alike.
-func blockSig(s *corefile.Server) any {
-	var rw []string
-	for _, r := range s.Rewrites {
-		rw = append(rw, r.String())
-	}
-	return []any{s.Cache, s.Forward, s.MoreForwards, s.Templates, s.Hosts, rw, s.DNS64, s.LogRules, s.Loadbalance, s.Balance, s.Whoami, s.Trace, s.Dnstap}
-}
+// blockSig is what of a block decides how a query is answered
+// (corefile.Server.Sig: derived from its directives, not listed here). Two
+// blocks with equal signatures answer alike.
+func blockSig(s *corefile.Server) any { return s.Sig() }
 
 // buildViews groups the listen addresses by the blocks they see and builds
 // each view's policies and routes; it leaves cc.Views nil when one view

@@ -10,8 +10,6 @@ import (
 // sends (answer.Handler; CoreDNS's log writes its line once the response
 // is written).
 
-func init() { answer.Register("log", setup) }
-
 // setup builds a block's log from its rules ([]Rule, metadata flags
 // set); the lines go to the one Sink of the Corefile (env.Out).
 func setup(env answer.Env, cfg any) (answer.Handler, error) {

@@ -14,8 +14,6 @@ import (
 // plugin.cfg), and FORWARDER_QUERY and FORWARDER_RESPONSE of every try of
 // the block's fetches (answer.ForwardObserver).
 
-func init() { answer.Register("dnstap", setup) }
-
 // setup opens (or finds) one Tap per distinct configuration of the
 // block's dnstap lines ([]Config): a tap is shared by every block and
 // view that has it and kept across the reloads that keep it

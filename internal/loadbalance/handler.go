@@ -6,8 +6,6 @@ import "github.com/nodelocaldns/nodelocaldns/internal/answer"
 // reordered (answer.Handler), hits too, as CoreDNS's loadbalance wraps
 // the cache.
 
-func init() { answer.Register("loadbalance", setup) }
-
 // setup builds a block's loadbalance from its *Policy (nil fields: plain
 // round_robin).
 func setup(_ answer.Env, cfg any) (answer.Handler, error) {

@@ -12,8 +12,6 @@ import (
 // its sampling, and a sampled one's span is recorded once it is answered
 // (answer.Handler).
 
-func init() { answer.Register("trace", setup) }
-
 // setup builds a block's Tracer from its *Config (normalized): one per
 // block and loaded Corefile (CoreDNS's count restarts on reload too),
 // shared by every view that sees the block; its exporter is the one of

@@ -6,8 +6,6 @@ import "github.com/nodelocaldns/nodelocaldns/internal/answer"
 // its client's own address (answer.Handler), before the cache, so never
 // cached, coalesced or forwarded.
 
-func init() { answer.Register("whoami", setup) }
-
 // setup: cfg says whether whoami answers the block's queries (false: a
 // forward answers every name first, as in CoreDNS: never reached).
 func setup(_ answer.Env, cfg any) (answer.Handler, error) {
