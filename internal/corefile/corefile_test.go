@@ -431,29 +431,3 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
-
-func TestPoliciesLongestZone(t *testing.T) {
-	srv, err := load(t, "cluster.local {\n cache {\n  success 9984 30\n  denial 9984 5\n }\n forward . 10.0.0.10\n}\n"+
-		"svc.cluster.local {\n cache 10\n forward . 10.0.0.10\n}\n.:53 {\n cache 30\n forward . /etc/resolv.conf\n}\nnocache.example {\n forward . 1.1.1.1\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps := NewPolicies(srv)
-	for _, tc := range []struct {
-		q, zone string
-		succ    time.Duration
-		cached  bool
-	}{
-		{"a.default.svc.cluster.local.", "svc.cluster.local.", 10 * time.Second, true},
-		{"x.pod.cluster.local.", "cluster.local.", 30 * time.Second, true},
-		{"cluster.local.", "cluster.local.", 30 * time.Second, true},
-		{"xcluster.local.", ".", 30 * time.Second, true},
-		{"www.example.org.", ".", 30 * time.Second, true},
-		{"a.nocache.example.", "nocache.example.", 0, false},
-	} {
-		p, ok := ps.Lookup(tc.q)
-		if !ok || p.Zone != tc.zone || p.SuccessMax != tc.succ || p.Cached != tc.cached {
-			t.Errorf("%s: got %+v", tc.q, p)
-		}
-	}
-}

@@ -11,22 +11,13 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
-// corefileZones turns the Corefile blocks' cache policies into the
-// resolver's zones (the longest zone wins, as CoreDNS picks the block).
-func corefileZones(cfg *config.Config, zps []config.ZonePolicy) []resolve.Zone {
+// corefileZones are the Corefile blocks' cache policies as the resolver's
+// zones (the longest zone wins, as CoreDNS picks the block): config made
+// them resolve.Policy already.
+func corefileZones(zps []config.ZonePolicy) []resolve.Zone {
 	out := make([]resolve.Zone, 0, len(zps))
 	for _, zp := range zps {
-		recheck := zp.StaleRecheck // serve_stale's FAILURE_RECHECK
-		if recheck == 0 {
-			recheck = cfg.Cache.StaleRecheck
-		}
-		out = append(out, resolve.Zone{Name: zp.Zone, Policy: resolve.Policy{
-			TTL:                zp.TTL,
-			ServFailTTL:        zp.ServFailTTL,
-			StaleWindow:        zp.StaleWindow,
-			StaleClientTimeout: zp.StaleClientTimeout,
-			StaleRecheck:       recheck,
-		}})
+		out = append(out, resolve.Zone{Name: zp.Zone, Policy: zp.Policy})
 	}
 	return out
 }
@@ -54,7 +45,7 @@ func (d *State) preparePolicies(n *config.Config, chains map[*corefile.Server]*a
 	if reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
 		return &p, false, nil
 	}
-	f, err := resolve.Zones(d.policyDefault, corefileZones(n, next.ZonePolicies)...)
+	f, err := resolve.Zones(d.policyDefault, corefileZones(next.ZonePolicies)...)
 	if err != nil {
 		return nil, false, fmt.Errorf("cache policies: %w", err)
 	}

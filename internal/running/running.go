@@ -171,7 +171,7 @@ func (d *State) initPolicies() error {
 		zones = append(zones, resolve.Zone{Name: z.Name, Policy: pol(z.TTL)})
 	}
 	if cc := cfg.DropIn.Corefile; cc != nil && len(cc.ZonePolicies) > 0 {
-		zones = corefileZones(cfg, cc.ZonePolicies) // each block's cache settings for its zones
+		zones = corefileZones(cc.ZonePolicies) // each block's cache settings for its zones
 	}
 	d.policyDefault = pol(defTTL)
 	policy, err := resolve.Zones(d.policyDefault, zones...)

@@ -94,7 +94,7 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 		vs.addr[i] = uint8(vi)
 	}
 	for vi, v := range cc.Views {
-		pol, err := resolve.Zones(d.policyDefault, corefileZones(cfg, v.ZonePolicies)...)
+		pol, err := resolve.Zones(d.policyDefault, corefileZones(v.ZonePolicies)...)
 		if err != nil {
 			return nil, err
 		}
