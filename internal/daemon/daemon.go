@@ -283,37 +283,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.net.Run(rctx)
 		}()
 	}
-	hctx, cancel := context.WithCancel(context.Background())
-	d.stopHTTP = cancel
-	addr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{
-		Addr:   d.cfg.MetricsAddr,
-		Health: d.health,
-		Ready:  d.readyProbe,
-		Log:    d.log,
-	})
+	addr, err := d.serveHTTP()
 	if err != nil {
 		return err
-	}
-	d.metricsAddr = addr
-	if d.cfg.HealthAddr != "" && d.cfg.HealthAddr != d.cfg.MetricsAddr {
-		_, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true, Log: d.log})
-		if err != nil {
-			return err
-		}
-	}
-	if a := d.cfg.PProf; a != "" {
-		// Not fatal either: a profile is for debugging.
-		if _, err := d.Metrics.ServePProf(hctx, a, d.log); err != nil {
-			d.log.Error("pprof not served", "addr", a, "err", err)
-		} else if d.cfg.PProfBlock != 0 {
-			runtime.SetBlockProfileRate(d.cfg.PProfBlock) // the Corefile's pprof { block }, as CoreDNS sets it
-		}
-	}
-	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint
-		// Not fatal: DNS and the Corefile's endpoint matter more.
-		if _, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: a, Health: d.health, Ready: d.readyProbe, Log: d.log}); err != nil {
-			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
-		}
 	}
 	d.startKubeEndpoints() // before the reload goroutine, which hands it a replaced kube-dns group
 	d.run.Start()
@@ -333,6 +305,45 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		d.opt.OnReady()
 	}
 	return nil
+}
+
+// serveHTTP starts the HTTP listeners: metrics (with health and ready),
+// the Corefile's health when it has its own address, pprof, node-cache's
+// own metrics endpoint; it returns the metrics listener's address.
+func (d *Daemon) serveHTTP() (net.Addr, error) {
+	hctx, cancel := context.WithCancel(context.Background())
+	d.stopHTTP = cancel
+	addr, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{
+		Addr:   d.cfg.MetricsAddr,
+		Health: d.health,
+		Ready:  d.readyProbe,
+		Log:    d.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.metricsAddr = addr
+	if d.cfg.HealthAddr != "" && d.cfg.HealthAddr != d.cfg.MetricsAddr {
+		_, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: d.cfg.HealthAddr, Health: d.health, Ready: d.readyProbe, HealthOnly: true, Log: d.log})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if a := d.cfg.PProf; a != "" {
+		// Not fatal either: a profile is for debugging.
+		if _, err := d.Metrics.ServePProf(hctx, a, d.log); err != nil {
+			d.log.Error("pprof not served", "addr", a, "err", err)
+		} else if d.cfg.PProfBlock != 0 {
+			runtime.SetBlockProfileRate(d.cfg.PProfBlock) // the Corefile's pprof { block }, as CoreDNS sets it
+		}
+	}
+	if a := d.cfg.DropIn.NodeCacheMetricsAddr; a != "" { // drop-in: node-cache's own endpoint
+		// Not fatal: DNS and the Corefile's endpoint matter more.
+		if _, err := d.Metrics.Serve(hctx, metrics.HTTPConfig{Addr: a, Health: d.health, Ready: d.readyProbe, Log: d.log}); err != nil {
+			d.log.Error("node-cache's metrics endpoint (-metrics-listen-address) not served", "addr", a, "err", err)
+		}
+	}
+	return addr, nil
 }
 
 // join registers this instance in the state directory under the group
