@@ -219,6 +219,8 @@ type Block struct {
 
 // Env is what a setup may use besides its configuration.
 type Env struct {
+	// Log is the daemon's logger (what a handler opens is shared by the
+	// blocks that ask for it: Block.Pos names the block asking).
 	Log   *slog.Logger
 	Block Block
 	// Out is where query log lines go (CoreDNS writes them on stdout).
@@ -230,6 +232,11 @@ type Env struct {
 	// all at shutdown). A collector's connection, a tap's queue or an
 	// exporter live there, never in a package variable.
 	Shared func(key string, open func() (io.Closer, error)) (io.Closer, error)
+	// Stats returns the owner's value for key, made with make the first
+	// time: counters and bounds shared by every block and kept for the
+	// owner's life (a reload does not reset them), which its metrics read
+	// (dnstap's Totals, trace's Stats).
+	Stats func(key string, make func() any) any
 }
 
 // Setup builds a block's handler from cfg, the directive's configuration

@@ -124,6 +124,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.run = run
+	d.Metrics.SetHandlerStats(run.Stats) // trace's and dnstap's counters, the running configuration's
 	cdBlocks := running.CoreDNSBlocks(cfg)
 	d.autopath, err = newAutopath(d, run.Resolver())
 	if err != nil {

@@ -24,8 +24,9 @@ func setup(env answer.Env, cfg any) (answer.Handler, error) {
 		return nil, nil
 	}
 	h := &Handler{}
+	totals := env.Stats("dnstap", func() any { return &Totals{} }).(*Totals)
 	for _, c := range cfgs {
-		t, err := env.Shared("dnstap|"+c.Key(), func() (io.Closer, error) { return closer{New(c, env.Log)}, nil })
+		t, err := env.Shared("dnstap|"+c.Key(), func() (io.Closer, error) { return closer{New(c, env.Log, totals)}, nil })
 		if err != nil {
 			return nil, err
 		}

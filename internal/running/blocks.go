@@ -108,11 +108,12 @@ func (d *State) answerChains(srv []*corefile.Server, round *round) (map[*corefil
 
 func (d *State) answerChain(s *corefile.Server, round *round) (*answer.Chain, error) {
 	env := answer.Env{
-		Log: d.log.With("block", s.Pos.String()),
+		Log: d.log, // what the handlers open is shared by blocks: Block.Pos names the block
 		Out: d.queryLogOut,
 		Shared: func(key string, open func() (io.Closer, error)) (io.Closer, error) {
 			return d.res.get(round, key, open)
 		},
+		Stats: d.res.stats,
 	}
 	for _, p := range s.Plugins {
 		env.Block.Plugins = append(env.Block.Plugins, p.Name)
@@ -327,6 +328,31 @@ type round struct {
 type resources struct {
 	mu   sync.Mutex
 	open map[string]io.Closer
+	// kept are the handlers' counters and bounds (answer.Env.Stats),
+	// kept for the State's life.
+	kept map[string]any
+}
+
+// stats is answer.Env.Stats: the value of key, made the first time.
+func (r *resources) stats(key string, make func() any) any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if v, ok := r.kept[key]; ok {
+		return v
+	}
+	if r.kept == nil {
+		r.kept = map[string]any{}
+	}
+	v := make()
+	r.kept[key] = v
+	return v
+}
+
+// stat is the value of key, nil when no handler made it.
+func (r *resources) stat(key string) any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kept[key]
 }
 
 // get returns the resource key, opening it with open when none is, and

@@ -207,6 +207,11 @@ func (d *State) newResolver(vi int) (*resolve.Resolver, error) {
 	})
 }
 
+// Stats is the answer-side handlers' counters and bounds of key (trace's,
+// dnstap's: answer.Env.Stats), kept for the State's life; nil when no
+// handler made them. The metrics read them (metrics.SetHandlerStats).
+func (d *State) Stats(key string) any { return d.res.stat(key) }
+
 // Resolver is the shared view's resolver (the one view's, and autopath's).
 func (d *State) Resolver() *resolve.Resolver { return d.res0 }
 

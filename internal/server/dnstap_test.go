@@ -53,7 +53,7 @@ func startTapSink(t testing.TB, keep bool) (*dnstap.Tap, *tapSink) {
 			}()
 		}
 	}()
-	tap := dnstap.New(dnstap.Config{Network: "unix", Address: path, Full: true, Identity: "n", Version: "v"}, nil)
+	tap := dnstap.New(dnstap.Config{Network: "unix", Address: path, Full: true, Identity: "n", Version: "v"}, nil, nil)
 	t.Cleanup(func() { tap.Close(); ln.Close() })
 	return tap, k
 }

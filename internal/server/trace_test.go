@@ -88,7 +88,7 @@ func tracing(t testing.TB, every uint64) (func(*resolve.Config), *trace.Tracer, 
 	t.Cleanup(srv.Close)
 	cfg := trace.Config{Endpoint: srv.URL + "/api/v2/spans", Every: every, BatchInterval: 10 * time.Millisecond}
 	cfg.Normalize()
-	exp := trace.StartExporter(cfg, nil)
+	exp := trace.StartExporter(cfg, nil, nil)
 	t.Cleanup(func() { _ = exp.Close() })
 	tr := trace.NewTracer(cfg, []string{"cache", "forward"}, netip.MustParseAddrPort("127.0.0.1:53"), exp)
 	return newChained([]string{"trace"}, tr).rmut, tr, k

@@ -12,8 +12,11 @@ import (
 	"time"
 )
 
-// Stats are the spans of every exporter of the process, for
-// nodelocaldns_trace_spans_total (docs/metrics.md).
+// Stats are the spans of the exporters one owner runs (the daemon's
+// running configuration, across its reloads: answer.Env.Stats), for
+// nodelocaldns_trace_spans_total (docs/metrics.md), and the bound on the
+// spans waiting in all of them (MaxWaiting). Not a package variable: two
+// daemons in one process (tests) count apart.
 type Stats struct {
 	// Sent: spans the collector accepted (2xx).
 	Sent atomic.Uint64
@@ -23,10 +26,9 @@ type Stats struct {
 	// DroppedSend: spans of a batch the collector refused or could not be
 	// reached with.
 	DroppedSend atomic.Uint64
+	// Waiting counts the spans in the exporters' backlogs (MaxWaiting).
+	Waiting atomic.Int64
 }
-
-// Counters are the process's span counts.
-var Counters Stats
 
 // Exporter sends the spans of the tracers of one endpoint: a backlog of
 // at most Backlog spans, sent Batch at a time, at least every
@@ -41,7 +43,7 @@ type Exporter struct {
 	failing bool
 	buf     bytes.Buffer
 	enc     encoder
-	// stats is where its spans are counted: Counters, or a test's own.
+	// stats is where its spans are counted, its owner's.
 	stats *Stats
 	// stop ends the goroutine StartExporter started, done says it ended.
 	stop, done chan struct{}
@@ -68,11 +70,15 @@ func ExporterKey(cfg Config) string {
 	return fmt.Sprintf("trace|%s|%s|%d|%d|%s|%s", cfg.Type, cfg.Endpoint, cfg.Backlog, cfg.Batch, cfg.BatchInterval, cfg.Service)
 }
 
-// StartExporter starts the exporter of cfg's endpoint (cfg normalized):
-// its goroutine runs until Close. Whoever starts it owns it
-// (internal/running keeps it across the reloads that keep its key).
-func StartExporter(cfg Config, log *slog.Logger) *Exporter {
+// StartExporter starts the exporter of cfg's endpoint (cfg normalized),
+// counting in stats (nil: its own): its goroutine runs until Close.
+// Whoever starts it owns it (internal/running keeps it across the reloads
+// that keep its key).
+func StartExporter(cfg Config, log *slog.Logger, stats *Stats) *Exporter {
 	e := newExporter(cfg, log)
+	if stats != nil {
+		e.stats = stats
+	}
 	e.stop, e.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(e.done)
@@ -89,7 +95,7 @@ func (e *Exporter) Close() error {
 	for {
 		select {
 		case <-e.q:
-			waiting.Add(-1)
+			e.stats.Waiting.Add(-1)
 			e.stats.DroppedBacklog.Add(1)
 		default:
 			return nil
@@ -106,7 +112,7 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 		q:      make(chan Span, cfg.Backlog),
 		log:    log.With("endpoint", cfg.Endpoint, "type", cfg.Type),
 		client: &http.Client{Timeout: PostTimeout},
-		stats:  &Counters,
+		stats:  &Stats{},
 	}
 	switch cfg.Type {
 	case Datadog:
@@ -117,19 +123,16 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 	return e
 }
 
-// waiting counts the spans in every exporter's backlog (MaxWaiting).
-var waiting atomic.Int64
-
 func (e *Exporter) enqueue(s Span) {
-	if waiting.Add(1) > MaxWaiting {
-		waiting.Add(-1)
+	if e.stats.Waiting.Add(1) > MaxWaiting {
+		e.stats.Waiting.Add(-1)
 		e.stats.DroppedBacklog.Add(1)
 		return
 	}
 	select {
 	case e.q <- s:
 	default:
-		waiting.Add(-1)
+		e.stats.Waiting.Add(-1)
 		e.stats.DroppedBacklog.Add(1)
 	}
 }
@@ -147,7 +150,7 @@ func (e *Exporter) run(stop <-chan struct{}) {
 	for {
 		select {
 		case s := <-e.q:
-			waiting.Add(-1)
+			e.stats.Waiting.Add(-1)
 			batch = append(batch, s)
 			if len(batch) < most {
 				continue

@@ -21,8 +21,9 @@ func setup(env answer.Env, cfg any) (answer.Handler, error) {
 	if c == nil {
 		return nil, nil
 	}
+	stats := env.Stats("trace", func() any { return &Stats{} }).(*Stats)
 	exp, err := env.Shared(ExporterKey(*c), func() (io.Closer, error) {
-		return StartExporter(*c, env.Log.With("component", "trace")), nil
+		return StartExporter(*c, env.Log.With("component", "trace"), stats), nil
 	})
 	if err != nil {
 		return nil, err
