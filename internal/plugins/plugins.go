@@ -7,6 +7,7 @@
 package plugins
 
 import (
+	_ "github.com/nodelocaldns/nodelocaldns/internal/acl"
 	_ "github.com/nodelocaldns/nodelocaldns/internal/dns64"
 	_ "github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	_ "github.com/nodelocaldns/nodelocaldns/internal/dnstap"
