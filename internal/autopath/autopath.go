@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 )
 
@@ -456,7 +457,7 @@ func (a *Autopath) forget(d *decision) {
 func (a *Autopath) decide(ctx context.Context, key memoKey, d *decision, qtype uint16) Result {
 	pod, state := a.cfg.Pods.Lookup(key.src)
 	switch {
-	case state != podwatch.Synced:
+	case state != kubewatch.Synced:
 		d.reason = ReasonNotSynced
 		return Result{}
 	case pod == nil:

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -62,7 +63,7 @@ func (h *Hook) SetWatch(w *podwatch.Watch) { h.watch.Store(w) }
 func (h *Hook) Lookup(ip netip.Addr) (*podwatch.Pod, podwatch.State) {
 	w := h.watch.Load()
 	if w == nil {
-		return nil, podwatch.Starting
+		return nil, kubewatch.Starting
 	}
 	return w.Lookup(ip)
 }
@@ -71,7 +72,7 @@ func (h *Hook) Lookup(ip netip.Addr) (*podwatch.Pod, podwatch.State) {
 // a walk over the name's labels.
 func (h *Hook) Candidate(q *wire.Query) bool {
 	w := h.watch.Load()
-	return w != nil && w.State() == podwatch.Synced && h.ap.CandidateWire(q.Name, q.Type)
+	return w != nil && w.State() == kubewatch.Synced && h.ap.CandidateWire(q.Name, q.Type)
 }
 
 // Answer is the decision, in the miss goroutine, for the view the query
