@@ -14,19 +14,18 @@
 // imports none of them.
 //
 // It must stay small and allocation-free on the serving path: it imports
-// only the wire format and the clock.
+// only the wire format, the clock and the registry.
 package answer
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/registry"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -244,28 +243,13 @@ type Env struct {
 // directive does nothing in this block.
 type Setup func(env Env, cfg any) (Handler, error)
 
-var (
-	mu       sync.RWMutex
-	registry = map[string]Setup{}
-)
+var registered = registry.New[Setup]("answer")
 
 // Register makes setup the answer-side handler of the directive name. It
 // panics when name is registered twice (a programming error, found at
 // start).
-func Register(name string, setup Setup) {
-	mu.Lock()
-	defer mu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic(fmt.Sprintf("answer: %q registered twice", name))
-	}
-	registry[name] = setup
-}
+func Register(name string, setup Setup) { registered.Register(name, setup) }
 
 // Registered returns the setup of the directive name; false: name has no
 // answer-side handler.
-func Registered(name string) (Setup, bool) {
-	mu.RLock()
-	defer mu.RUnlock()
-	s, ok := registry[name]
-	return s, ok
-}
+func Registered(name string) (Setup, bool) { return registered.Get(name) }

@@ -80,11 +80,7 @@ func Supported() []string {
 	for n := range directiveTable {
 		out = append(out, n)
 	}
-	regMu.RLock()
-	for n := range registry {
-		out = append(out, n)
-	}
-	regMu.RUnlock()
+	out = append(out, specs.Names()...)
 	sort.Slice(out, func(i, j int) bool { return order(out[i]) < order(out[j]) })
 	return out
 }

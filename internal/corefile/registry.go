@@ -3,7 +3,8 @@ package corefile
 import (
 	"fmt"
 	"strings"
-	"sync"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/registry"
 )
 
 // Directives beyond the block's structure register how they are read:
@@ -53,36 +54,23 @@ type Spec struct {
 	UsesClient func(cfg any) bool
 }
 
-var (
-	regMu    sync.RWMutex
-	registry = map[string]Spec{}
-)
+var specs = registry.New[Spec]("corefile")
 
 // Register makes spec how the directive name is read. It panics when name
 // is registered twice, or is one of the block's own directives (a
 // programming error, found at start).
 func Register(name string, spec Spec) {
-	regMu.Lock()
-	defer regMu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic(fmt.Sprintf("corefile: %q registered twice", name))
-	}
 	if _, own := directiveTable[name]; own {
 		panic(fmt.Sprintf("corefile: %q is a block's own directive", name))
 	}
 	if spec.Parse == nil {
 		panic(fmt.Sprintf("corefile: %q registered without Parse", name))
 	}
-	registry[name] = spec
+	specs.Register(name, spec)
 }
 
 // registered returns the spec of the directive name.
-func registered(name string) (Spec, bool) {
-	regMu.RLock()
-	defer regMu.RUnlock()
-	s, ok := registry[name]
-	return s, ok
-}
+func registered(name string) (Spec, bool) { return specs.Get(name) }
 
 // forms is what we support of the directive name, for errors.
 func forms(name string) string {
