@@ -14,6 +14,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Result is a resolved candidate, as the resolution package gives it.
@@ -193,7 +194,7 @@ func (a *Autopath) CandidateWire(name []byte, qtype uint16) bool {
 	for off := 0; off < len(name); {
 		rest := len(name) - off
 		if rest == len(zone) {
-			return labels >= 2 && equalFold(name[off:], zone)
+			return labels >= 2 && wire.EqualNameFold(name[off:], zone)
 		}
 		l := int(name[off])
 		if l == 0 || rest < len(zone) {
@@ -203,27 +204,6 @@ func (a *Autopath) CandidateWire(name []byte, qtype uint16) bool {
 		labels++
 	}
 	return false
-}
-
-// equalFold compares wire names ignoring ASCII case (length bytes are
-// below 64, so they never change under the folding).
-func equalFold(a, b []byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 type memoKey struct {

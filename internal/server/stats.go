@@ -211,13 +211,17 @@ var cdTimeBucketsNs = func() (b [len(CDTimeBuckets)]int64) {
 	return
 }()
 
-func cdTimeBucket(ns int64) int {
-	for i, le := range cdTimeBucketsNs {
-		if ns <= le {
+func cdTimeBucket(ns int64) int { return bucketOf(cdTimeBucketsNs[:], ns) }
+
+// bucketOf is the index of the first of bounds (increasing) at or above
+// v; len(bounds) is the +Inf bucket.
+func bucketOf[T int | int64](bounds []T, v T) int {
+	for i, le := range bounds {
+		if v <= le {
 			return i
 		}
 	}
-	return len(cdTimeBucketsNs)
+	return len(bounds)
 }
 
 // cdSizeBounds are CDSizeBuckets as ints (all whole numbers).
@@ -228,14 +232,7 @@ var cdSizeBounds = func() (b [len(CDSizeBuckets)]int) {
 	return
 }()
 
-func cdSizeBucket(n int) int {
-	for i, le := range cdSizeBounds {
-		if n <= le {
-			return i
-		}
-	}
-	return len(CDSizeBuckets)
-}
+func cdSizeBucket(n int) int { return bucketOf(cdSizeBounds[:], n) }
 
 // Cell layout of one (server, zone) block.
 const (
