@@ -284,7 +284,11 @@ func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.
 	if n, ok := ctx.Value(routeKey{}).(string); ok {
 		route = n
 	}
-	ans, err := next(ctx, route, q)
+	return unpacked(next(ctx, route, q))
+}
+
+// unpacked is the message of an exchange's answer.
+func unpacked(ans []byte, err error) (*dns.Msg, error) {
 	if err != nil {
 		return nil, err
 	}

@@ -80,15 +80,7 @@ func groupAsk(g *forward.Group) directive.Next {
 		if err != nil {
 			return nil, err
 		}
-		ans, err := g.Exchange(ctx, q)
-		if err != nil {
-			return nil, err
-		}
-		m := new(dns.Msg)
-		if err := m.Unpack(ans); err != nil {
-			return nil, err
-		}
-		return m, nil
+		return unpacked(g.Exchange(ctx, q))
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // ZonePolicy is the cache policy of the names of one Corefile block's zone
@@ -108,12 +109,11 @@ func cacheZones(srv []*corefile.Server, blocks []int, si int) []string {
 	if s.Cache == nil {
 		return nil
 	}
-	under := func(name, zone string) bool { return zone == "." || name == zone || strings.HasSuffix(name, "."+zone) }
 	var out []string
 	add := func(cz string, limit bool) {
 		own := -1 // length of si's longest zone holding cz
 		for _, z := range s.Zones {
-			if under(cz, z) && cz != z && (!limit || !s.Cache.Covers(z)) {
+			if zone.Holds(z, cz) && cz != z && (!limit || !s.Cache.Covers(z)) {
 				own = max(own, len(z))
 			}
 		}
@@ -122,7 +122,7 @@ func cacheZones(srv []*corefile.Server, blocks []int, si int) []string {
 		}
 		for _, b := range blocks {
 			for _, w := range srv[b].Zones {
-				if under(cz, w) && (cz == w || len(w) > own) {
+				if zone.Holds(w, cz) && (cz == w || len(w) > own) {
 					return // taken
 				}
 			}
@@ -149,7 +149,7 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 		zp.StaleRecheck = c.Cache.StaleRecheck
 		return zp, ""
 	}
-	cluster := z == c.ClusterDomain || strings.HasSuffix(z, "."+c.ClusterDomain)
+	cluster := zone.Holds(c.ClusterDomain, z)
 	pick := func(flag string, flagVal, v time.Duration) time.Duration {
 		if set[flag] {
 			return flagVal

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // Server is one server block, typed: what it listens on, which zones it
@@ -74,16 +76,11 @@ func (s *Server) ForwardAnswersAll() bool {
 		return false
 	}
 	for _, z := range s.Zones {
-		if !inZone(z, f.From) {
+		if !zone.Holds(f.From, z) {
 			return false
 		}
 	}
 	return true
-}
-
-// inZone reports whether the lower-case FQDN name is zone or under it.
-func inZone(name, zone string) bool {
-	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
 }
 
 // Plugin is one directive of a block as loaded.
@@ -164,7 +161,7 @@ type Cache struct {
 // name, or for a zone that is z or holds it.
 func (c *Cache) DisabledAt(z string) (success, denial bool) {
 	holds := func(zones []string) bool {
-		return slices.ContainsFunc(zones, func(d string) bool { return d == "." || z == d || strings.HasSuffix(z, "."+d) })
+		return zone.HoldsAny(zones, z)
 	}
 	return c.DisableSuccess || holds(c.DisableSuccessZones), c.DisableDenial || holds(c.DisableDenialZones)
 }
@@ -176,7 +173,7 @@ func (c *Cache) Covers(z string) bool {
 		return true
 	}
 	for _, cz := range c.Zones {
-		if cz == "." || cz == z || strings.HasSuffix(z, "."+cz) {
+		if zone.Holds(cz, z) {
 			return true
 		}
 	}

@@ -38,6 +38,18 @@ func HoldsAny(zones []string, name string) bool {
 	return false
 }
 
+// Longest returns the longest of zones holding name (lower-case FQDNs),
+// "" when none does.
+func Longest(zones []string, name string) string {
+	best := ""
+	for _, z := range zones {
+		if Holds(z, name) && len(z) > len(best) {
+			best = z
+		}
+	}
+	return best
+}
+
 // maxLabels is the most labels a wire name can have (255 bytes, each label
 // at least two).
 const maxLabels = 128
