@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 
 	"k8s.io/client-go/rest"
@@ -60,13 +59,7 @@ func (d *Daemon) startPodWatch() error {
 	d.Metrics.Registry.MustRegister(w.Collectors()...)
 	d.PodWatch = w
 	d.autopath.SetWatch(w)
-	ctx, cancel := context.WithCancel(context.Background())
-	d.stopPodWatch = cancel
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		w.Run(ctx)
-	}()
+	d.stopPodWatch = d.background(w.Run)
 	d.log.Info("-autopath: watching this node's pods; autopath answers once the watch is synced",
 		"node", d.cfg.Autopath.NodeName, "node_search", fmt.Sprint(node.Search))
 	return nil

@@ -276,13 +276,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 	}
 	if d.net != nil {
-		rctx, cancel := context.WithCancel(context.Background())
-		d.stopNet = cancel
-		d.bg.Add(1)
-		go func() {
-			defer d.bg.Done()
-			d.net.Run(rctx)
-		}()
+		d.stopNet = d.background(d.net.Run)
 	}
 	addr, err := d.serveHTTP()
 	if err != nil {
@@ -371,6 +365,18 @@ func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err e
 	}
 	d.reg = reg
 	return unlock, reg.Twins(), nil
+}
+
+// background runs run in a goroutine the daemon waits for at shutdown
+// (bg), until the returned cancel.
+func (d *Daemon) background(run func(ctx context.Context)) context.CancelFunc {
+	ctx, cancel := context.WithCancel(context.Background())
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		run(ctx)
+	}()
+	return cancel
 }
 
 // queryLog is the query log's logger, nil when -querylog is off.
