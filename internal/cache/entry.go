@@ -566,7 +566,11 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 	dst = append(dst, e.msg[:end]...)
 	out := dst[start:]
 	wire.SetID(out, q.ID)
-	flags := wire.Flags(out)&^(wire.FlagRD|wire.FlagAD) | q.Flags&wire.FlagRD | wire.FlagRA
+	// The header is the query's (ReplyFlags: opcode, RD, CD) and ours (RA:
+	// every name is resolved for the client; TC) with the stored rcode; the
+	// upstream's own bits are not passed on: an upstream that does not
+	// copy CD (Knot, NSD) or sets Z must not change what the client gets.
+	flags := q.ReplyFlags() | wire.FlagRA | wire.Flags(e.msg)&0xF
 	if q.DO || q.Flags&wire.FlagAD != 0 {
 		// RFC 6840 §5.8: AD only for clients that asked about DNSSEC.
 		flags |= wire.Flags(e.msg) & wire.FlagAD

@@ -36,6 +36,10 @@ type CorefileConfig struct {
 	// kube-dns ConfigMap's upstreamNameservers do not replace them (in
 	// node-cache they only fill __PILLAR__UPSTREAM__SERVERS__).
 	RootLiteral bool
+	// Skipped are the Corefile's entries skipped as the stock skips them
+	// (corefile.Skip): listed by -check-config, logged once and counted
+	// by the daemon.
+	Skipped []corefile.Skip
 	// Links are the further forwards of the blocks that have several
 	// (corefile.Server.MoreForwards), by block, in order: the groups the
 	// blocks' chains hand names and answers on to (internal/blocks).
@@ -93,7 +97,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 	}
 	cc := &CorefileConfig{Path: path, before: *c, stock: *s, set: set, localIP: localIP, env: env}
 	if st, err := os.Stat(s.basecorefile); err == nil && !st.IsDir() {
-		base, err := os.ReadFile(s.basecorefile)
+		base, err := corefile.ReadFile(s.basecorefile)
 		if err != nil {
 			return usage("-basecorefile: %v", err)
 		}
@@ -111,7 +115,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 			c.note("the rendered Corefile was not written to %s (%v); it runs from memory (node-cache logs the same and goes on)", path, err)
 		}
 	} else {
-		data, err := os.ReadFile(path)
+		data, err := corefile.ReadFile(path)
 		if err != nil {
 			return usage("-conf: %v (and no -basecorefile %s to render it from)", err, s.basecorefile)
 		}
@@ -124,6 +128,7 @@ func (c *Config) applyCorefile(s *stockFlags, set map[string]bool, localIP strin
 	if cc.Servers, err = corefile.Build(path, bs, corefile.Options{DefaultPort: c.Port, Interface: c.bindInterface}); err != nil {
 		return usage("%v", err)
 	}
+	cc.Skipped = corefile.Skips(cc.Servers)
 	c.DropIn.Corefile = cc
 	return c.mapCorefile(cc, set)
 }

@@ -254,16 +254,15 @@ func (m *mapping) forward(s *corefile.Server) error {
 			o := forwardOptions(f, c.MaxInflight)
 			c.DropIn.KubeForward = &o
 		}
-		for _, z := range s.Zones {
-			if z != "." && m.firstOf[z] == s && !slices.Contains(c.DropIn.KubeDNSZones, z) {
-				c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
-			}
-		}
+		root := c.addKubeZones(s, m.firstOf)
 		how := "pipelined TCP (force_tcp)"
 		if !f.ForceTCP {
 			how = "pipelined TCP (our kube-dns group always uses TCP: one connection carries many queries, no conntrack entry per query)"
 		}
 		m.mapped(s, "forward . %v: zones %v go to kube-dns %s over %s", upstreams(f), s.Zones, c.KubeDNS, how)
+		if root {
+			m.mapped(s, "forward . %v in the \".\" block: every name no other block forwards goes to kube-dns, as the stock's; the node's resolvers (-resolv-conf, upstreamNameservers) are not asked", upstreams(f))
+		}
 	case slices.Contains(s.Zones, ".") && m.firstOf["."] != s:
 		m.mapped(s, "forward . %v: the \".\" zone of another bind: this block's addresses forward there (a view of its own)", upstreams(f))
 	case slices.Contains(s.Zones, "."):
@@ -538,4 +537,18 @@ func upstreams(f *corefile.Forward) []string {
 		out[i] = u.String()
 	}
 	return out
+}
+
+// addKubeZones adds to the kube-dns zones those of block s (whose forward
+// targets kube-dns) that s is the first block for, "." too: kops'
+// forwardToKubeDNS, Gardener's disableForwardToUpstreamDNS and users send
+// every name to kube-dns (its rewrites and stub zones), as the stock does.
+// It reports whether "." is one of them.
+func (c *Config) addKubeZones(s *corefile.Server, firstOf map[string]*corefile.Server) (root bool) {
+	for _, z := range s.Zones {
+		if firstOf[z] == s && !slices.Contains(c.DropIn.KubeDNSZones, z) {
+			c.DropIn.KubeDNSZones = append(c.DropIn.KubeDNSZones, z)
+		}
+	}
+	return firstOf["."] == s && slices.Contains(s.Zones, ".")
 }

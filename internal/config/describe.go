@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
 )
@@ -29,10 +31,18 @@ func Describe(w io.Writer, c *Config) {
 	if c.LocalMode {
 		p("kube-dns:         none (local mode): every name goes to the node's resolvers")
 	} else {
-		p("kube-dns:         %s (from %s) over TCP, pool %d: %s, in-addr.arpa., ip6.arpa.", c.KubeDNS, c.KubeDNSSource, c.TCPPoolSize, c.ClusterDomain)
+		zones := c.ClusterDomain + " in-addr.arpa. ip6.arpa."
+		if c.DropIn.Corefile != nil {
+			zones = strings.Join(c.DropIn.KubeDNSZones, " ")
+		}
+		p("kube-dns:         %s (from %s) over TCP, pool %d: %s", c.KubeDNS, c.KubeDNSSource, c.TCPPoolSize, zones)
 		p("kube-dns pods:    %s", describeKubeDNSPods(c))
 	}
-	p("node resolvers:   %v (from %s)", c.Nameservers, c.ResolvConf)
+	if c.RootToKubeDNS() {
+		p("node resolvers:   none asked: the Corefile's \".\" block forwards every other name to kube-dns (%v from %s unused)", c.Nameservers, c.ResolvConf)
+	} else {
+		p("node resolvers:   %v (from %s)", c.Nameservers, c.ResolvConf)
+	}
 	if c.KubeDNSConfigMap == "" {
 		p("kube-dns cm:      off")
 	} else if k, _, err := c.LoadKubeDNSConfigMap(); err != nil {
@@ -101,4 +111,12 @@ func describeKubeDNSPods(c *Config) string {
 		return "the ClusterIP only: no API server credentials here (token not mounted, or not in a pod); in a pod with them: " + follow
 	}
 	return follow + " (live shares: nodelocaldns_upstream_request_duration_seconds_count{group=\"kube-dns\"} per upstream)"
+}
+
+// RootToKubeDNS reports whether the Corefile's "." block forwards to
+// kube-dns (kops' forwardToKubeDNS, Gardener's disableForwardToUpstreamDNS):
+// every name no other block forwards goes there, none to the node's
+// resolvers.
+func (c *Config) RootToKubeDNS() bool {
+	return c.DropIn.Corefile != nil && !c.LocalMode && slices.Contains(c.DropIn.KubeDNSZones, ".")
 }

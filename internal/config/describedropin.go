@@ -2,6 +2,8 @@ package config
 
 import (
 	"strings"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
 )
 
 // describeDropIn prints, for -check-config, the Corefile block by block:
@@ -55,6 +57,7 @@ func describeDropIn(p func(string, ...any), c *Config) {
 				}
 			}
 		}
+		describeSkipped(p, cc)
 		shown := map[string]bool{}
 		mapping := mappingByBlock(cc)
 		for _, s := range cc.Servers {
@@ -103,4 +106,30 @@ func mappingByBlock(cc *CorefileConfig) map[string][]string {
 		}
 	}
 	return out
+}
+
+// describeSkipped lists the Corefile's entries and its hosts files' lines
+// that are skipped as the stock skips them (so it starts, and so do we).
+func describeSkipped(p func(string, ...any), cc *CorefileConfig) {
+	for _, k := range cc.Skipped {
+		p("skipped:          %s", k)
+	}
+	files := map[string]bool{}
+	for _, s := range cc.Servers {
+		h, _ := s.Config("hosts").(*hosts.Config)
+		if h == nil || h.Path == "" || files[h.Path] {
+			continue
+		}
+		files[h.Path] = true
+		first, n, err := hosts.CheckFile(h.Path)
+		if err != nil {
+			p("hosts file:       %s: %v (the daemon serves the inline entries and reads it when it can)", h.Path, err)
+		}
+		for _, l := range first {
+			p("skipped:          %s:%d: hosts: %q skipped: %s (CoreDNS skips it too)", h.Path, l.Line, l.Text, l.Why)
+		}
+		if n > len(first) {
+			p("skipped:          %s: %d more lines skipped", h.Path, n-len(first))
+		}
+	}
 }

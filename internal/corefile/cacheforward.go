@@ -29,11 +29,10 @@ func setupCache(s *Server, d *Directive) error {
 			args = args[1:]
 		}
 	}
-	for _, a := range args {
-		z, err := normalizeZone(a.Text)
-		if err != nil {
-			return bad(d, "zone %q: %v", a.Text, err)
-		}
+	if len(args) > 0 {
+		c.Zones = []string{}
+	}
+	for _, z := range zoneList(s, d, args) {
 		if !slices.Contains(c.Zones, z) {
 			c.Zones = append(c.Zones, z)
 		}
@@ -59,7 +58,7 @@ func setupCache(s *Server, d *Directive) error {
 			}
 			c.PreferPositive = true
 		default:
-			if err := cacheOption(c, d, o); err != nil {
+			if err := cacheOption(s, c, d, o); err != nil {
 				return err
 			}
 		}
@@ -73,7 +72,7 @@ func setupCache(s *Server, d *Directive) error {
 
 // cacheOption reads one line of a cache block other than serve_stale and
 // serve_stale_policy into c.
-func cacheOption(c *Cache, d, o *Directive) error {
+func cacheOption(s *Server, c *Cache, d, o *Directive) error {
 	a := o.ArgStrings()
 	switch o.Name {
 	case "success", "denial":
@@ -138,11 +137,7 @@ func cacheOption(c *Cache, d, o *Directive) error {
 		}
 		var zones []string
 		all := len(a) == 1
-		for _, z := range a[1:] {
-			nz, err := normalizeZone(z)
-			if err != nil {
-				return badOpt(d, o, "invalid disabled zone: %v", err)
-			}
+		for _, nz := range zoneList(s, d, o.Args[1:]) {
 			all = all || nz == "."
 			if !slices.Contains(zones, nz) {
 				zones = append(zones, nz)
@@ -283,7 +278,7 @@ func setupForward(s *Server, d *Directive) error {
 		if o.HasBlock {
 			return badOpt(d, o, "%s takes no block", o.Name)
 		}
-		if err := forwardOption(f, d, o); err != nil {
+		if err := forwardOption(s, f, d, o); err != nil {
 			return err
 		}
 	}
@@ -315,7 +310,7 @@ func setupForward(s *Server, d *Directive) error {
 }
 
 // forwardOption reads one line of a forward block into f.
-func forwardOption(f *Forward, d, o *Directive) error {
+func forwardOption(s *Server, f *Forward, d, o *Directive) error {
 	a := o.ArgStrings()
 	switch o.Name {
 	case "tls", "tls_servername":
@@ -342,11 +337,7 @@ func forwardOption(f *Forward, d, o *Directive) error {
 		if len(a) == 0 {
 			return badOpt(d, o, "except takes at least one zone")
 		}
-		for _, z := range a {
-			nz, err := normalizeZone(z)
-			if err != nil {
-				return badOpt(d, o, "except: %v", err)
-			}
+		for _, nz := range zoneList(s, d, o.Args) {
 			if !slices.Contains(f.Except, nz) {
 				f.Except = append(f.Except, nz)
 			}

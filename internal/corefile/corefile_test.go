@@ -208,8 +208,6 @@ func TestImportGlobRelative(t *testing.T) {
 func TestUnsupportedOneLineErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"kubernetes cluster.local", ":2: directive kubernetes is not supported by nodelocaldns; supported: metadata, timeouts, reload, bufsize, bind, debug, trace, health, pprof, prometheus, errors, log, dnstap, dns64, loadbalance"},
-		{"hosts /etc {\n}", ":2: hosts: hosts file \"/etc\" is a directory"},
-		{"hosts {\n bogus a.example\n}", ":3: hosts: \"bogus a.example\" is not an option nor an entry"},
 		{"hosts {\n ttl 0\n}", ":3: hosts: ttl takes"},
 		{"hosts {\n fallthrough\n 10.0.0.1 a.example\n}", ":4: hosts: unknown property 10.0.0.1"},
 		{"hosts {\n fallthrough_unsupported\n}", ":2: hosts: fallthrough_unsupported requires fallthrough"},
@@ -229,7 +227,6 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"rewrite rcode a NXDOMAIN", ":2: rewrite: too few (2) arguments for a rcode rule"},
 		{"rewrite edns0 local set 0xffee {client_port}", ":2: rewrite: variable {client_port} is not supported"},
 		{"metadata {\n x\n}", ":3: metadata: option x is not supported"},
-		{"metadata a..b", ":2: metadata: \"a..b.\" is not a domain name"},
 		{"metadata\n log . \"{/forward/upstream}\"", ":3: log: the metadata label forward/upstream"},
 		{"rewrite edns0 subnet set 33 56", ":2: rewrite: invalid IPv4 bit mask length 33"},
 		{"rewrite cname bogus a b", ":2: rewrite: unknown cname rewrite type: bogus"},
@@ -247,7 +244,6 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 		{"cache {\n serve_stale_policy prefer_positive\n}", ":2: cache: serve_stale_policy requires serve_stale"},
 		{"cache {\n disable sometimes example.org\n}", ":3: cache: cache type for disable must be \"success\" or \"denial\""},
 		{"cache {\n disable\n}", ":3: cache: disable takes success or denial"},
-		{"cache {\n disable denial a..b\n}", ":3: cache: invalid disabled zone"},
 		{"health {\n  frob\n}", ":3: health: option frob is not supported"},
 		{"bind eth0", ":2: bind: \"eth0\" is not an IP address"},
 		{"log . {\n class denial frob\n}", ":3: log: class: invalid class \"frob\""},

@@ -218,11 +218,7 @@ func setupMetadata(s *Server, d *Directive) error {
 	if err := noBlock(d); err != nil {
 		return err
 	}
-	for _, a := range d.Args {
-		if _, err := normalizeZone(a.Text); err != nil {
-			return bad(d, "%v", err)
-		}
-	}
+	zoneList(s, d, d.Args) // checked, as CoreDNS's; the zones choose nothing here
 	s.Metadata = true
 	return nil
 }

@@ -28,17 +28,32 @@ type Token struct {
 // the line wherever it appears outside quotes (a token before it ends
 // there); a token starting with '"' runs to the next unescaped '"', may
 // span lines, and only `\"` is an escape (any other backslash is kept).
+// It stops at the first token past maxTokens, or past maxDepth '{' open
+// in this file (the parser checks the nesting across imports), so a
+// hostile file costs no more than that much memory.
 func lex(file string, data []byte) ([]Token, error) {
 	var toks []Token
 	line := 1
 	var val []byte
-	var start int
+	var start, depth int
 	inComment, quoted, escaped := false, false, false
+	var limit error
 	emit := func() {
-		toks = append(toks, Token{Text: string(val), Pos: Pos{File: file, Line: start}, endLine: line})
+		t := Token{Text: string(val), Pos: Pos{File: file, Line: start}, endLine: line}
+		toks = append(toks, t)
 		val = val[:0]
+		switch {
+		case len(toks) > maxTokens:
+			limit = errAt(t.Pos, "more than %d tokens", maxTokens)
+		case t.Text == "{":
+			if depth++; depth > maxDepth {
+				limit = errAt(t.Pos, "blocks nested more than %d deep (CoreDNS's directives nest two: a server block and a directive's options)", maxDepth)
+			}
+		case t.Text == "}":
+			depth--
+		}
 	}
-	for i := 0; i < len(data); {
+	for i := 0; i < len(data) && limit == nil; {
 		r, size := utf8.DecodeRune(data[i:])
 		i += size
 		if quoted {
@@ -90,11 +105,14 @@ func lex(file string, data []byte) ([]Token, error) {
 		}
 		val = utf8.AppendRune(val, r)
 	}
+	if limit != nil {
+		return nil, limit
+	}
 	if quoted {
 		return nil, errAt(Pos{File: file, Line: start}, "unterminated quoted string")
 	}
 	if len(val) > 0 {
 		emit()
 	}
-	return toks, nil
+	return toks, limit
 }

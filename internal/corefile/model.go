@@ -62,6 +62,9 @@ type Server struct {
 	// Plugins are the directives present, in CoreDNS's execution order
 	// (plugin.cfg), not the order of the lines.
 	Plugins []Plugin
+	// Skipped are the block's entries skipped as CoreDNS skips them
+	// (skip.go).
+	Skipped []Skip
 }
 
 // ForwardAnswersAll reports whether the block's forward answers every name
@@ -151,8 +154,9 @@ type Cache struct {
 	DisableDenialZones  []string
 	KeepTTL             bool
 	// Zones limits the cache to these zones (`cache [TTL] ZONE...`; nil:
-	// every name of the block, as without): the block's other names are
-	// not cached, as CoreDNS's cache passes them on.
+	// every name of the block, as without; empty: none, every zone
+	// written skipped): the block's other names are not cached, as
+	// CoreDNS's cache passes them on.
 	Zones []string
 }
 
@@ -167,9 +171,10 @@ func (c *Cache) DisabledAt(z string) (success, denial bool) {
 }
 
 // Covers reports whether the cache holds every name of the block zone z
-// (no zone limit, or a limit zone that is z or its ancestor).
+// (no zone limit, or a limit zone that is z or its ancestor). A limit of
+// no zone (every zone written was skipped: zoneList) covers none.
 func (c *Cache) Covers(z string) bool {
-	if len(c.Zones) == 0 {
+	if c.Zones == nil {
 		return true
 	}
 	for _, cz := range c.Zones {

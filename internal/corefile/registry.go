@@ -108,20 +108,13 @@ func NoBlock(d *Directive) error {
 func NormalizeZone(z string) (string, error) { return normalizeZone(z) }
 
 // ZonesOf returns args (option o's of directive d) as lower-case FQDNs,
-// or the block's zones when there are none.
+// or the block's zones when there are none; a zone that is no domain
+// name is skipped and recorded (zoneList).
 func ZonesOf(s *Server, d, o *Directive, args []Token) ([]string, error) {
 	if len(args) == 0 {
 		return append([]string(nil), s.Zones...), nil
 	}
-	var out []string
-	for _, a := range args {
-		z, err := normalizeZone(a.Text)
-		if err != nil {
-			return nil, BadOpt(d, o, "%v", err)
-		}
-		out = append(out, z)
-	}
-	return out, nil
+	return zoneList(s, d, args), nil
 }
 
 // FallthroughZones reads `fallthrough [ZONE...]`: "." without zones.

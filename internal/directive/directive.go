@@ -57,8 +57,9 @@ type Env struct {
 // same counters for the same labels, so a rebuilt handler counts on.
 type Metrics interface {
 	// Hosts: coredns_hosts_entries and
-	// coredns_hosts_reload_timestamp_seconds of file.
-	Hosts(file string) (entries, reloadUnix *atomic.Int64)
+	// coredns_hosts_reload_timestamp_seconds of file, and its lines
+	// skipped (nodelocaldns_config_skipped_entries).
+	Hosts(file string) (entries, reloadUnix, skipped *atomic.Int64)
 	// Template: coredns_template_matches_total,
 	// coredns_template_template_failures_total and
 	// coredns_template_rr_failures_total of (zone, class, type).

@@ -23,6 +23,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -80,6 +81,9 @@ type Stats struct {
 	// last read.
 	ReloadUnix atomic.Int64
 	Reloads    atomic.Uint64 // times the file was (re)read
+	// Skipped is the number of lines of the file, as last read, that
+	// CoreDNS skips and so do we (SkippedLine).
+	Skipped atomic.Int64
 }
 
 // entries is one parsed source.
@@ -87,7 +91,28 @@ type entries struct {
 	name4, name6, wild4, wild6 map[string][]netip.Addr
 	addr                       map[netip.Addr][]string
 	n                          int
+	// skipped counts the lines skipped (SkippedLine); the first
+	// maxSkippedKept of them are kept, to be logged.
+	skipped int
+	first   []SkippedLine
 }
+
+// SkippedLine is a line of a hosts file that CoreDNS skips, and so do we:
+// never silently (logged once with the file and line number when the file
+// is read, counted in nodelocaldns_config_skipped_entries, listed by
+// -check-config).
+type SkippedLine struct {
+	Line int
+	Text string // at most maxSkippedText bytes of it
+	Why  string
+}
+
+// What a read keeps of its skipped lines to log: a file of garbage must
+// neither flood the log nor grow memory.
+const (
+	maxSkippedKept = 10
+	maxSkippedText = 120
+)
 
 // Handler is one block's hosts.
 type Handler struct {
@@ -99,7 +124,7 @@ type Handler struct {
 
 	// Where Report asked the gauges to go too (internal/metrics'
 	// HostsCounters); nil when not.
-	entriesOut, reloadOut *atomic.Int64
+	entriesOut, reloadOut, skippedOut *atomic.Int64
 
 	mu        sync.RWMutex
 	file      *entries
@@ -166,15 +191,23 @@ func (h *Handler) readFile() {
 	h.Stats.Entries.Store(int64(h.file.n + h.inline.n))
 	h.Stats.ReloadUnix.Store(st.ModTime().Unix())
 	h.Stats.Reloads.Add(1)
+	h.Stats.Skipped.Store(int64(h.file.skipped))
 	h.publish()
+	// Once per content: the file is read again only when it changed.
+	for _, l := range h.file.first {
+		h.log.Warn("hosts file line skipped, as CoreDNS skips it", "file", h.cfg.Path, "line", l.Line, "text", l.Text, "why", l.Why)
+	}
+	if more := h.file.skipped - len(h.file.first); more > 0 {
+		h.log.Warn("hosts file: more lines skipped, as CoreDNS skips them", "file", h.cfg.Path, "more", more)
+	}
 }
 
 // Report makes the handler keep entries and reloadUnix (CoreDNS's
 // coredns_hosts_entries and coredns_hosts_reload_timestamp_seconds) as it
 // keeps Stats.Entries and Stats.ReloadUnix, from now on.
-func (h *Handler) Report(entries, reloadUnix *atomic.Int64) {
+func (h *Handler) Report(entries, reloadUnix, skipped *atomic.Int64) {
 	h.mu.Lock()
-	h.entriesOut, h.reloadOut = entries, reloadUnix
+	h.entriesOut, h.reloadOut, h.skippedOut = entries, reloadUnix, skipped
 	h.publish()
 	h.mu.Unlock()
 }
@@ -186,6 +219,9 @@ func (h *Handler) publish() {
 	}
 	if h.reloadOut != nil {
 		h.reloadOut.Store(h.Stats.ReloadUnix.Load())
+	}
+	if h.skippedOut != nil {
+		h.skippedOut.Store(h.Stats.Skipped.Load())
 	}
 }
 
@@ -202,32 +238,46 @@ func (h *Handler) maybeReload() {
 	}
 }
 
-// parse reads hosts-file lines: ADDRESS NAME..., # comments; a field
-// longer than maxFieldSize drops the line (an address) or the name.
+// parse reads hosts-file lines: ADDRESS NAME..., # comments. A line
+// CoreDNS skips (no address, or no name) is skipped and counted, as is a
+// field longer than maxFieldSize (our bound: the line for an address, the
+// name otherwise).
 func (h *Handler) parse(r io.Reader) *entries {
 	e := newEntries()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 4096), maxFileSize)
-	for sc.Scan() {
-		line := sc.Bytes()
+	for no := 1; sc.Scan(); no++ {
+		text := sc.Bytes()
+		line := text
 		if i := bytes.IndexByte(line, '#'); i >= 0 {
 			line = line[:i]
 		}
 		f := strings.Fields(string(line))
-		if len(f) < 2 || len(f[0]) > maxFieldSize {
+		if len(f) == 0 {
 			continue
 		}
+		why := ""
 		a := f[0]
 		if i := strings.IndexByte(a, '%'); i >= 0 {
 			a = a[:i]
 		}
 		ip, err := netip.ParseAddr(a)
-		if err != nil {
+		switch {
+		case len(f[0]) > maxFieldSize:
+			why = "an address field over 1024 bytes"
+		case err != nil:
+			why = "the first field is no address"
+		case len(f) < 2:
+			why = "an address without a name"
+		}
+		if why != "" {
+			e.skip(no, text, why)
 			continue
 		}
 		ip = ip.Unmap()
 		for _, n := range f[1:] {
 			if len(n) > maxFieldSize {
+				e.skip(no, text, "a name over 1024 bytes")
 				continue
 			}
 			name := strings.ToLower(dns.Fqdn(n))
@@ -253,6 +303,35 @@ func (h *Handler) parse(r io.Reader) *entries {
 		}
 	}
 	return e
+}
+
+// skip counts a skipped line and keeps the first ones.
+func (e *entries) skip(no int, text []byte, why string) {
+	e.skipped++
+	if len(e.first) < maxSkippedKept {
+		e.first = append(e.first, SkippedLine{Line: no, Text: string(text[:min(len(text), maxSkippedText)]), Why: why})
+	}
+}
+
+// CheckFile reads the hosts file at path as the hosts directive would and
+// returns the lines it skips (the first few) and how many there are, for
+// -check-config. A file that does not exist yet is no error (the
+// directive reads it when it appears).
+func CheckFile(path string) (first []SkippedLine, skipped int, err error) {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.IsDir() {
+		return nil, 0, fmt.Errorf("%s is not a regular file", path)
+	}
+	h := &Handler{cfg: Config{Zones: []string{"."}}}
+	e := h.parse(io.LimitReader(f, maxFileSize))
+	return e.first, e.skipped, nil
 }
 
 // lookup returns the addresses of name (v4 or v6), the file's first.

@@ -46,11 +46,12 @@ func TestServe(t *testing.T) {
 	}
 	clk := clock.NewFake(time.Unix(1e9, 0))
 	h := New(Config{Path: path, Zones: []string{"example."}, Inline: []string{"10.0.0.1 inline.example"}, TTL: 60, Reload: 5 * time.Second}, clk, nil)
-	var entries, reload atomic.Int64
-	h.Report(&entries, &reload)
-	// file: 2 names with PTRs, 1 wildcard; inline: 1 name with its PTR
-	if entries.Load() != 7 || reload.Load() == 0 {
-		t.Fatalf("entries %d reload %d", entries.Load(), reload.Load())
+	var entries, reload, skipped atomic.Int64
+	h.Report(&entries, &reload, &skipped)
+	// file: 2 names with PTRs, 1 wildcard; inline: 1 name with its PTR;
+	// "bogus x.example" skipped
+	if entries.Load() != 7 || reload.Load() == 0 || skipped.Load() != 1 {
+		t.Fatalf("entries %d reload %d skipped %d", entries.Load(), reload.Load(), skipped.Load())
 	}
 	for _, c := range []struct {
 		name  string

@@ -36,7 +36,9 @@ func parse(s *corefile.Server, d *corefile.Directive, _ any) (any, error) {
 		if st, err := os.Stat(c.Path); err != nil && !os.IsNotExist(err) {
 			return nil, corefile.Bad(d, "unable to access hosts file %q: %v", c.Path, err)
 		} else if err == nil && st.IsDir() {
-			return nil, corefile.Bad(d, "hosts file %q is a directory", c.Path)
+			// CoreDNS warns and serves the inline entries (and the file,
+			// should it become one): so do we, recorded.
+			s.SkipEntry(d, d.Args[0].Pos, c.Path, "a directory, not a hosts file: the inline entries are served")
 		}
 		// A file that does not exist yet is read when it appears (CoreDNS
 		// warns likewise); the daemon logs it.
@@ -93,15 +95,22 @@ func parseOption(s *corefile.Server, d, o *corefile.Directive, c *Config) error 
 			return corefile.BadOpt(d, o, "unknown property %s (entries come before fallthrough)", o.Name)
 		}
 		// An inline entry: ADDRESS NAME... CoreDNS skips a line whose
-		// address does not parse; we refuse it.
+		// address does not parse or that names no host, as /etc/hosts
+		// parsing does (a misspelt option too): skipped and recorded.
+		line := strings.Join(append([]string{o.Name}, a...), " ")
 		ip := o.Name
 		if i := strings.IndexByte(ip, '%'); i >= 0 {
 			ip = ip[:i]
 		}
-		if _, err := netip.ParseAddr(ip); err != nil || len(a) == 0 {
-			return corefile.BadOpt(d, o, "%q is not an option nor an entry ADDRESS NAME...", strings.Join(append([]string{o.Name}, a...), " "))
+		if _, err := netip.ParseAddr(ip); err != nil {
+			s.SkipEntry(d, o.Pos, line, "neither an option nor an entry ADDRESS NAME...: "+strconv.Quote(o.Name)+" is no address")
+			return nil
 		}
-		c.Inline = append(c.Inline, strings.Join(append([]string{o.Name}, a...), " "))
+		if len(a) == 0 {
+			s.SkipEntry(d, o.Pos, line, "an address without a name")
+			return nil
+		}
+		c.Inline = append(c.Inline, line)
 	}
 	return nil
 }

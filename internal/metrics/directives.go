@@ -19,6 +19,9 @@ type Directives struct {
 	hosts     []*HostsCounters
 	templates []*TemplateCounters
 	dns64     []*atomic.Uint64
+	// corefileSkipped: entries of the running Corefile skipped, by its
+	// path (skipped.go).
+	corefileSkipped map[string]int
 }
 
 // HostsCounters feed coredns_hosts_entries{hostsfile} and
@@ -27,6 +30,7 @@ type HostsCounters struct {
 	File       string       // the hostsfile label: the file's path ("" for inline entries only)
 	Entries    atomic.Int64 // entries of the file and the inline ones together
 	ReloadUnix atomic.Int64 // Unix time of the last (re)load of the file, in seconds
+	Skipped    atomic.Int64 // lines of the file as last read skipped, as CoreDNS skips them (skipped.go)
 }
 
 // TemplateCounters feed coredns_template_matches_total,

@@ -82,6 +82,7 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	r.MustRegister(buildInfo)
 	m.cd = newCDMetrics(r, version, revision)
 	m.Directives = &Directives{}
+	r.MustRegister(skippedCollector{m.Directives})
 
 	m.setupErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "setup_errors_total", Help: "Errors setting up or checking the node: interface, iptables, configmap, resolvconf.",

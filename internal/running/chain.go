@@ -126,9 +126,9 @@ func (d *State) prepareChain(n *config.Config) (*blocks.Chains, []string, error)
 // (directive.Metrics over metrics.Directives).
 type directiveMetrics struct{ m *metrics.Directives }
 
-func (dm directiveMetrics) Hosts(file string) (*atomic.Int64, *atomic.Int64) {
+func (dm directiveMetrics) Hosts(file string) (*atomic.Int64, *atomic.Int64, *atomic.Int64) {
 	hc := dm.m.Hosts(file)
-	return &hc.Entries, &hc.ReloadUnix
+	return &hc.Entries, &hc.ReloadUnix, &hc.Skipped
 }
 
 func (dm directiveMetrics) Template(zone, class, typ string) (func(), func(string, string), func(string, string)) {

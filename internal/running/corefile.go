@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
-	"os"
 	"reflect"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -28,6 +28,10 @@ import (
 // good configuration, logged once and counted as a "configmap" setup error
 // (as node-cache counts it).
 
+// freeAfterCorefile is the Corefile size past which a reload returns the
+// parse's garbage to the OS at once (a real Corefile is a few KiB).
+const freeAfterCorefile = 256 << 10
+
 // corefileState is the reloader's view of the Corefile.
 type corefileState struct {
 	seen      []byte // last content read of the watched file
@@ -41,6 +45,7 @@ type corefileState struct {
 	zonePolicies []config.ZonePolicy
 	rewriteErr   string                           // last failure to rewrite -conf logged
 	opts         map[string]config.ForwardOptions // by zone: the route's forward options
+	skipped      map[string]bool                  // the skipped entries logged (skipped.go)
 }
 
 func (d *State) corefile() *config.CorefileConfig { return d.cfg.DropIn.Corefile }
@@ -52,7 +57,8 @@ func (d *State) initCorefile() {
 		return
 	}
 	r := &d.reload
-	r.cf.seen, _ = os.ReadFile(cc.Source())
+	r.cf.seen, _ = corefile.ReadFile(cc.Source())
+	d.reportSkipped(cc)
 	r.cf.kubeZones = d.cfg.DropIn.KubeDNSZones
 	r.cf.zonePolicies = cc.ZonePolicies
 	r.cf.static, r.cf.servers, r.cf.tcp = map[string]staticRoute{}, map[string][]netip.AddrPort{}, map[string]bool{}
@@ -77,9 +83,16 @@ func (d *State) initCorefile() {
 func (d *State) readCorefile() bool {
 	cc := d.corefile()
 	r := &d.reload
-	data, err := os.ReadFile(cc.Source())
+	data, err := corefile.ReadFile(cc.Source()) // bounded: a huge file is refused, not read whole
 	if err == nil && bytes.Equal(data, r.cf.seen) {
 		return false
+	}
+	if len(data) > freeAfterCorefile {
+		// Parsing a large Corefile leaves its tokens and blocks behind as
+		// garbage (up to ~100 bytes of heap per byte of a hostile file):
+		// given back to the OS now, not kept resident until the runtime
+		// gets to it.
+		defer debug.FreeOSMemory()
 	}
 	var n *config.Config
 	if err == nil {
@@ -102,6 +115,7 @@ func (d *State) readCorefile() bool {
 		return false
 	}
 	r.cf.err = ""
+	d.reportSkipped(n.DropIn.Corefile)
 	return true // apply publishes the edit, with the routes, in one store
 }
 

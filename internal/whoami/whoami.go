@@ -20,17 +20,13 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-// headerFlags keeps of the query's flags word what a reply keeps (CoreDNS's
-// SetReply): the opcode, RD and CD.
-const headerFlags = 0x7800 | wire.FlagRD | wire.FlagCD
-
 // Append appends to dst the whoami answer to the query raw (parsed into q,
 // with a question) from client over TCP (tcp) or UDP. An OPT advertising
 // ednsSize, with the client's DO bit, ends it when the client sent one.
 // The owner names point at the question (the answer is at most 60 bytes
 // longer than it), so it fits any client's size.
 func Append(dst, raw []byte, q *wire.Query, client netip.AddrPort, tcp bool, ednsSize uint16) []byte {
-	flags := wire.FlagQR | wire.FlagAA | q.Flags&headerFlags // no RA, as CoreDNS's whoami
+	flags := q.ReplyFlags() | wire.FlagAA // the opcode, RD and CD; no RA, as CoreDNS's whoami
 	ar := uint16(2)
 	if q.EDNS {
 		ar++

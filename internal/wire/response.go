@@ -22,12 +22,33 @@ func AppendOPT(dst []byte, size uint16, do bool, rcode int) []byte {
 	)
 }
 
+// ReplyFlags is the header flags word every answer to q starts from: QR
+// set, and of the query's flags what a reply copies: the opcode (RFC 1035
+// §4.1.1), RD (RFC 1035 §4.1.1) and CD (RFC 4035 §3.2.2: a security-aware
+// server MUST copy it; RFC 6895 §2: only RD and CD are copied). AA, TC, RA,
+// Z and AD say something of the answer, never of the query: the writer of
+// the answer sets them (AppendError, the cache's entries, whoami).
+func (q *Query) ReplyFlags() uint16 {
+	return FlagQR | q.Flags&(opcodeMask<<opcodeShift|FlagRD|FlagCD)
+}
+
 // AppendError appends an answer to the query in raw (parsed into q) that
-// carries rcode and no records: the question is echoed when it was read, the
-// client's RD and CD bits are kept, and an OPT is added when the client sent
-// one (or when rcode is BADVERS, which only exists in an OPT).
+// carries rcode and no records: the question is echoed when it was read,
+// the header is ReplyFlags' with rcode, and an OPT is added when the
+// client sent one (or when rcode is BADVERS, which only exists in an OPT).
+//
+// RA is set on every error answer to a query we understood, and on none
+// to a message we could not read as one (FORMERR) or whose opcode we do not
+// implement (NOTIMP): recursion is offered for QUERY, and the stock
+// node-cache and Unbound leave it clear there too. AA, TC, Z and AD are
+// never set: an error answer holds no data, authoritative, authentic or
+// cut short (RFC 1035 §4.1.1, RFC 4035 §3.2.3), whatever the query's
+// header held.
 func AppendError(dst, raw []byte, q *Query, rcode int, ednsSize uint16) []byte {
-	flags := uint16(FlagQR|FlagRA) | uint16(q.Opcode)<<opcodeShift | q.Flags&(FlagRD|FlagCD) | uint16(rcode&rcodeMask)
+	flags := q.ReplyFlags() | uint16(rcode&rcodeMask)
+	if rcode != RcodeFormErr && rcode != RcodeNotImp {
+		flags |= FlagRA
+	}
 	qd := uint16(0)
 	if q.HasQ {
 		qd = 1

@@ -216,6 +216,25 @@ func corpusCases(t *testing.T) []corpusCase {
 			args:   []string{"-localip", "169.254.20.10,10.96.0.10", "-conf", "CONF", "-upstreamsvc", "kube-dns-upstream", "-health-port", "8099", "-setupiptables=false"},
 		},
 		{
+			// disableForwardToUpstreamDNS in iptables mode: "." forwards to
+			// the cluster DNS too, so coredns-custom's rewrites and stub
+			// zones apply to every name (routeProbe shows kube-dns answers
+			// it for both).
+			name:   "gardener-no-upstream-forward",
+			source: "gardener/gardener@bde2b1da pkg/component/networking/nodelocaldns/resources.go, nodelocaldns.go (upstreamDNSAddress with DisableForwardToUpstreamDNS; ClusterDNS __PILLAR__CLUSTER__DNS__ without IPVS: botanist/nodelocaldns.go)",
+			base:   gardenerCorefileFor("169.254.20.10 10.96.0.10", "__PILLAR__CLUSTER__DNS__", "__PILLAR__CLUSTER__DNS__"),
+			args:   []string{"-localip", "169.254.20.10,10.96.0.10", "-conf", "CONF", "-upstreamsvc", "kube-dns-upstream", "-health-port", "8099", "-setupiptables=false"},
+		},
+		{
+			// The same in IPVS mode: the link-local address alone, every
+			// forward to the kube-dns Service's address written out (the
+			// stand-in stands for the ClusterIP, as in k8s-reference-ipvs).
+			name:   "gardener-ipvs-no-upstream-forward",
+			source: "gardener/gardener@bde2b1da pkg/component/networking/nodelocaldns/resources.go, nodelocaldns.go (IPVS: bindIP and -localip the link-local address, ClusterDNS the Service's address)",
+			base:   gardenerCorefileFor("169.254.20.10", oracleKubeDNS, oracleKubeDNS),
+			args:   []string{"-localip", "169.254.20.10", "-conf", "CONF", "-upstreamsvc", "kube-dns-upstream", "-health-port", "8099", "-setupiptables=false"},
+		},
+		{
 			// Issue 29's report: the reference Corefile (bind the link-local
 			// address and the ClusterIP) with the LRP mode's arguments in a
 			// pod namespace. Neither starts: nothing creates the addresses
@@ -346,10 +365,19 @@ func lablabsCorefile(cilium bool) string {
 // address and the kube-dns ClusterIP (iptables mode), the cluster DNS as
 // __PILLAR__CLUSTER__DNS__ (the stand-in), force_tcp both ways.
 func gardenerCorefile() string {
-	bind := "bind 169.254.20.10 10.96.0.10"
-	fwd := "forward . __PILLAR__CLUSTER__DNS__ {\n            force_tcp\n    }"
+	return gardenerCorefileFor("169.254.20.10 10.96.0.10", "__PILLAR__CLUSTER__DNS__", "__PILLAR__UPSTREAM__SERVERS__")
+}
+
+// gardenerCorefileFor is Gardener's Corefile with its bindIP, its cluster
+// DNS (ClusterDNS: __PILLAR__CLUSTER__DNS__ in iptables mode, the kube-dns
+// Service's address in IPVS mode) and the "." block's target
+// (upstreamDNSAddress: __PILLAR__UPSTREAM__SERVERS__, or the cluster DNS
+// with disableForwardToUpstreamDNS).
+func gardenerCorefileFor(bind, clusterDNS, root string) string {
+	bind = "bind " + bind
+	fwd := "forward . " + clusterDNS + " {\n            force_tcp\n    }"
 	return "cluster.local:53 {\n    errors\n    cache {\n            success 9984 30\n            denial 9984 5\n    }\n    reload\n    loop\n    import custom/*.override\n    " + bind + "\n    " + fwd + "\n    prometheus :9253\n    health 169.254.20.10:8099\n    }\n" +
 		"in-addr.arpa:53 {\n    errors\n    cache 30\n    reload\n    loop\n    " + bind + "\n    " + fwd + "\n    prometheus :9253\n    }\n" +
 		"ip6.arpa:53 {\n    errors\n    cache 30\n    reload\n    loop\n    " + bind + "\n    " + fwd + "\n    prometheus :9253\n    }\n" +
-		".:53 {\n    errors\n    cache 30\n    reload\n    loop\n    import custom/*.override\n    " + bind + "\n    forward . __PILLAR__UPSTREAM__SERVERS__ {\n            force_tcp\n    }\n    prometheus :9253\n    }\n    import custom/*.server\n"
+		".:53 {\n    errors\n    cache 30\n    reload\n    loop\n    import custom/*.override\n    " + bind + "\n    forward . " + root + " {\n            force_tcp\n    }\n    prometheus :9253\n    }\n    import custom/*.server\n"
 }

@@ -188,6 +188,7 @@ var corpusQuestions = []corpusQ{
 	{"www.example.org.", dns.TypeA},
 	{"chain.example.org.", dns.TypeA},
 	{"nx.example.org.", dns.TypeA},
+	{routeProbe, dns.TypeTXT},
 }
 
 // run starts bin on c in a fresh namespace and reads what it does: whether

@@ -21,7 +21,7 @@ func TestCorefileExitCodes(t *testing.T) {
 	for _, tc := range []struct{ directive, want string }{
 		{"kubernetes cluster.local", ":3: directive kubernetes is not supported by nodelocaldns; supported: "},
 		{"template IN AAAA {\n    answer \"x. IN TXT {{ .Var.x }}\"\n  }", ":3: template: answer: \"x. IN TXT {{ .Var.x }}\" uses .Var"},
-		{"hosts {\n    bogus a.example\n  }", ":4: hosts: \"bogus a.example\" is not an option nor an entry ADDRESS NAME..."},
+		{"hosts {\n    ttl 0\n  }", ":4: hosts: ttl takes a number of seconds from 1 to 65535"},
 		{"forward . https://1.1.1.1", ":3: forward: TO \"https://1.1.1.1\": transport https:// is not supported (dns:// and tls:// only); supported: forward FROM TO..."},
 		{"forward . tls://1.1.1.1 {\n    tls /nonexistent/ca.pem\n  }", ":3: forward tls: open /nonexistent/ca.pem: no such file or directory"},
 		{"dnstap /tmp/dnstap.sock nofull", ":3: dnstap: the second argument is full or nothing, not \"nofull\""},

@@ -216,12 +216,27 @@ func corpusAnswer(r *dns.Msg) *dns.Msg {
 	return m
 }
 
-// corpusHandler answers as CoreDNS does: over TCP every name written out
-// in full; over UDP uncompressed when that fits the client's size (its
-// EDNS size, else 512), else compressed and, if still too large,
-// truncated (request.Scrub).
+// routeProbe is a name under "." whose TXT record names the stand-in asked
+// ("kube-dns" or "node"): where a daemon sends the names no other block
+// takes.
+const routeProbe = "upstream.example.org."
+
+// corpusHandler answers as CoreDNS does (routeProbe as said): over TCP
+// every name written out in full; over UDP uncompressed when that fits the
+// client's size (its EDNS size, else 512), else compressed and, if still
+// too large, truncated (request.Scrub).
 var corpusHandler = dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 	m := corpusAnswer(r)
+	if q := r.Question[0]; strings.EqualFold(q.Name, routeProbe) && q.Qtype == dns.TypeTXT {
+		// Which stand-in was asked: the node's resolver or kube-dns.
+		host, _, _ := net.SplitHostPort(w.LocalAddr().String())
+		role := map[string]string{oracleKubeDNS: "kube-dns", kubeDNSTwo: "kube-dns", kubeDNS6Upstream: "kube-dns", oracleNodeDNS: "node", nodeDNS6: "node"}[host]
+		if role == "" {
+			role = host
+		}
+		m.Rcode, m.Ns = dns.RcodeSuccess, nil
+		m.Answer = []dns.RR{&dns.TXT{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 300}, Txt: []string{role}}}
+	}
 	size := 0xFFFF
 	if w.LocalAddr().Network() == "udp" {
 		size = dns.MinMsgSize

@@ -158,6 +158,8 @@ func TestSyntaxParityWithCoreDNS(t *testing.T) {
 		{"several forwards apart", ".:PORT {\n  forward . UP {\n    next NXDOMAIN\n  }\n  cache 30\n  forward . UP\n}\n"},
 		{"tls and plain targets", ".:PORT {\n  forward . tls://127.0.0.1 UP dns://127.0.0.2 {\n    tls_servername dns.example\n  }\n}\n"},
 		{"serve_stale_policy no argument", ".:PORT {\n  cache {\n    serve_stale\n    serve_stale_policy\n  }\n  forward . UP\n}\n"},
+		{"hosts entries without an address or a name (skipped)", ".:PORT {\n  hosts {\n    10.0.0.1 a.example\n    not-an-ip b.example\n    10.0.0.2\n    fallthrough\n  }\n  forward . UP\n}\n"},
+		{"zones that are no domain name (skipped)", ".:PORT {\n  cache 30 a..b example.org {\n    disable denial x..y\n  }\n  forward . UP {\n    except a..b\n  }\n}\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var (
