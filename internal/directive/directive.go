@@ -6,10 +6,12 @@
 // A directive's package registers itself (Register, from an init
 // function); the daemon builds a block's chain as one loop over the block's
 // directives in plugin.cfg order, wrapping each registered one around the
-// rest. Adding a directive touches its own package, its parsing in
-// internal/corefile, and the one value corefile.Server.Config returns for
-// it. CoreDNS's plugin.Register is the model: a name and a setup function,
-// looked up by the name the Corefile uses.
+// rest. Adding a directive touches its own package (its parsing registered
+// with corefile.Register beside its runtime registered here) and one line
+// in internal/plugins. CoreDNS's plugin.Register is the model: a name and
+// a setup function, looked up by the name the Corefile uses. The
+// answer-side directives (log, dnstap, ...) register with internal/answer
+// instead.
 package directive
 
 import (

@@ -3,8 +3,10 @@
 // and a clock, a Resolver answers "give me the entry for this question"
 // with coalescing (one upstream query per question however many clients
 // ask), serve-stale (RFC 8767), a recheck interval after a failed refresh,
-// prefetch of popular entries and SERVFAIL caching, all under a per-name
-// Policy.
+// prefetch of popular entries and SERVFAIL caching, all under the Policy
+// of the question's Block (zones.go), which the server looks up once when
+// the query arrives and hands to Hit, Start and Resolve; the flight
+// carries it to the fetch.
 //
 // It is also the admission of misses: a bound on distinct questions being
 // fetched (flights) and on the clients waiting for one question. It knows

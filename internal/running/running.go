@@ -7,14 +7,17 @@
 // resolv.conf, the ConfigMap or the Corefile changes (reload.go,
 // corefile.go: an edit applies whole or not at all).
 //
-// It decides no name's fate on the hot path itself: a miss looks its block
-// up once in internal/blocks' table and the block carries the rest. It
+// It decides no name's fate on the hot path itself: a query's block is
+// looked up once, when it arrives, in its view's internal/blocks table
+// (the resolver's BlockFunc), and the block carries the rest. It
 // opens no listening socket (internal/server does, and is handed the
 // resolvers with Attach) and knows nothing of the node, twins or HTTP
 // (internal/daemon's lifecycle).
 //
 // One writer: New until the daemon starts, then the watch goroutine Start
-// runs; the serving loops read only the tables, through atomics.
+// runs; the serving loops read only the tables, through one pointer: a
+// reload publishes one snapshot (its views, routes and tables) in one
+// store (publish), so no query sees half of an edit.
 package running
 
 import (

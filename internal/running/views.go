@@ -19,14 +19,15 @@ import (
 // address answer otherwise than those seen from another, each view gets
 // its own resolver over the shared cache (the view index is part of the
 // cache key, wire.Query.View, so the byte budget and capacities stay one
-// bound for all), its own policy table, its own fetch chain and its own
-// groups for the zones it forwards elsewhere than the shared route table.
+// bound for all), its own block table (its blocks' policies, answer-side
+// chains, fetch chains and routes: blocks.View), and its own groups for
+// the zones it forwards elsewhere than the shared route table.
 // The server picks the resolver by the socket a query arrived on. With one
 // view (Views nil) none of this exists and the daemon runs as before.
 //
-// One resolver per view rather than a view argument through resolve:
-// resolve.PolicyFunc and FetchFunc stay per name, and the hit path is the
-// same code with one more byte in the key. Each view's resolver admits up
+// One resolver per view rather than a view argument through resolve: its
+// BlockFunc looks a name up in its own view's table, and the hit path is
+// the same code with one more byte in the key. Each view's resolver admits up
 // to -max-inflight distinct questions; the groups bound what reaches an
 // upstream.
 

@@ -4,11 +4,16 @@
 // they complete, admission (a bound on concurrent misses and on TCP
 // connections), EDNS, and truncation to the client's payload size.
 //
-// It knows nothing about upstreams or cache policy: a hit is the Resolver's
-// Hit, a miss its Start (one miss path for UDP and TCP, miss.go: no
+// It knows nothing about upstreams or cache policy: it looks a query's
+// block up once, right after parsing it (the Resolver's BlockFunc: a zone
+// table, a cost of the name's labels), and hands the block on; a hit is
+// the Resolver's Hit, a miss its Start (one miss path for UDP and TCP, miss.go: no
 // goroutine waits for it, the answer is written by whoever learns it) or,
 // for what Start leaves to a blocking path, its Resolve in a miss worker;
-// the server writes the entry it gets.
+// the server writes the entry it gets. Every answer, a hit's over UDP or
+// TCP or a miss's, then goes through its block's answer-side handlers
+// (answer.Chain: log, dnstap, trace, loadbalance, rewrite's ttl and rcode,
+// whoami) in one sequence (chain.go); the server imports none of them.
 //
 // Lifecycle (lifecycle.go): Files and Adopt hand the listening sockets to a
 // twin instance, so what is queued in them survives this server; Shutdown
