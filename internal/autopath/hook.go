@@ -90,16 +90,16 @@ func (h *Hook) Answer(ctx context.Context, src netip.Addr, qname string, qtype u
 // (-max-inflight) hold at most a few tens of MiB of unpacked answers.
 const maxCandidateUnpack = 4096
 
-// largeUnpacks bounds the large answers unpacked at once for the rare
-// pair whose second type's answer is large after the first decided.
-var largeUnpacks = make(chan struct{}, 4)
-
 // resolveCandidate resolves a candidate through the Resolver: the cache,
 // coalescing, admission and serve-stale of any miss, and what it fetches
 // is stored, so the client's follow-up queries (the CNAME's target) are
 // hits. The TTL is the smallest of the answer's records, or the denial's
 // negative TTL (the SOA's TTL, at most its MINIMUM: RFC 2308 §5).
 func resolveCandidate(res *resolve.Resolver, viewOf ViewOf, clk clock.Clock, udpSize uint16) Resolve {
+	// largeUnpacks bounds the large answers unpacked at once for the rare
+	// pair whose second type's answer is large after the first decided
+	// (the hook's own, not the process's).
+	largeUnpacks := make(chan struct{}, 4)
 	return func(ctx context.Context, name string, qtype uint16) (Result, error) {
 		qm := new(dns.Msg)
 		qm.SetQuestion(name, qtype)
