@@ -171,6 +171,11 @@ func (m *mapping) block(s *corefile.Server) error {
 	for _, l := range s.Describe() { // the registered directives: log, whoami, dnstap, trace, loadbalance, ...
 		m.mapped(s, "%s", l)
 	}
+	for _, d := range s.Dials() { // where they send: never to ourselves
+		if m.c.Ours(d.Addr) {
+			return usage("%s: %s: one of our own DNS listen sockets: %s (a loop)", s.Pos, d.What, d.Why)
+		}
+	}
 	for _, n := range s.Notes() {
 		m.c.note("%s", n)
 	}
@@ -510,15 +515,19 @@ var noopWhy = map[string]string{
 	"errors": "errors are logged once per state change and counted",
 	"reload": "the Corefile and ConfigMaps are watched",
 	"loop":   "a forward to one of our own addresses is refused at start",
-	"debug":  "panics are not recovered per query; logs are structured",
+	"debug":  "panics are always recovered per query (answered SERVFAIL, counted in nodelocaldns_panics_recovered_total, logged); logs are structured",
 }
 
 // resolve turns a forward's targets into addresses, reading resolv.conf
-// paths (our own addresses dropped, as for -resolv-conf).
+// paths (our own addresses dropped, as for -resolv-conf). A target that is
+// one of our own listen sockets is refused: forwarding there loops.
 func (c *Config) resolve(s *corefile.Server, f *corefile.Forward) ([]netip.AddrPort, error) {
 	var out []netip.AddrPort
 	for _, u := range f.To {
 		if u.ResolvConf == "" {
+			if c.Ours(u.Addr) {
+				return nil, usage("%s: forward %s %s: one of our own listen sockets: forwarding there loops back into us", s.Pos, f.From, u.Addr)
+			}
 			out = append(out, u.Addr)
 			continue
 		}

@@ -2,6 +2,7 @@ package corefile
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/registry"
@@ -52,6 +53,18 @@ type Spec struct {
 	// the fetch side (a template's .Remote, a rewrite of the client's
 	// subnet): the server then records it.
 	UsesClient func(cfg any) bool
+	// Dials lists the network addresses cfg sends to (a dnstap
+	// collector's): the daemon refuses one that is its own DNS listen
+	// socket, where what it sends would come back as queries.
+	Dials func(cfg any) []Dial
+}
+
+// Dial is an address a directive's configuration sends to (Spec.Dials).
+type Dial struct {
+	Addr netip.AddrPort
+	// What is the destination as written ("dnstap tcp://10.0.0.1:6000");
+	// Why what sending there would do were it one of our DNS sockets.
+	What, Why string
 }
 
 var specs = registry.New[Spec]("corefile")
@@ -157,15 +170,37 @@ func UsesClient(servers []*Server) bool {
 // (Spec.Describe), in plugin.cfg order.
 func (s *Server) Describe() []string {
 	var out []string
+	s.eachSpec(func(sp Spec, cfg any) {
+		if sp.Describe != nil {
+			out = append(out, sp.Describe(s, cfg)...)
+		}
+	})
+	return out
+}
+
+// eachSpec calls f with the Spec and configuration of each registered
+// directive of s, once, in plugin.cfg order.
+func (s *Server) eachSpec(f func(sp Spec, cfg any)) {
 	seen := map[string]bool{}
 	for _, p := range s.Plugins {
 		sp, ok := registered(p.Name)
-		if !ok || sp.Describe == nil || seen[p.Name] {
+		if !ok || seen[p.Name] {
 			continue
 		}
 		seen[p.Name] = true
-		out = append(out, sp.Describe(s, s.Directives[p.Name])...)
+		f(sp, s.Directives[p.Name])
 	}
+}
+
+// Dials are the addresses the block's registered directives send to
+// (Spec.Dials).
+func (s *Server) Dials() []Dial {
+	var out []Dial
+	s.eachSpec(func(sp Spec, cfg any) {
+		if sp.Dials != nil {
+			out = append(out, sp.Dials(cfg)...)
+		}
+	})
 	return out
 }
 
@@ -185,15 +220,11 @@ func FetchSideLines(s *Server, name, why string) []string {
 // know (Spec.Notes), in plugin.cfg order.
 func (s *Server) Notes() []string {
 	var out []string
-	seen := map[string]bool{}
-	for _, p := range s.Plugins {
-		sp, ok := registered(p.Name)
-		if !ok || sp.Notes == nil || seen[p.Name] {
-			continue
+	s.eachSpec(func(sp Spec, cfg any) {
+		if sp.Notes != nil {
+			out = append(out, sp.Notes(s, cfg)...)
 		}
-		seen[p.Name] = true
-		out = append(out, sp.Notes(s, s.Directives[p.Name])...)
-	}
+	})
 	return out
 }
 

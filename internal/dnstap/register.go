@@ -3,6 +3,7 @@ package dnstap
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -29,6 +30,7 @@ func init() {
 		MaxDistinct:  MaxTaps,
 		DistinctCost: "a queue, a connection and a goroutine",
 		Describe:     describe,
+		Dials:        dials,
 	})
 	answer.Register("dnstap", setup)
 }
@@ -129,6 +131,17 @@ func describe(_ *corefile.Server, cfg any) []string {
 			q = fmt.Sprintf("a queue of %d messages (QUEUE asks for %d: at most %d here, each slot allocated at start)", t.QueueLen(), asked, MaxQueueLen)
 		}
 		out = append(out, fmt.Sprintf("dnstap %s%s: CLIENT_QUERY and CLIENT_RESPONSE of every query this block answers (cache hits too), identity %q, version %q; %s and at most %d MiB waiting in all taps, dropped and counted when the collector is slow or gone", t.Endpoint(), full, t.Identity, t.Version, q, MaxQueueBytes>>20))
+	}
+	return out
+}
+
+// dials are the collectors the block's taps send to over the network.
+func dials(cfg any) []corefile.Dial {
+	var out []corefile.Dial
+	for _, t := range cfg.([]Config) {
+		if ap, err := netip.ParseAddrPort(t.Address); err == nil && t.Network != "unix" {
+			out = append(out, corefile.Dial{Addr: ap, What: "dnstap " + t.Endpoint(), Why: "its frames would come back to us as queries, tapped in turn"})
+		}
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"github.com/nodelocaldns/nodelocaldns/internal/answer"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 )
 
 // The one sequence every answer goes through before it is sent, whatever
@@ -43,11 +44,29 @@ func (s *Server) finish(r *request, out []byte, start int, own bool) []byte {
 // finishMiss is the sequence for a miss's answer (m.out, after TCP's
 // length), then hands it to its transport, which returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
+	s.decorate(m)
+	if m.tcp {
+		s.deliverTCP(m)
+	} else {
+		m.l.reply(m)
+	}
+}
+
+// decorate is finishMiss's sequence: the block's handlers, the counters,
+// the query log. A panic on the way answers m SERVFAIL, undecorated
+// (guard.go).
+func (s *Server) decorate(m *missReq) {
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			s.recoveredMiss(m)
+		}
+	}()
 	start := 0
 	if m.tcp {
 		start = 2
 	}
-	if m.blk != nil && m.blk.Answer != nil {
+	if m.blk != nil && m.blk.Answer != nil && !m.undecorated {
 		m.a.Source = m.source
 		m.out = m.blk.Answer.Answer(&m.a, m.out, start, m.blk.Answer.Len())
 	}
@@ -62,10 +81,5 @@ func (s *Server) finishMiss(m *missReq) {
 	}
 	if s.cfg.QueryLog != nil {
 		s.logQuery(m.client(), m.tcp, &m.q, resp, m.source, m.t0)
-	}
-	if m.tcp {
-		s.deliverTCP(m)
-	} else {
-		m.l.reply(m)
 	}
 }

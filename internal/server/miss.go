@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -46,6 +47,9 @@ type missReq struct {
 	// answer is our SERVFAIL, not the block's.
 	cdk    cdKey
 	cdSelf bool
+	// undecorated: the answer is a SERVFAIL after a recovered panic, which
+	// the block's handlers do not see (guard.go).
+	undecorated bool
 	// srv: the server, for Resolved; async: the answer is sent from the
 	// goroutine that read it from the upstream (Resolved), which must
 	// not yield before it sends (reply).
@@ -83,7 +87,7 @@ func newMiss(r *request) *missReq {
 	m.q.Rebase(m.raw)
 	m.tcp, m.t0 = r.tcp, r.t
 	m.res, m.blk = r.res, r.blk
-	m.cdk, m.cdSelf, m.async = r.k, false, false
+	m.cdk, m.cdSelf, m.async, m.undecorated = r.k, false, false, false
 	if r.cd.c == nil {
 		m.cdk = cdKey{zone: -1}
 	}
@@ -110,7 +114,21 @@ func newMiss(r *request) *missReq {
 // plain forward) goes to a miss worker. It reports whether it made a
 // goroutine runnable (a miss worker), which the UDP receive loop must
 // yield to (serveUDP). m is not the caller's any more.
-func (s *Server) startMiss(m *missReq) bool {
+func (s *Server) startMiss(m *missReq) (ready bool) {
+	// A panic before m is handed on (to the Resolver, a miss worker or
+	// finishMiss) answers it SERVFAIL here; after, m is not ours to answer.
+	handed, admitted := false, false
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			if !handed {
+				if admitted {
+					s.release(m.q.From)
+				}
+				s.finishMiss(s.recoveredMiss(m))
+			}
+		}
+	}()
 	if !m.q.From.IsValid() {
 		// Every miss knows its client: the shares of the waiting and the
 		// flight bounds are per client.
@@ -124,12 +142,15 @@ func (s *Server) startMiss(m *missReq) bool {
 	if !s.admit(m.q.From) {
 		m.source = answer.FromOverload
 		m.out = s.shed(m)
+		handed = true
 		s.finishMiss(m)
 		return false
 	}
+	admitted = true
 	if !s.isCandidate(&m.q) {
 		m.srv, m.async = s, true
 		s.missWG.Add(1)
+		handed = true // Start may call Resolved before it returns
 		e, how, err := m.res.Start(&m.q, m.blk, m)
 		switch how {
 		case resolve.Later:
@@ -141,6 +162,7 @@ func (s *Server) startMiss(m *missReq) bool {
 		m.async = false
 		s.missWG.Done()
 	}
+	handed = true
 	select {
 	case s.missQ <- m: // an idle miss worker took it
 	default:
@@ -165,9 +187,7 @@ func (s *Server) missWorker(m *missReq) {
 	defer s.missWG.Done()
 	var idle *time.Timer // real time: when to exit is not what tests observe
 	for {
-		if !s.answerAutopath(m) {
-			m.out = s.resolve(m)
-		}
+		s.resolveGuarded(m)
 		s.release(m.q.From)
 		s.finishMiss(m)
 		if idle == nil {
@@ -184,6 +204,38 @@ func (s *Server) missWorker(m *missReq) {
 			return
 		}
 	}
+}
+
+// resolveGuarded gives m its answer on a miss worker: autopath's, or the
+// Resolver's. A panic on the way answers it SERVFAIL.
+func (s *Server) resolveGuarded(m *missReq) {
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			s.recoveredMiss(m)
+		}
+	}()
+	if !s.answerAutopath(m) {
+		m.out = s.resolve(m)
+	}
+}
+
+// recoveredMiss makes m's answer SERVFAIL after a panic, replacing
+// whatever was appended for it, and returns m. The SERVFAIL goes
+// undecorated: what the block does may be what panicked.
+func (s *Server) recoveredMiss(m *missReq) *missReq {
+	m.out = m.out[:0]
+	if m.tcp {
+		m.out = append(m.out, 0, 0)
+	}
+	n := len(m.out)
+	m.out = appendServfail(m.out, m.raw, s.cfg.MaxUDPSize)
+	if len(m.out) > n {
+		m.cdSelf = true
+		s.stats.countRcode(wire.RcodeServFail)
+	}
+	m.source, m.undecorated = answer.FromUpstream, true
+	return m
 }
 
 // Resolved answers a miss taken by resolve.Resolver.Start, on the goroutine
@@ -214,7 +266,13 @@ func (s *Server) resolve(m *missReq) []byte {
 
 // written appends to m.out the answer the Resolver gave: the entry (stale
 // or not), or SERVFAIL for an error.
-func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) []byte {
+func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) (out []byte) {
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			out = s.recoveredMiss(m).out
+		}
+	}()
 	switch {
 	case err != nil:
 		m.source = answer.FromUpstream

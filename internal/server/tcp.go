@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 )
 
 // serveTCP accepts connections until Shutdown (which wakes Accept with a
@@ -203,6 +204,13 @@ func (s *Server) serveConn(tc *tcpConn) {
 	}()
 	r := bufio.NewReaderSize(c, 4096)
 	req := &request{tcp: true, st: &s.stats}
+	defer func() {
+		// What escapes the per-query guard (guard.go) closes the
+		// connection: its client asks again.
+		if p := recover(); p != nil {
+			panics.Recovered(panics.TCP, p, req.raw)
+		}
+	}()
 	// pend collects the answers given without an upstream (hits, errors)
 	// while more queries are already buffered: a client that pipelines
 	// gets them in one write(2) instead of one per query.
@@ -242,7 +250,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 		if s.askers.Load() {
 			req.from = tc.client
 		}
-		resp, v := s.answerLocal(req, append(pend, 0, 0))
+		resp, v := s.answerGuarded(req, append(pend, 0, 0))
 		switch v {
 		case dropped:
 			continue

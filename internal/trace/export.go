@@ -111,7 +111,7 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 		cfg:    cfg,
 		q:      make(chan Span, cfg.Backlog),
 		log:    log.With("endpoint", cfg.Endpoint, "type", cfg.Type),
-		client: &http.Client{Timeout: PostTimeout},
+		client: &http.Client{Timeout: PostTimeout, CheckRedirect: noRedirects},
 		stats:  &Stats{},
 	}
 	switch cfg.Type {
@@ -122,6 +122,11 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 	}
 	return e
 }
+
+// noRedirects keeps a collector's redirect from sending the spans (and
+// what a Datadog agent's headers carry) anywhere else: the 3xx is the
+// answer, a refusal like any other non-2xx (issue 41).
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 func (e *Exporter) enqueue(s Span) {
 	if e.stats.Waiting.Add(1) > MaxWaiting {

@@ -12,7 +12,8 @@
 #   deploy_nodelocaldns IMAGE [autopath]
 #                      deploy/daemonset.yaml rendered by docs/deploy.md's
 #                      iptables-mode sed into $work/nodelocaldns.yaml (with
-#                      autopath: its "- -autopath" line uncommented, as its
+#                      autopath: its "- -autopath" line uncommented and
+#                      deploy/autopath/rbac.yaml applied, as its
 #                      comment says; the manifest mounts the token it needs),
 #                      applied and rolled out
 #   innode CMD...      CMD in the node's network and mount namespaces
@@ -388,6 +389,10 @@ deploy_nodelocaldns() { # image [autopath]
 			grep -q '^ *automountServiceAccountToken: true$' "$work/nodelocaldns.yaml" ||
 			{ echo "$log_prefix: deploy/daemonset.yaml has no '# - -autopath' line, or does not mount the token (automountServiceAccountToken: true)" >&2; exit 1; }
 		sed -i -e 's/^\( *\)# - -autopath$/\1- -autopath/' "$work/nodelocaldns.yaml"
+		# Its grant to watch pods, applied with -autopath only.
+		k apply -f "$repo/deploy/autopath/rbac.yaml" >/dev/null
+	else
+		k delete --ignore-not-found -f "$repo/deploy/autopath/rbac.yaml" >/dev/null
 	fi
 	k apply -f "$work/nodelocaldns.yaml" >/dev/null
 	k -n kube-system rollout status ds/nodelocaldns --timeout=180s >/dev/null
