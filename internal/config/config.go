@@ -120,6 +120,10 @@ type Config struct {
 	// DropIn: the stock image's flags and the Corefile (stockflags.go,
 	// corefile.go).
 	DropIn DropIn
+
+	// Node: the node listener, where external names go, the node's
+	// readiness condition (node.go).
+	Node NodeConfig
 }
 
 // CacheConfig sizes the cache and caps lifetimes.
@@ -222,8 +226,10 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	registerStock(fs, c, &stock) // drop-in: the stock image's flags
 	// autopath (issue 15)
 	fs.BoolVar(&c.Autopath.Enabled, "autopath", false, "answer pods' search-path queries in one round trip (watches this node's pods through the API server; docs/autopath.md)")
-	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch (default $NODE_NAME)")
+	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch and -node-condition (default $NODE_NAME)")
 	fs.StringVar(&c.Autopath.NodeResolvConf, "autopath-node-resolv-conf", "", "the resolv.conf the kubelet gives pods (its --resolv-conf), for their search domains (default: -resolv-conf)")
+	var node nodeFlags
+	registerNode(fs, c, &node) // issue 40: node listener, external names, node status
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -377,8 +383,11 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.KubeDNSService = upstreamSvc
 		}
 	}
+	if err := c.finishNode(&node, set, stock.corefileMode(set)); err != nil {
+		return nil, err
+	}
 	if c.ResolvConf != "" {
-		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
+		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.OwnAddrs(), c.Port); err != nil {
 			return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
 		}
 	}
@@ -604,16 +613,16 @@ func (f pprofFlag) Set(v string) error {
 }
 
 // Sockets are the DNS listen sockets' addresses and ports: Listen, or
-// every LocalIPs on Port.
+// every LocalIPs on Port, then the node listener's addresses on Port.
 func (c *Config) Sockets() []netip.AddrPort {
 	if c.Listen != nil {
 		return c.Listen
 	}
-	out := make([]netip.AddrPort, len(c.LocalIPs))
+	out := make([]netip.AddrPort, len(c.LocalIPs), len(c.LocalIPs)+len(c.Node.Listen))
 	for i, a := range c.LocalIPs {
 		out[i] = netip.AddrPortFrom(a, uint16(c.Port))
 	}
-	return out
+	return append(out, c.NodeListenSockets()...) // the node listener's last (running: its view)
 }
 
 // ExtraPorts are the DNS ports besides Port that Sockets listen on, in

@@ -50,6 +50,7 @@ func Describe(w io.Writer, c *Config) {
 	} else {
 		p("kube-dns cm:      %s (watched): %s", c.KubeDNSConfigMap, k)
 	}
+	describeNode(p, c)
 	p("metrics:          http://%s/metrics (/health, /ready)", c.MetricsAddr)
 	if c.HealthAddr != "" {
 		p("health:           http://%s/health, /ready", c.HealthAddr)

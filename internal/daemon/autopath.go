@@ -11,7 +11,20 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
+
+// autopathOff is -autopath's hook for a server with a node listener
+// (-node-listen): its queries come from the node and dnsPolicy: Default
+// pods, whose search path is the node's, and are never autopath's.
+type autopathOff struct {
+	server.Autopath
+	view uint8 // the node listener's view
+}
+
+func (a *autopathOff) Candidate(q *wire.Query) bool {
+	return q.View != a.view && a.Autopath.Candidate(q)
+}
 
 // newAutopath builds -autopath's hook for the server around res
 // (autopath.Hook) and registers its metrics; nil when -autopath is off.

@@ -131,8 +131,13 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	var ap server.Autopath
+	var apOff *autopathOff
 	if d.autopath != nil {
 		ap = d.autopath // a nil *autopath.Hook would not be a nil interface
+		if len(cfg.Node.Listen) > 0 {
+			apOff = &autopathOff{Autopath: d.autopath}
+			ap = apOff
+		}
 	}
 	var sockAddrs []netip.Addr
 	var sockPorts []int
@@ -169,6 +174,9 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	if err := run.Attach(srv); err != nil {
 		run.Close()
 		return nil, err
+	}
+	if apOff != nil {
+		apOff.view, _ = run.NodeView() // known once the server has the views
 	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,

@@ -59,6 +59,8 @@ type reloader struct {
 	kube        *forward.Group // nil in local mode
 	node        *forward.Group
 	nodeServers []netip.AddrPort
+	host        *forward.Group // -node-listen's: node, or a group of its own (node.go)
+	hostServers []netip.AddrPort
 	stubs       map[string]stubGroup // by zone
 	static      []staticRoute        // the Corefile's zone routes (corefile.go)
 	cf          corefileState        // the Corefile as last applied (corefile.go)
@@ -191,7 +193,7 @@ func (d *State) reread() {
 // readResolvConf reports whether resolv.conf now lists other good servers.
 func (d *State) readResolvConf() bool {
 	r := &d.reload
-	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.LocalIPs, d.cfg.Port)
+	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.OwnAddrs(), d.cfg.Port)
 	if err != nil {
 		if err.Error() != r.resolvErr {
 			r.resolvErr = err.Error()
@@ -291,6 +293,11 @@ func (d *State) apply() error {
 		}
 		node = g
 	}
+	host, hostMade, hostOld, err := d.hostGroup(node, servers, r.resolv) // node.go: -node-listen's
+	if err != nil {
+		return fail(err)
+	}
+	created, retired = appendGroup(created, hostMade), appendGroup(retired, hostOld)
 	stubs := make(map[string]stubGroup, len(r.cm.StubDomains))
 	for _, zone := range r.cm.Zones() {
 		want := r.cm.StubDomains[zone]
@@ -316,7 +323,13 @@ func (d *State) apply() error {
 	}
 
 	routes := []forward.Route{{Zone: ".", Group: node}}
+	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil { // -external-upstream=kube-dns
+		routes[0].Group = r.kube
+	}
 	live := []*forward.Group{node}
+	if host != nil && host != node {
+		live = append(live, host)
+	}
 	if r.kube != nil {
 		live = append(live, r.kube)
 		zones := append([]string{d.cfg.ClusterDomain}, reverseZones...)
@@ -335,10 +348,17 @@ func (d *State) apply() error {
 		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})
 		live = append(live, stubs[zone].g)
 	}
+	nodeTable, err := d.compileNodeView(host)
+	if err != nil {
+		return fail(fmt.Errorf("the node listener's table: %w", err))
+	}
 	if err := d.recompile(routes); err != nil {
 		return fail(fmt.Errorf("block tables: %w", err))
 	}
-	r.node, r.nodeServers, r.stubs = node, servers, stubs
+	if nodeTable != nil {
+		d.nodeV.v.Store(nodeTable)
+	}
+	r.node, r.nodeServers, r.stubs, r.host, r.hostServers = node, servers, stubs, host, r.resolv
 	d.groups = live
 
 	dropped := d.dropZones(changedZones)
@@ -449,6 +469,14 @@ func (d *State) dropZones(zones []string) int {
 		}
 	}
 	return n
+}
+
+// appendGroup appends g unless it is nil.
+func appendGroup(list []*forward.Group, g *forward.Group) []*forward.Group {
+	if g == nil {
+		return list
+	}
+	return append(list, g)
 }
 
 func stubList(stubs map[string]stubGroup) []string {

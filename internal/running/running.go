@@ -89,6 +89,8 @@ type State struct {
 	views     *viewSet
 	viewChain atomic.Pointer[blocks.Chains]
 	res0      *resolve.Resolver
+	// nodeV is -node-listen's view (node.go); nil without it.
+	nodeV *nodeView
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
@@ -193,6 +195,9 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 	}
 	// Blocks seen from some addresses answer otherwise (views.go).
 	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.Sockets()); err != nil {
+		return nil, err
+	}
+	if err := d.newNodeView(); err != nil {
 		return nil, err
 	}
 	return d, nil

@@ -1,0 +1,141 @@
+package running
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+)
+
+// The node listener (-node-listen, issue 40) is a view of its own: the
+// sockets on its addresses (the last of cfg.Sockets) answer through a
+// resolver whose block table sends every name, the cluster domain too, to
+// the node's resolvers as resolv.conf lists them: the "host" group. It is
+// the "." group ("node") while that one asks resolv.conf's servers, and a
+// group of its own while the kube-dns ConfigMap's upstreamNameservers
+// replace them for the pods. Never kube-dns, never a stub domain: kube-dns
+// (CoreDNS, dnsPolicy: Default) forwards to the node's resolv.conf, which
+// may be this listener, and a listener that asked kube-dns would close
+// the loop. Its cache entries are apart from the pods' (the view index is
+// part of the key): the same name may be answered otherwise here.
+
+// nodeView is the node listener's view; nil without -node-listen.
+type nodeView struct {
+	v     atomic.Pointer[blocks.View]
+	res   *resolve.Resolver
+	index uint8 // its view index in the server
+}
+
+// hostGroup is the node listener's group for the routes apply builds:
+// node itself when it asks resolv.conf's servers (resolv), else a group of
+// its own for them, kept while they stay the same. It returns the group
+// made (to close on failure) and the one it replaces (to retire).
+func (d *State) hostGroup(node *forward.Group, servers, resolv []netip.AddrPort) (host, made, replaced *forward.Group, err error) {
+	r := &d.reload
+	if len(d.cfg.Node.Listen) == 0 {
+		return nil, nil, nil, nil
+	}
+	own := r.host != nil && r.host != r.node // the group apply last made for it
+	if slices.Equal(servers, resolv) {
+		if own {
+			replaced = r.host
+		}
+		return node, nil, replaced, nil
+	}
+	if own && slices.Equal(r.hostServers, resolv) {
+		return r.host, nil, nil, nil
+	}
+	g, err := d.udpGroup("host", resolv)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("the node listener's resolvers: %w", err)
+	}
+	if own {
+		replaced = r.host
+	}
+	return g, g, replaced, nil
+}
+
+// compileNodeView compiles the node listener's table over host (nil
+// before New has the shared policies, and without -node-listen).
+func (d *State) compileNodeView(host *forward.Group) (*blocks.View, error) {
+	if len(d.cfg.Node.Listen) == 0 || d.shared.Load() == nil {
+		return nil, nil
+	}
+	return blocks.CompileView(blocks.Sources{
+		Default: d.policyDefault, Policy: d.sharedPol.pol, PolicyZones: d.sharedPol.zones,
+		Shared: []forward.Route{{Zone: ".", Group: host}}, Metrics: d.metricZones,
+	})
+}
+
+// newNodeView makes the node listener's view and resolver (New, after the
+// shared view).
+func (d *State) newNodeView() error {
+	if len(d.cfg.Node.Listen) == 0 {
+		return nil
+	}
+	nv := &nodeView{}
+	v, err := d.compileNodeView(d.reload.host)
+	if err != nil {
+		return err
+	}
+	nv.v.Store(v)
+	nv.res, err = resolve.New(resolve.Config{
+		Cache:        d.Cache,
+		Fetch:        d.fetchIn(nv.v.Load),
+		Start:        d.startIn(nv.v.Load),
+		Policy:       func(name []byte) *resolve.Policy { return nv.v.Load().Policy(name) },
+		Clock:        d.clock,
+		FetchTimeout: d.cfg.ForwardTimeout,
+		UDPSize:      uint16(d.cfg.MaxUDPSize),
+		MaxFlights:   d.cfg.MaxInflight,
+		Logger:       d.log.With("component", "cache", "view", "node"),
+	})
+	if err != nil {
+		return err
+	}
+	d.nodeV = nv
+	return nil
+}
+
+// withNodeView adds the node listener's resolver to the server's views:
+// res and addr are the others' (addr nil: every address sees res[0]); the
+// node listener's addresses are the last of the sockets.
+func (d *State) withNodeView(res []*resolve.Resolver, addr []uint8) ([]*resolve.Resolver, []uint8) {
+	if d.nodeV == nil {
+		return res, addr
+	}
+	socks := d.cfg.Sockets()
+	if addr == nil {
+		addr = make([]uint8, len(socks))
+	} else {
+		addr = slices.Clone(addr)
+	}
+	d.nodeV.index = uint8(len(res))
+	for i := len(socks) - len(d.cfg.Node.Listen); i < len(socks); i++ {
+		addr[i] = d.nodeV.index
+	}
+	return append(slices.Clone(res), d.nodeV.res), addr
+}
+
+// NodeView is the server's view index of the node listener's queries, and
+// false without -node-listen (autopath leaves that view alone).
+func (d *State) NodeView() (uint8, bool) {
+	if d.nodeV == nil {
+		return 0, false
+	}
+	return d.nodeV.index, true
+}
+
+// NodeGroupFor is the group the node listener forwards name to now
+// (tests; nil without -node-listen).
+func (d *State) NodeGroupFor(name string) *forward.Group {
+	if d.nodeV == nil {
+		return nil
+	}
+	w, _ := wireName(name)
+	return d.nodeV.v.Load().Lookup(w).Group
+}
