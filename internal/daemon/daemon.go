@@ -44,6 +44,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/nodestatus"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/running"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
@@ -84,6 +85,11 @@ type Daemon struct {
 	KubeEndpoints *endpoints.Watch
 	kubeEP        *kubeEndpoints
 	stopKubeEP    context.CancelFunc
+
+	// The readiness on the Node (nodestatus.go): nil when off.
+	status     *nodestatus.Reporter
+	stopStatus context.CancelFunc
+	statusDone chan struct{}
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -247,6 +253,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			twins = t
 		}
 	}
+	d.startNodeStatus(len(twins) > 0) // nodestatus.go: not ready, unless a twin serves
 	if d.net != nil && d.cfg.SetupInterface {
 		if err := d.net.EnsureLink(ctx); err != nil {
 			return fmt.Errorf("set up interface: %w", err)
@@ -332,6 +339,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		d.log.Error("autopath off", "err", err)
 	}
 	d.ready.Store(true)
+	d.nodeStatusServing()
 	d.log.Info("serving",
 		"listen", joinAddrs(d.cfg.Sockets()),
 		"kube_dns", kubeDNSString(d.cfg),
@@ -463,6 +471,7 @@ const (
 func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	d.stopping.Store(true)
 	d.ready.Store(false)
+	d.nodeStatusStopping(lameDuck)
 	if lameDuck > 0 {
 		if t := d.handedTo.Load(); t != nil && d.reg != nil && d.reg.Alive(*t, false) {
 			d.log.Info("no lame duck: the twin holding our sockets serves them", "twin", *t)
@@ -522,6 +531,7 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	case <-ctx.Done():
 		d.log.Warn("a configuration reload did not stop in time; exiting without it")
 	}
+	d.stopNodeStatus(ctx)
 	return errors.Join(errs...)
 }
 

@@ -139,3 +139,18 @@ func (d *State) NodeGroupFor(name string) *forward.Group {
 	w, _ := wireName(name)
 	return d.nodeV.v.Load().Lookup(w).Group
 }
+
+// noteUnusedUpstreams logs, once per list, that the ConfigMap's
+// upstreamNameservers are not asked: -external-upstream=kube-dns sends
+// the pods' names to kube-dns, and the node listener asks resolv.conf's.
+func (d *State) noteUnusedUpstreams(source string, servers []netip.AddrPort) {
+	r := &d.reload
+	if source != "upstreamNameservers" {
+		r.unusedNoted = ""
+		return
+	}
+	if s := fmt.Sprint(servers); s != r.unusedNoted {
+		r.unusedNoted = s
+		d.log.Warn("the kube-dns ConfigMap's upstreamNameservers are not asked: -external-upstream=kube-dns sends every name to kube-dns (CoreDNS's own forward applies)", "upstreamNameservers", s)
+	}
+}

@@ -61,6 +61,7 @@ type reloader struct {
 	nodeServers []netip.AddrPort
 	host        *forward.Group // -node-listen's: node, or a group of its own (node.go)
 	hostServers []netip.AddrPort
+	unusedNoted string // the upstreamNameservers last logged as unused (node.go)
 	stubs       map[string]stubGroup // by zone
 	static      []staticRoute        // the Corefile's zone routes (corefile.go)
 	cf          corefileState        // the Corefile as last applied (corefile.go)
@@ -325,6 +326,7 @@ func (d *State) apply() error {
 	routes := []forward.Route{{Zone: ".", Group: node}}
 	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil { // -external-upstream=kube-dns
 		routes[0].Group = r.kube
+		d.noteUnusedUpstreams(source, servers)
 	}
 	live := []*forward.Group{node}
 	if host != nil && host != node {
