@@ -61,7 +61,7 @@ type reloader struct {
 	nodeServers []netip.AddrPort
 	host        *forward.Group // -node-listen's: node, or a group of its own (node.go)
 	hostServers []netip.AddrPort
-	unusedNoted string // the upstreamNameservers last logged as unused (node.go)
+	unusedNoted string               // the upstreamNameservers last logged as unused (node.go)
 	stubs       map[string]stubGroup // by zone
 	static      []staticRoute        // the Corefile's zone routes (corefile.go)
 	cf          corefileState        // the Corefile as last applied (corefile.go)
