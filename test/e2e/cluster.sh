@@ -85,7 +85,7 @@ need=()
 [ "$proxy_mode" = nftables ] && { command -v nft >/dev/null || need+=(nftables); }
 for tool in etcd:etcd-server containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins \
 	buildah:buildah debootstrap:debootstrap iptables:iptables conntrack:conntrack openssl:openssl \
-	curl:curl dig:dnsutils; do
+	curl:curl dig:dnsutils dbus-daemon:dbus-daemon; do
 	p=${tool%%:*}
 	if [[ $p == /* ]]; then [ -e "$p" ] || need+=("${tool#*:}"); else command -v "$p" >/dev/null || need+=("${tool#*:}"); fi
 done
@@ -327,6 +327,11 @@ serializeImagePulls: false
 # ConfigMap volumes are updated on the pod's sync: 10 s instead of 1 min, so
 # the stub-domain test waits less. The only timing change.
 syncFrequency: 10s
+# Graceful node shutdown as docs/deploy.md recommends it: 30 s for the
+# node's pods, then 20 s for the critical ones (nodelocaldns is
+# system-node-critical). Its logind is test/e2e/logind (node.sh).
+shutdownGracePeriod: 50s
+shutdownGracePeriodCriticalPods: 20s
 EOC
 cat >"$work/kube-proxy.yaml" <<EOC
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
