@@ -142,7 +142,6 @@ func TestNodeReadinessManifests(t *testing.T) {
 	}
 }
 
-
 // TestDeployNodeFlagsTurnedOn: the manifest's commented -external-upstream
 // and -node-condition lines, uncommented, give a manifest that passes
 // every check and a configuration with both on, for this node's name.
