@@ -9,11 +9,12 @@
 #                      $work/images/*.tar imported, kubelet, kube-proxy) and
 #                      kube-dns; sets $kubedns. The caller puts the images in
 #                      $work/images first.
-#   deploy_nodelocaldns IMAGE [autopath]
+#   deploy_nodelocaldns IMAGE [autopath|kube-dns]
 #                      deploy/daemonset.yaml rendered by docs/deploy.md's
 #                      iptables-mode sed into $work/nodelocaldns.yaml (with
 #                      autopath: its "- -autopath" line uncommented, as its
-#                      comment says; the manifest mounts the token it needs),
+#                      comment says; the manifest mounts the token it needs;
+#                      with kube-dns: its "- -external-upstream=kube-dns"),
 #                      applied and rolled out
 #   innode CMD...      CMD in the node's network and mount namespaces
 #   k ARGS...          kubectl in the node
@@ -168,7 +169,9 @@ fi
 
 # The stand-in upstream: the node's only resolver. external.e2e.example is
 # the "external name"; stub.e2e.example is served only at $stub_ip, which
-# the stub-domain test adds to the kube-dns ConfigMap.
+# the stub-domain test adds to the kube-dns ConfigMap; 8.8.8.8's PTR
+# (dns.google.) is what the internet's DNS answers and the conformance
+# suite's PTR spec asks first (docs/conformance.md).
 mkdir -p "$work/up" "$work/logs"
 cat >"$work/up/Corefile" <<EOC
 e2e.example:53 {
@@ -181,6 +184,12 @@ stub.e2e.example:53 {
     bind $stub_ip
     hosts {
         192.0.2.53 www.stub.e2e.example
+    }
+}
+8.8.8.8.in-addr.arpa:53 {
+    bind $up_ip
+    hosts {
+        8.8.8.8 dns.google
     }
 }
 .:53 {
@@ -385,6 +394,12 @@ deploy_nodelocaldns() { # image [autopath]
 	[ -n "$sedline" ] || { echo "$log_prefix: no iptables-mode sed block in docs/deploy.md" >&2; exit 1; }
 	(cd "$work" && localdns=$localdns kubedns=$kubedns domain=$domain image=$image \
 		repo=$repo bash -euc "cd \"\$repo\"; ${sedline//> nodelocaldns.yaml/> \"$work/nodelocaldns.yaml\"}")
+	if [ "$mode" = kube-dns ]; then
+		# The manifest's own line for it (docs/deploy.md, "Every name to kube-dns").
+		grep -q '^ *# - -external-upstream=kube-dns$' "$work/nodelocaldns.yaml" ||
+			{ echo "$log_prefix: deploy/daemonset.yaml has no '# - -external-upstream=kube-dns' line" >&2; exit 1; }
+		sed -i -e 's/^\( *\)# - -external-upstream=kube-dns$/\1- -external-upstream=kube-dns/' "$work/nodelocaldns.yaml"
+	fi
 	if [ "$mode" = autopath ]; then
 		# The manifest's own instruction: uncomment -autopath. Its pod
 		# watch needs the service account token, which the manifest mounts
