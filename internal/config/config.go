@@ -228,8 +228,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.Autopath.Enabled, "autopath", false, "answer pods' search-path queries in one round trip (watches this node's pods through the API server; docs/autopath.md)")
 	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch and -node-condition (default $NODE_NAME)")
 	fs.StringVar(&c.Autopath.NodeResolvConf, "autopath-node-resolv-conf", "", "the resolv.conf the kubelet gives pods (its --resolv-conf), for their search domains (default: -resolv-conf)")
-	var node nodeFlags
-	registerNode(fs, c, &node) // issue 40: node listener, external names, node status
+	node := registerNode(fs, c) // issue 40: node listener, external names, node status
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -383,7 +382,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.KubeDNSService = upstreamSvc
 		}
 	}
-	if err := c.finishNode(&node, set, stock.corefileMode(set)); err != nil {
+	if err := c.finishNode(node, set, stock.corefileMode(set)); err != nil {
 		return nil, err
 	}
 	if c.ResolvConf != "" {

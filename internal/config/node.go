@@ -59,13 +59,16 @@ type nodeFlags struct {
 	listen, external string
 }
 
-// registerNode registers the node's flags (issue 40).
-func registerNode(fs *flag.FlagSet, c *Config, n *nodeFlags) {
+// registerNode registers the node's flags (issue 40); finishNode checks
+// them.
+func registerNode(fs *flag.FlagSet, c *Config) *nodeFlags {
+	n := &nodeFlags{}
 	fs.StringVar(&n.listen, nodeListenFlag, "", "comma-separated addresses of a second listener for the node itself (its resolv.conf, systemd-resolved, dnsPolicy: Default pods): the node's resolvers, cached apart, never kube-dns; put on the interface and in the rules like -localip")
 	fs.StringVar(&n.external, externalFlag, ExternalNode, "where the pods' names outside the cluster domain go: node (the node's resolvers, or upstreamNameservers) or kube-dns (every name, so CoreDNS's own configuration applies to every pod)")
 	fs.StringVar(&c.Node.Condition, conditionFlag, "", "node condition type kept True on this node while the cache answers through every listen address, False from SIGTERM and while unhealthy (e.g. nodelocaldns.io/DNSReady; needs deploy/node-readiness/rbac.yaml); \"\": off")
 	fs.StringVar(&c.Node.Label, readyLabelFlag, "", "node label kept \"true\" on this node while the cache answers, removed otherwise (GKE's addon.gke.io/node-local-dns-ds-ready; needs deploy/node-readiness/rbac.yaml); \"\": off")
 	fs.StringVar(&c.Node.StatusAs, statusAsFlag, StatusAsNode, "who writes -node-condition and -node-ready-label: node (the node itself, by constrained impersonation: its own Node only, Kubernetes 1.36+) or serviceaccount (the pod's account: any Node)")
+	return n
 }
 
 // qualifiedName is a Kubernetes qualified name: an optional DNS subdomain

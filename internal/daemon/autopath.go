@@ -14,6 +14,19 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
+// serverAutopath is the server's Autopath: nil when -autopath is off (a
+// nil *autopath.Hook would not be a nil interface); with a node listener,
+// the hook that declines its view.
+func (d *Daemon) serverAutopath() server.Autopath {
+	if d.autopath == nil {
+		return nil
+	}
+	if v, ok := d.run.NodeView(); ok {
+		return &autopathOff{Autopath: d.autopath, view: v}
+	}
+	return d.autopath
+}
+
 // autopathOff is -autopath's hook for a server with a node listener
 // (-node-listen): its queries come from the node and dnsPolicy: Default
 // pods, whose search path is the node's, and are never autopath's.

@@ -136,15 +136,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		run.Close()
 		return nil, err
 	}
-	var ap server.Autopath
-	var apOff *autopathOff
-	if d.autopath != nil {
-		ap = d.autopath // a nil *autopath.Hook would not be a nil interface
-		if len(cfg.Node.Listen) > 0 {
-			apOff = &autopathOff{Autopath: d.autopath}
-			ap = apOff
-		}
-	}
+	ap := d.serverAutopath()
 	var sockAddrs []netip.Addr
 	var sockPorts []int
 	for _, ap := range cfg.Sockets() {
@@ -180,9 +172,6 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	if err := run.Attach(srv); err != nil {
 		run.Close()
 		return nil, err
-	}
-	if apOff != nil {
-		apOff.view, _ = run.NodeView() // known once the server has the views
 	}
 	d.Metrics.CoreDNS(metrics.CoreDNSConfig{
 		Blocks: cdBlocks, Servers: srv.CDServers, Snapshot: srv.CDSnapshot,

@@ -80,8 +80,9 @@ func (d *Daemon) nodeStatusServing() {
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := d.stopStatus
 	d.stopStatus = func() { cancel(); stop() }
+	every := statusCheckEvery
 	go func() {
-		t := time.NewTicker(statusCheckEvery)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {

@@ -65,7 +65,7 @@ func TestNodeConditionFollowsTheLifecycle(t *testing.T) {
 	}, nil)
 	token := s.PodToken("kube-system", "nodelocaldns", "nodelocaldns-n1")
 	const typ = "nodelocaldns.io/DNSReady"
-	s.MustDo(http.MethodPatch, "/api/v1/nodes/n1/status", []byte(`{"status":{"conditions":[{"type":"`+typ+`","status":"True","reason":"Serving"}]}}`), nil)
+	s.MustDo(http.MethodPatch, "/api/v1/nodes/n1/status", []byte(`{"status":{"conditions":[{"type":"`+typ+`","status":"True","reason":"LeftByAKilledInstance"}]}}`), nil)
 
 	defer func(d time.Duration) { statusCheckEvery = d }(statusCheckEvery)
 	statusCheckEvery = 200 * time.Millisecond

@@ -27,7 +27,7 @@ import (
 type nodeView struct {
 	v     atomic.Pointer[blocks.View]
 	res   *resolve.Resolver
-	index uint8 // its view index in the server
+	index uint8 // its view index in the server, after the other views
 }
 
 // hostGroup is the node listener's group for the routes apply builds:
@@ -77,7 +77,9 @@ func (d *State) newNodeView() error {
 	if len(d.cfg.Node.Listen) == 0 {
 		return nil
 	}
-	nv := &nodeView{}
+	// The views are fixed in flags mode (-node-listen needs it): the
+	// shared one, or the Corefile's; the node listener's comes after.
+	nv := &nodeView{index: uint8(max(1, len(d.views.res)))}
 	v, err := d.compileNodeView(d.reload.host)
 	if err != nil {
 		return err
@@ -104,9 +106,12 @@ func (d *State) newNodeView() error {
 // withNodeView adds the node listener's resolver to the server's views:
 // res and addr are the others' (addr nil: every address sees res[0]); the
 // node listener's addresses are the last of the sockets.
-func (d *State) withNodeView(res []*resolve.Resolver, addr []uint8) ([]*resolve.Resolver, []uint8) {
+func (d *State) withNodeView(res []*resolve.Resolver, addr []uint8) ([]*resolve.Resolver, []uint8, error) {
 	if d.nodeV == nil {
-		return res, addr
+		return res, addr, nil
+	}
+	if int(d.nodeV.index) != len(res) { // the views are fixed in flags mode
+		return nil, nil, fmt.Errorf("the node listener's view is number %d, the server has %d others", d.nodeV.index, len(res))
 	}
 	socks := d.cfg.Sockets()
 	if addr == nil {
@@ -114,11 +119,10 @@ func (d *State) withNodeView(res []*resolve.Resolver, addr []uint8) ([]*resolve.
 	} else {
 		addr = slices.Clone(addr)
 	}
-	d.nodeV.index = uint8(len(res))
 	for i := len(socks) - len(d.cfg.Node.Listen); i < len(socks); i++ {
 		addr[i] = d.nodeV.index
 	}
-	return append(slices.Clone(res), d.nodeV.res), addr
+	return append(slices.Clone(res), d.nodeV.res), addr, nil
 }
 
 // NodeView is the server's view index of the node listener's queries, and

@@ -323,12 +323,38 @@ func (d *State) apply() error {
 		}
 	}
 
-	routes := []forward.Route{{Zone: ".", Group: node}}
 	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil { // -external-upstream=kube-dns
-		routes[0].Group = r.kube
 		d.noteUnusedUpstreams(source, servers)
 	}
-	live := []*forward.Group{node}
+	routes, live := d.routeTable(node, host, stubs)
+	if err := d.recompileWithNode(routes, host); err != nil {
+		return fail(err)
+	}
+	r.node, r.nodeServers, r.stubs, r.host, r.hostServers = node, servers, stubs, host, r.resolv
+	d.groups = live
+
+	dropped := d.dropZones(changedZones)
+	if len(retired) > 0 || len(changedZones) > 0 {
+		d.retire(retired, changedZones)
+	}
+	if len(created) > 0 || len(retired) > 0 {
+		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
+			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
+	}
+	return nil
+}
+
+// routeTable is the shared route table over the groups apply chose: "."
+// (the node's resolvers, or kube-dns with -external-upstream=kube-dns),
+// kube-dns' zones, the Corefile's zone routes and the stub domains; and
+// the groups live with it.
+func (d *State) routeTable(node, host *forward.Group, stubs map[string]stubGroup) (routes []forward.Route, live []*forward.Group) {
+	r := &d.reload
+	routes = []forward.Route{{Zone: ".", Group: node}}
+	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil {
+		routes[0].Group = r.kube
+	}
+	live = []*forward.Group{node}
 	if host != nil && host != node {
 		live = append(live, host)
 	}
@@ -350,26 +376,21 @@ func (d *State) apply() error {
 		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})
 		live = append(live, stubs[zone].g)
 	}
+	return routes, live
+}
+
+// recompileWithNode is recompile, and the node listener's table over host
+// (node.go) swapped with the others.
+func (d *State) recompileWithNode(routes []forward.Route, host *forward.Group) error {
 	nodeTable, err := d.compileNodeView(host)
 	if err != nil {
-		return fail(fmt.Errorf("the node listener's table: %w", err))
+		return fmt.Errorf("the node listener's table: %w", err)
 	}
 	if err := d.recompile(routes); err != nil {
-		return fail(fmt.Errorf("block tables: %w", err))
+		return fmt.Errorf("block tables: %w", err)
 	}
 	if nodeTable != nil {
 		d.nodeV.v.Store(nodeTable)
-	}
-	r.node, r.nodeServers, r.stubs, r.host, r.hostServers = node, servers, stubs, host, r.resolv
-	d.groups = live
-
-	dropped := d.dropZones(changedZones)
-	if len(retired) > 0 || len(changedZones) > 0 {
-		d.retire(retired, changedZones)
-	}
-	if len(created) > 0 || len(retired) > 0 {
-		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
-			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
 	}
 	return nil
 }
