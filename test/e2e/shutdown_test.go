@@ -215,6 +215,13 @@ func recoverNode(t *testing.T, logind int) {
 	_, _ = kubectl("delete", "pod", "shutdown-app", "--wait=false")
 	n := theNode(t).Metadata.Name
 	mustKubectl(t, "wait", "--for=condition=Ready", "node/"+n, "--timeout=120s")
+	// While the node shut down, the DaemonSet controller made a pod again
+	// and again, each refused by the kubelet (NodeShutdown, Failed), and
+	// backs off for minutes; a new template generation starts afresh (its
+	// backoff is per generation), as a node that comes back in a real
+	// cluster is a new node. The refused pods go.
+	_, _ = kubectl("-n", "kube-system", "delete", "pods", "--field-selector=status.phase=Failed", "--wait=false")
+	mustKubectl(t, "-n", "kube-system", "rollout", "restart", "ds/nodelocaldns")
 	mustKubectl(t, "-n", "kube-system", "rollout", "status", "ds/nodelocaldns", "--timeout=180s")
 	mustKubectl(t, "-n", "kube-system", "rollout", "status", "deploy/coredns", "--timeout=180s")
 	poll(t, 60*time.Second, func() error {
