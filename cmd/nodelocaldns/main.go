@@ -4,8 +4,8 @@
 //
 // With -probe ready|health it is instead the exec probe of the instance
 // running in the same PID namespace (the same container): it asks that
-// instance over its control socket in -state-dir and exits 0 when it is
-// ready (healthy), 1 when not.
+// instance over its control socket (abstract, of the network namespace;
+// -state-dir scopes it) and exits 0 when it is ready (healthy), 1 when not.
 //
 // Exit codes:
 //
@@ -35,6 +35,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/daemon"
 	"github.com/nodelocaldns/nodelocaldns/internal/gcfloor"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 )
 
 // Exit codes (see the package comment).
@@ -88,6 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		h = slog.NewJSONHandler(stderr, nil)
 	}
 	log := slog.New(h)
+	panics.SetLogger(log) // panics recovered while serving (internal/panics)
 	if cfg.CheckConfig {
 		// Valid only if it can start: every listen address exists or
 		// -setupinterface creates it.

@@ -371,6 +371,9 @@ func (c *Config) mapCorefile(cc *CorefileConfig, set map[string]bool) error {
 				q = fmt.Sprintf("a queue of %d messages (QUEUE asks for %d: at most %d here, each slot allocated at start)", t.QueueLen(), asked, dnstap.MaxQueueLen)
 			}
 			mapped(s, "dnstap %s%s: CLIENT_QUERY and CLIENT_RESPONSE of every query this block answers (cache hits too), identity %q, version %q; %s and at most %d MiB waiting in all taps, dropped and counted when the collector is slow or gone", t.Endpoint(), full, t.Identity, t.Version, q, dnstap.MaxQueueBytes>>20)
+			if ap, err := netip.ParseAddrPort(t.Address); err == nil && t.Network != "unix" && c.Ours(ap) {
+				return usage("%s: dnstap %s: one of our own DNS listen sockets: its frames would come back to us as queries, tapped in turn (a loop)", s.Pos, t.Endpoint())
+			}
 			taps[t.Key()] = true
 			if len(taps) > dnstap.MaxTaps {
 				return usage("%s: dnstap: more than %d distinct dnstap directives in the Corefile (each a queue, a connection and a goroutine)", s.Pos, dnstap.MaxTaps)
@@ -514,7 +517,7 @@ var noopWhy = map[string]string{
 	"errors": "errors are logged once per state change and counted",
 	"reload": "the Corefile and ConfigMaps are watched",
 	"loop":   "a forward to one of our own addresses is refused at start",
-	"debug":  "panics are not recovered per query; logs are structured",
+	"debug":  "panics are always recovered per query (answered SERVFAIL, counted in nodelocaldns_panics_recovered_total, logged); logs are structured",
 }
 
 // mapCacheTTLs sets the shared cache from the blocks: capacities add up
@@ -575,11 +578,15 @@ func (c *Config) mapCacheTTLs(set map[string]bool, succCap, denCap int) {
 }
 
 // resolve turns a forward's targets into addresses, reading resolv.conf
-// paths (our own addresses dropped, as for -resolv-conf).
+// paths (our own addresses dropped, as for -resolv-conf). A target that is
+// one of our own listen sockets is refused: forwarding there loops.
 func (c *Config) resolve(s *corefile.Server, f *corefile.Forward) ([]netip.AddrPort, error) {
 	var out []netip.AddrPort
 	for _, u := range f.To {
 		if u.ResolvConf == "" {
+			if c.Ours(u.Addr) {
+				return nil, usage("%s: forward %s %s: one of our own listen sockets: forwarding there loops back into us", s.Pos, f.From, u.Addr)
+			}
 			out = append(out, u.Addr)
 			continue
 		}

@@ -110,6 +110,18 @@ func serves(own []netip.Addr, a netip.Addr) bool {
 	return false
 }
 
+// Ours reports whether a query to ap reaches one of our own DNS listen
+// sockets (Sockets; the wildcard's on any address of this host): a forward
+// there, or a kube-dns endpoint there, loops back into us.
+func (c *Config) Ours(ap netip.AddrPort) bool {
+	for _, s := range c.Sockets() {
+		if s.Port() == ap.Port() && serves([]netip.Addr{s.Addr()}, ap.Addr().Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
 // ErrCannotListen is CheckListen's error: an address the daemon would
 // listen on is not on this host and nothing will put it there.
 var ErrCannotListen = errors.New("cannot listen")

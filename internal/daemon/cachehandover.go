@@ -54,13 +54,12 @@ func (d *Daemon) sendCache(c *net.UnixConn, twin string) {
 // adoptCache asks the twin that handed us its sockets for its entries.
 // Failing that, the cache starts empty, as after a crash.
 func (d *Daemon) adoptCache(twin string) {
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.reg.SockPath(twin), Net: "unixpacket"})
+	c, err := d.reg.Dial(twin, cacheHandoverTimeout)
 	if err != nil {
 		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
 		return
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(cacheHandoverTimeout))
 	if _, _, err := c.WriteMsgUnix([]byte("cache "+d.reg.ID()), nil, nil); err != nil {
 		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
 		return

@@ -72,9 +72,10 @@ type Daemon struct {
 
 	// Lifecycle with twins (internal/statedir, handover.go).
 	reg      *statedir.Registry // nil without -state-dir
-	control  *net.UnixListener  // control socket: handover, exec probes
+	control  controlListeners   // control sockets: handover, exec probes
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
+	started  time.Time              // when we joined, real time: twins are ordered by it
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -212,10 +213,10 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 }
 
 // Start brings the daemon up in the order that keeps the node's DNS
-// working: join the twins in the state directory, interface, listeners
-// (the twin's own sockets when one serves the same addresses: see
-// handover.go), rules, a health query through every listen address, the
-// control socket, HTTP, readiness. On error what was set up is undone
+// working: join the twins (the control socket, the state directory),
+// interface, listeners (the twin's own sockets when one serves the same
+// addresses: see handover.go), rules, a health query through every listen
+// address, HTTP, readiness. On error what was set up is undone
 // (unless -skipteardown, or a twin serves the same addresses).
 func (d *Daemon) Start(ctx context.Context) (err error) {
 	defer func() {
@@ -270,14 +271,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := d.health(ctx); err != nil {
 		return fmt.Errorf("health query through the listener: %w", err)
 	}
-	if d.reg != nil {
-		if err := d.listenControl(); err != nil {
-			return err
-		}
-		if d.net != nil {
-			if err := d.reg.RecordOwnership(d.net.Ownership()); err != nil {
-				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
-			}
+	if d.reg != nil && d.net != nil {
+		if err := d.reg.RecordOwnership(d.net.Ownership()); err != nil {
+			d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 		}
 	}
 	if d.net != nil {
@@ -358,13 +354,33 @@ func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err e
 	lctx, cancel := context.WithTimeout(ctx, startLockWait)
 	defer cancel()
 	if unlock, err = reg.LockGroup(lctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, err
+		}
+		// Held all that time: by a twin that hangs, or by anyone who can
+		// write the state directory (a flock proves nothing). Serving
+		// matters more than the order of starts.
+		d.log.Error("starting without the group lock", "err", err)
+		unlock = func() {}
+	}
+	ln, err := reg.ListenControl()
+	if err != nil {
+		unlock()
 		return nil, nil, err
 	}
+	d.started = time.Now()
 	if err := reg.Register(map[string]any{"pid": os.Getpid(), "started": d.clock.Now().UTC(), "listen": joinAddrs(d.cfg.Sockets())}); err != nil {
+		_ = ln.Close()
 		unlock()
 		return nil, nil, err
 	}
 	d.reg = reg
+	d.serveControl(ln, false)
+	if old, err := reg.ListenLegacy(); err == nil {
+		d.serveControl(old, true) // for a rollback to a version before issue 41
+	} else {
+		d.log.Warn("no control socket file for older versions: a rollback to one hands no sockets over", "err", err)
+	}
 	return unlock, reg.Twins(), nil
 }
 
@@ -447,10 +463,12 @@ const (
 	// the shutdown may run before main's watchdog exits the process; the
 	// pod's terminationGracePeriodSeconds must exceed all three.
 	WatchdogLeeway = time.Second
-	// startLockWait bounds waiting for a twin that is starting or tearing
-	// down before we start.
-	startLockWait = 20 * time.Second
 )
+
+// startLockWait bounds waiting for a twin that is starting or tearing
+// down before we start; past it we start without the group lock (a var
+// for tests).
+var startLockWait = 20 * time.Second
 
 // shutdown: readiness fails at once; the daemon answers for lameDuck
 // (skipped when the twin we handed our sockets to is alive: it reads them
@@ -462,7 +480,7 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	d.ready.Store(false)
 	d.nodeStatusStopping(lameDuck)
 	if lameDuck > 0 {
-		if t := d.handedTo.Load(); t != nil && d.reg != nil && d.reg.Alive(*t, false) {
+		if t := d.handedTo.Load(); t != nil && d.reg != nil && d.reg.Alive(*t) {
 			d.log.Info("no lame duck: the twin holding our sockets serves them", "twin", *t)
 		} else {
 			d.log.Info("lame duck: answering queries, not ready", "for", lameDuck)

@@ -8,15 +8,20 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/statedir"
 )
 
-// The control socket (<state-dir>/<key>/<id>.sock, SOCK_SEQPACKET, private
-// to root) answers one request per connection, each request and each reply
-// one message:
+// The control socket (statedir: an abstract SOCK_SEQPACKET unix socket of
+// the network namespace, @nodelocaldns/<key>/<id>/<nonce>) answers one
+// request per connection from a peer that passes statedir.CheckPeer (our
+// uid, our network namespace), each request and each reply one message:
 //
+//	"id"                → statedir.IDReply: whether a twin is one
 //	"ready" | "health"  → "ok" or "fail: <reason>"  (exec probes)
 //	"handover <id>"     → {"files":N} then N descriptors (SCM_RIGHTS), at
 //	                      most fdsPerMessage per message; or "fail: ..."
@@ -41,17 +46,25 @@ type handoverHeader struct {
 	PID   int `json:"pid"`
 }
 
-// listenControl listens on the control socket and answers until it is
-// closed.
-func (d *Daemon) listenControl() error {
-	path := d.reg.SockPath(d.reg.ID())
-	_ = os.Remove(path) // a dead instance with our id left it
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
+// controlListeners are the control sockets served: the abstract one, and
+// the socket file versions before issue 41 dial. Close closes them all.
+type controlListeners []*net.UnixListener
+
+func (ls controlListeners) Close() error {
+	for _, l := range ls {
+		_ = l.Close()
 	}
-	ln.SetUnlinkOnClose(false) // unregister removes it, after the lock
-	d.control = ln
+	return nil
+}
+
+// serveControl answers on the control socket ln until it is closed. It
+// runs from registration on: a twin deciding whether to tear down sees us
+// only once we answer. strict: ln is the socket file an older version's
+// twin dials, which any network namespace that mounts the state directory
+// reaches: only a peer whose network namespace the kernel names as ours
+// is answered (statedir.CheckPeerStrict).
+func (d *Daemon) serveControl(ln *net.UnixListener, strict bool) {
+	d.control = append(d.control, ln)
 	d.ctlWG.Add(1)
 	go func() {
 		defer d.ctlWG.Done()
@@ -64,15 +77,29 @@ func (d *Daemon) listenControl() error {
 				time.Sleep(10 * time.Millisecond)
 				continue
 			}
-			go d.handleControl(c)
+			go d.handleControl(c, strict)
 		}
 	}()
-	return nil
 }
 
-func (d *Daemon) handleControl(c *net.UnixConn) {
+// refusedLogged is when a refused peer was last logged (unix ns): one line
+// a minute at most, the rest counted.
+var refusedLogged atomic.Int64
+
+func (d *Daemon) handleControl(c *net.UnixConn, strict bool) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(controlTimeout))
+	check := statedir.CheckPeer
+	if strict {
+		check = statedir.CheckPeerStrict
+	}
+	if err := check(c); err != nil {
+		d.Metrics.ControlRefused()
+		if now, last := time.Now().UnixNano(), refusedLogged.Load(); now-last > int64(time.Minute) && refusedLogged.CompareAndSwap(last, now) {
+			d.log.Warn("control socket: refused a peer that is no twin (more within a minute are only counted: nodelocaldns_control_refused_total)", "err", err)
+		}
+		return
+	}
 	buf := make([]byte, 256)
 	n, _, _, _, err := c.ReadMsgUnix(buf, nil)
 	if err != nil {
@@ -89,18 +116,37 @@ func (d *Daemon) handleControl(c *net.UnixConn) {
 		}
 		_, _, _ = c.WriteMsgUnix([]byte(msg), nil, nil)
 	}
+	// A twin asks for the sockets and the cache of an instance that serves
+	// (ready, or stopping), never of one that is starting.
+	serving := d.ready.Load() || d.stopping.Load()
 	switch req[0] {
+	case statedir.IDRequest:
+		_, _, _ = c.WriteMsgUnix(statedir.IDReply(d.reg.ID(), d.started), nil, nil)
+	case "handover", "cache":
+		if !serving {
+			reply(errors.New("starting"))
+			return
+		}
+		d.handOut(c, req, reply)
 	case "ready":
 		reply(d.readyProbe(context.Background()))
 	case "health":
 		ctx, cancel := context.WithTimeout(context.Background(), healthCheckTimeout)
 		defer cancel()
 		reply(d.health(ctx))
+	default:
+		reply(fmt.Errorf("unknown request %q", req[0]))
+	}
+}
+
+// handOut answers a twin's "handover" (our listening sockets) or "cache".
+func (d *Daemon) handOut(c *net.UnixConn, req []string, reply func(error)) {
+	twin := "?"
+	if len(req) > 1 {
+		twin = req[1]
+	}
+	switch req[0] {
 	case "handover":
-		twin := "?"
-		if len(req) > 1 {
-			twin = req[1]
-		}
 		files, err := d.Server.Files()
 		if err != nil {
 			reply(err)
@@ -118,13 +164,7 @@ func (d *Daemon) handleControl(c *net.UnixConn) {
 		d.handedTo.Store(&twin)
 		d.log.Info("handed listening sockets to a twin", "twin", twin, "sockets", len(files))
 	case "cache":
-		twin := "?"
-		if len(req) > 1 {
-			twin = req[1]
-		}
 		d.sendCache(c, twin)
-	default:
-		reply(fmt.Errorf("unknown request %q", req[0]))
 	}
 }
 
@@ -153,12 +193,11 @@ func (d *Daemon) requestHandover(ctx context.Context, twin string) ([]*os.File, 
 	if t, ok := ctx.Deadline(); ok && t.Before(dl) {
 		dl = t
 	}
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.reg.SockPath(twin), Net: "unixpacket"})
+	c, err := d.reg.Dial(twin, time.Until(dl))
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(dl)
 	if _, _, err := c.WriteMsgUnix([]byte("handover "+d.reg.ID()), nil, nil); err != nil {
 		return nil, err
 	}

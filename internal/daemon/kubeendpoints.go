@@ -82,7 +82,7 @@ func (d *Daemon) startKubeEndpoints() {
 	w, err := endpoints.New(endpoints.Config{
 		Rest: rc, Namespace: ns, Service: d.cfg.KubeDNSService,
 		IPv6: d.cfg.KubeDNS.Addr().Is6(), ServicePort: d.cfg.KubeDNS.Port(),
-		Node: d.cfg.Autopath.NodeName, OnChange: k.set, Logger: d.log,
+		Node: d.cfg.Autopath.NodeName, Own: d.ownEndpoint, OnChange: k.set, Logger: d.log,
 	})
 	if err != nil {
 		d.log.Error("kube-dns: asking the ClusterIP only", "err", err)
@@ -101,6 +101,23 @@ func (d *Daemon) startKubeEndpoints() {
 	}()
 	d.log.Info("kube-dns: following the endpoints of its Service; its pods are asked directly once listed, the ClusterIP meanwhile and as fallback",
 		"service", ns+"/"+d.cfg.KubeDNSService)
+}
+
+// ownEndpoint reports whether a kube-dns endpoint is ours: one of our
+// listen sockets (a loop back into us), or, on any port, one of the
+// addresses we listen on by name (the link-local address, the ClusterIP in
+// iptables mode: no kube-dns pod has them). Another address of the host on
+// another port than the wildcard's may be a hostNetwork kube-dns pod's.
+func (d *Daemon) ownEndpoint(ap netip.AddrPort) bool {
+	if d.cfg.Ours(ap) {
+		return true
+	}
+	for _, s := range d.cfg.Sockets() {
+		if !s.Addr().IsUnspecified() && s.Addr().Unmap() == ap.Addr().Unmap() {
+			return true
+		}
+	}
+	return false
 }
 
 var _ forward.Remover = (*metrics.Metrics)(nil)

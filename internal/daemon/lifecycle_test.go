@@ -372,3 +372,37 @@ func TestTwinAdoptsWildcardSockets(t *testing.T) {
 		t.Fatalf("tcp to B at %s after A exited: %v %v", dst, r, err)
 	}
 }
+
+// TestGroupLockHeldByAnyoneDelaysStartOnly: anyone who can write the state
+// directory can hold the group's flock (issue 41). A start waits for it
+// at most startLockWait, then starts without it, saying so, instead of
+// failing (a crash loop would take the node's DNS).
+func TestGroupLockHeldByAnyoneDelaysStartOnly(t *testing.T) {
+	node := startUpstream(t, records)
+	mk, _, _, pidns := twins(t, node.addr)
+	cfg := mk()
+	thief, err := statedir.Open(cfg.StateDir, "thief", cfg.LocalIPs, cfg.Port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := thief.LockGroup(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	defer func(w time.Duration) { startLockWait = w }(startLockWait)
+	startLockWait = 300 * time.Millisecond
+	began := time.Now()
+	d, logs, _ := startDaemon(t, cfg, fmt.Sprintf("%d-%d", pidns, 5000011))
+	if took := time.Since(began); took < startLockWait {
+		t.Errorf("started after %v, before the wait for the lock ended", took)
+	}
+	if !strings.Contains(logs.String(), "starting without the group lock") {
+		t.Errorf("no line says so:\n%s", logs)
+	}
+	m := new(dns.Msg)
+	m.SetQuestion("a.example.com.", dns.TypeA)
+	if r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, d.Server.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("not serving: %v %v", r, err)
+	}
+}

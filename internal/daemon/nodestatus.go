@@ -116,7 +116,7 @@ func (d *Daemon) nodeStatusStopping(lameDuck time.Duration) {
 	if d.status == nil {
 		return
 	}
-	if t := d.handedTo.Load(); (t != nil && d.reg != nil && d.reg.Alive(*t, false)) || (d.reg != nil && len(d.reg.Twins()) > 0) {
+	if d.twinServes() {
 		d.log.Info("node status left to the twin serving the same addresses")
 		return
 	}
@@ -136,4 +136,24 @@ func (d *Daemon) stopNodeStatus(ctx context.Context) {
 	cancel()
 	d.stopStatus()
 	<-d.statusDone
+}
+
+// twinServes reports whether a twin serves the same addresses: the one we
+// handed our sockets to, or any live one of the group (looked up under the
+// group lock, waited for a second at most).
+func (d *Daemon) twinServes() bool {
+	if d.reg == nil {
+		return false
+	}
+	if t := d.handedTo.Load(); t != nil && d.reg.Alive(*t) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	unlock, err := d.reg.LockGroup(ctx)
+	if err != nil {
+		return false // a starting twin holds the lock: it is not serving yet
+	}
+	defer unlock()
+	return len(d.reg.Twins()) > 0
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
@@ -27,8 +26,9 @@ const ExecProbeTimeout = 2 * time.Second
 func (d *Daemon) health(ctx context.Context) error { return d.Server.Health(ctx) }
 
 // Probe asks the instance running in this process's PID namespace (an
-// exec probe runs in its container's) whether it is ready or healthy,
-// through its control socket under stateDir. pid picks one instance when
+// exec probe runs in its container's, and in the pod's network namespace)
+// whether it is ready or healthy, through its control socket, of a group
+// under stateDir. pid picks one instance when
 // several share the PID namespace (tests, or hostPID); 0 means the only
 // one. It returns nil when the instance answers "ok".
 func Probe(stateDir, what string, pid int, timeout time.Duration) error {
@@ -45,12 +45,11 @@ func Probe(stateDir, what string, pid int, timeout time.Duration) error {
 	case len(live) > 1:
 		return fmt.Errorf("%d instances in this PID namespace under %s; pick one with -probe-pid", len(live), stateDir)
 	}
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: live[0], Net: "unixpacket"})
+	c, err := statedir.DialName(live[0], timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(timeout))
 	if _, _, err := c.WriteMsgUnix([]byte(what), nil, nil); err != nil {
 		return err
 	}

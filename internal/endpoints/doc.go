@@ -6,7 +6,9 @@
 // An endpoint is in use while its slice says ready (an unknown readiness counts as ready, as
 // the API says) and not terminating; at most Config.Max are in use, chosen per node by
 // rendezvous hashing (each node keeps its own stable subset, so the nodes together spread over
-// every pod), and the others are counted. The view keeps the last known endpoints while the
+// every pod), and the others are counted. An endpoint that is one of our own listen sockets (a
+// loop), or loopback, link-local, unspecified or multicast (no pod's), is never asked, and is
+// counted and logged (View.Rejected). The view keeps the last known endpoints while the
 // API server is unreachable. A watch the API server forbids (no RBAC for endpointslices) stops
 // at once with one log line: the cache then keeps the ClusterIP.
 //

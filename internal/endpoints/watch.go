@@ -74,6 +74,9 @@ type Config struct {
 	ServicePort uint16
 	// Node picks this node's subset when more than Max endpoints are ready.
 	Node string
+	// Own reports whether an address and port is one of our own listen
+	// sockets: an endpoint there would loop back into us (nil: none is).
+	Own func(netip.AddrPort) bool
 	// Max endpoints in use (DefaultMax when 0).
 	Max int
 	// OnChange gets the endpoints in use each time they change (from the watch's goroutine),
@@ -107,6 +110,46 @@ type View struct {
 	// NotReady counts endpoints not ready or terminating; OverMax ready ones beyond Max, and
 	// any beyond the 5000 kept; NoPort slices without a usable TCP port.
 	NotReady, OverMax, NoPort int
+	// Rejected are the endpoints never asked, whatever their readiness, sorted: ours (one of
+	// our listen sockets: a loop), loopback, link-local, unspecified or multicast (no kube-dns
+	// pod has such an address; the API server refuses most of them, a lying one or a write
+	// to etcd would not).
+	Rejected []Rejected
+}
+
+// Rejected is an endpoint never asked, and why.
+type Rejected struct {
+	Addr netip.AddrPort
+	Why  string // RejectOurs, RejectLoopback, RejectLinkLocal, RejectUnspecified, RejectMulticast
+}
+
+func (r Rejected) String() string { return r.Addr.String() + " (" + r.Why + ")" }
+
+// Why an endpoint is rejected.
+const (
+	RejectOurs        = "ours"
+	RejectLoopback    = "loopback"
+	RejectLinkLocal   = "link_local"
+	RejectUnspecified = "unspecified"
+	RejectMulticast   = "multicast"
+)
+
+// rejection says why ap is no endpoint to ask ("" when it is one).
+func rejection(ap netip.AddrPort, own func(netip.AddrPort) bool) string {
+	a := ap.Addr()
+	switch {
+	case a.IsUnspecified():
+		return RejectUnspecified
+	case a.IsLoopback():
+		return RejectLoopback
+	case a.IsLinkLocalUnicast():
+		return RejectLinkLocal
+	case a.IsMulticast():
+		return RejectMulticast
+	case own != nil && own(ap):
+		return RejectOurs
+	}
+	return ""
 }
 
 // New prepares a watch; Run starts it.
@@ -188,6 +231,7 @@ func (w *Watch) View() View {
 	defer w.mu.Unlock()
 	v := w.view
 	v.InUse = slices.Clone(v.InUse)
+	v.Rejected = slices.Clone(v.Rejected)
 	return v
 }
 
@@ -257,6 +301,9 @@ func (w *Watch) publish(synced bool) {
 	if v.NoPort > w.view.NoPort {
 		w.log.Warn("kube-dns endpoints: a slice has no TCP port named dns-tcp (nor one TCP port, nor the Service's port): its endpoints are not used", "slices", v.NoPort)
 	}
+	if !slices.Equal(v.Rejected, w.view.Rejected) && len(v.Rejected) > 0 {
+		w.log.Warn("kube-dns endpoints: never asking these (ours: a loop back into us; loopback, link-local, unspecified or multicast: no pod's)", "rejected", fmt.Sprint(v.Rejected))
+	}
 	w.view = v
 	call := (changed || synced && !w.sent) && w.standing.EverSynced()
 	if call {
@@ -276,6 +323,7 @@ func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
 	var v View
 	ready := map[netip.AddrPort]bool{}
 	notReady := map[netip.AddrPort]bool{}
+	rejected := map[netip.AddrPort]string{}
 	for _, s := range ss {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 ||
 			(s.AddressType == discoveryv1.AddressTypeIPv6) != cfg.IPv6 {
@@ -293,6 +341,10 @@ func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
 					continue
 				}
 				ap := netip.AddrPortFrom(ip, port)
+				if why := rejection(ap, cfg.Own); why != "" {
+					rejected[ap] = why
+					continue
+				}
 				if isReady(e.Conditions) {
 					ready[ap] = true
 				} else {
@@ -306,6 +358,10 @@ func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
 			v.NotReady++
 		}
 	}
+	for ap, why := range rejected {
+		v.Rejected = append(v.Rejected, Rejected{ap, why})
+	}
+	slices.SortFunc(v.Rejected, func(a, b Rejected) int { return a.Addr.Compare(b.Addr) })
 	all := make([]netip.AddrPort, 0, len(ready))
 	for ap := range ready {
 		all = append(all, ap)

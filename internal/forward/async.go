@@ -91,6 +91,7 @@ var asyncPool = sync.Pool{New: func() any { return new(asyncExchange) }}
 
 // udpAnswer is the first try's result over UDP, as exchangeUDP returns it.
 func (a *asyncExchange) udpAnswer(ans []byte, err error) {
+	defer a.recoverTry()
 	ans, err = checkedUDP(a.u, ans, err)
 	if reaskOverTCP(ans, err) {
 		// The full answer over TCP from the same server (Group.try), then on.
@@ -104,6 +105,7 @@ func (a *asyncExchange) udpAnswer(ans []byte, err error) {
 // before it answered is not the server's fault: the query is sent once more, on another
 // connection, within what is left of the try, as tcpPool.exchange does (resumeClosed).
 func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
+	defer a.recoverTry()
 	if err != nil && (errors.Is(err, errPeerClosed) || errors.Is(err, errStalled)) {
 		a.g.obs.Failure(a.g.name, a.u.name, KindClosed)
 		go a.resumeClosed(err)
@@ -115,6 +117,7 @@ func (a *asyncExchange) tcpAnswer(ans []byte, err error) {
 // resumeClosed is tcpPool.exchange's second send after the first try's connection closed
 // before answering (with err), bounded by the rest of the try; then the walk goes on.
 func (a *asyncExchange) resumeClosed(err error) {
+	defer a.recoverTry()
 	ctx, cancel := a.context()
 	defer cancel()
 	var ans []byte
@@ -166,6 +169,7 @@ func (a *asyncExchange) goOn(ctx context.Context, ans []byte, err error) {
 // walk in a goroutine. ans may be borrowed (the reader's buffer): what outlives the call (a
 // fallback kept for the rest of the walk) is copied.
 func (a *asyncExchange) tried(ans []byte, err error) {
+	defer a.recoverTry()
 	err = a.accounted(ans, err, false)
 	final, ans, err := a.g.take(&a.w, a.q, ans, err)
 	if !final {
@@ -181,6 +185,7 @@ func (a *asyncExchange) tried(ans []byte, err error) {
 // resume goes on with the walk, blocking; redo: the server nextServer chose last was not tried
 // yet (or its try is to be made again whole).
 func (a *asyncExchange) resume(redo bool) {
+	defer a.recoverTry()
 	ctx, cancel := a.context()
 	defer cancel()
 	g := a.g
@@ -196,6 +201,7 @@ func (a *asyncExchange) resume(redo bool) {
 // resumeTCP asks the first try's server again over TCP after a truncated or oversized UDP
 // answer, with a try of its own (Group.try), and goes on.
 func (a *asyncExchange) resumeTCP() {
+	defer a.recoverTry()
 	ctx, cancel := a.context()
 	defer cancel()
 	tctx, tcancel, timer := a.g.tryContext(ctx)
@@ -222,5 +228,5 @@ func (a *asyncExchange) finish(ans []byte, err error) {
 	*a = asyncExchange{}
 	asyncPool.Put(a)
 	g.leave()
-	done.ExchangeDone(ans, err)
+	exchangeDone(done, ans, err)
 }

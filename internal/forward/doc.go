@@ -5,8 +5,9 @@
 // or TCP, with one walk, health and limit over all. Which group a name goes to is not decided
 // here: a Route is compiled into internal/blocks' table.
 //
-// It owns nothing else: it must not cache answers, import Prometheus or other internal packages,
-// or log per query. Measurements go to an Observer the caller implements; operator-worthy events
+// It owns nothing else: it must not cache answers, import Prometheus or internal packages beyond
+// wire, clock and panics (a panic recovered on a reader is reported there: guard.go), or log per
+// query. Measurements go to an Observer the caller implements; operator-worthy events
 // (upstream down/up, dial failures starting) go to the GroupConfig.Logger, one line each.
 //
 // # API

@@ -21,7 +21,9 @@ type Remover interface {
 // health; a new one starts healthy and connects on its first query; a removed one takes no new
 // query (a walk that began before moves on past it, uncounted), and its connections close as
 // soon as their queries are answered or given up, so nothing in flight fails because of it.
-// Duplicates, and addresses that are one of the configured servers, are ignored.
+// Duplicates, addresses that are one of the configured servers, and addresses no server can
+// have (unspecified, multicast, broadcast: internal/endpoints drops and counts them, and the
+// loops it can tell, before they come here) are ignored.
 func (g *Group) SetEndpoints(eps []netip.AddrPort) error {
 	if g.cfg.Proto != TCP {
 		return fmt.Errorf("group %s: endpoints need a TCP group", g.name)
@@ -51,7 +53,7 @@ func (g *Group) SetEndpoints(eps []netip.AddrPort) error {
 	var added []*upstream
 	for _, a := range eps {
 		a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-		if seen[a] || static[a] {
+		if seen[a] || static[a] || noServer(a.Addr()) {
 			continue
 		}
 		seen[a] = true
@@ -77,6 +79,14 @@ func (g *Group) SetEndpoints(eps []netip.AddrPort) error {
 		u.tcp.retire(func() { g.removed(u) })
 	}
 	return nil
+}
+
+// limitedBroadcast is 255.255.255.255.
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// noServer reports whether no server can have address a.
+func noServer(a netip.Addr) bool {
+	return a.IsUnspecified() || a.IsMulticast() || a == limitedBroadcast
 }
 
 // removed forgets u once its last connection closed.

@@ -238,7 +238,8 @@ func TestEndpointsFallBackToServers(t *testing.T) {
 }
 
 // TestSetEndpointsRefuses: a UDP group, or an invalid address, is an error; the ClusterIP
-// itself listed as an endpoint is not asked twice.
+// itself listed as an endpoint is not asked twice; unspecified, multicast and broadcast
+// addresses are never asked.
 func TestSetEndpointsRefuses(t *testing.T) {
 	u := newGroup(t, GroupConfig{Servers: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53")}, Proto: UDP}, nil)
 	if err := u.SetEndpoints([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.2:53")}); err == nil {
@@ -250,11 +251,13 @@ func TestSetEndpointsRefuses(t *testing.T) {
 		t.Error("invalid endpoint taken")
 	}
 	e := netip.MustParseAddrPort("127.0.0.2:53")
-	if err := g.SetEndpoints([]netip.AddrPort{s, e, e}); err != nil {
+	noServer := []netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:53"), netip.MustParseAddrPort("239.1.2.3:53"),
+		netip.MustParseAddrPort("255.255.255.255:53"), netip.MustParseAddrPort("[ff02::fb]:53"), netip.MustParseAddrPort("[::]:53")}
+	if err := g.SetEndpoints(append([]netip.AddrPort{s, e, e}, noServer...)); err != nil {
 		t.Fatal(err)
 	}
 	if got := g.Endpoints(); len(got) != 1 || got[0].Addr != e {
-		t.Errorf("Endpoints() = %v, want [%s]", got, e)
+		t.Errorf("Endpoints() = %v, want [%s]: the ClusterIP, a duplicate and addresses no server has are ignored", got, e)
 	}
 	g.Close()
 	if err := g.SetEndpoints([]netip.AddrPort{e}); err == nil {

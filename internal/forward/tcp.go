@@ -780,6 +780,7 @@ func (c *tcpConn) readLoop() {
 	p := c.pool
 	defer p.wg.Done()
 	defer close(c.wdone)
+	defer recoverReader(c.fail)
 	buf := make([]byte, readBufStart)
 	n := 0
 	for {

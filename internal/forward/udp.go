@@ -517,6 +517,7 @@ func (s *udpSock) fail(id uint16, err error) {
 func (s *udpSock) readLoop() {
 	m := s.mux
 	defer m.wg.Done()
+	defer recoverReader(s.end)
 	size := s.bufSize
 	buf := getRecvBuf(udpRecvBatch * size)
 	defer putRecvBuf(buf)

@@ -33,7 +33,8 @@ func parseQuery(msg []byte) (question, error) {
 // the same opcode, exactly one question equal to q (name compared case-insensitively: the
 // upstream may echo 0x20 case, RFC 4343), and a message that wire.CheckMessage accepts (every
 // name, compression pointer and record within bounds), so nothing malformed is cached or relayed.
-func checkAnswer(ans []byte, wireID uint16, q question) error {
+func checkAnswer(ans []byte, wireID uint16, q question) (err error) {
+	defer recoverCheck(ans, &err)
 	if err := matchAnswer(ans, wireID, q); err != nil {
 		return err
 	}
@@ -44,7 +45,8 @@ func checkAnswer(ans []byte, wireID uint16, q question) error {
 }
 
 // matchAnswer checks that ans is the response to the query: header and question.
-func matchAnswer(ans []byte, wireID uint16, q question) error {
+func matchAnswer(ans []byte, wireID uint16, q question) (err error) {
+	defer recoverCheck(ans, &err)
 	if len(ans) < wire.HeaderLen {
 		return fmt.Errorf("%w: %d bytes, shorter than a header", errMalformed, len(ans))
 	}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -45,7 +46,16 @@ func RESTClient(c *rest.Config, apiPath string, gv schema.GroupVersion, add func
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = userAgent
 	}
-	rc, err := rest.RESTClientFor(cfg)
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	// Never follow a redirect: the bearer token is added by the transport,
+	// to whatever host a 3xx names (issue 41). The 3xx is the answer: an
+	// error, as any unexpected status.
+	noRedirect := *hc // a copy: it may be http.DefaultClient
+	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	rc, err := rest.RESTClientForConfigAndClient(cfg, &noRedirect)
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)
 	}

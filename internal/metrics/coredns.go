@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 )
 
@@ -101,7 +102,7 @@ type cdMetrics struct {
 	maxConcurrent  prometheus.Counter
 	healthDuration prometheus.Histogram
 	healthFailures prometheus.Counter
-	panics         prometheus.Counter
+	panics         prometheus.CounterFunc
 	reloadFailed   prometheus.Counter
 	setupErrors    *prometheus.CounterVec
 
@@ -156,8 +157,16 @@ func newCDMetrics(r *prometheus.Registry, version, revision string) *cdMetrics {
 		Namespace: cdNS, Subsystem: "health", Name: "request_failures_total",
 		Help: "The number of times the health check failed.",
 	})
-	c.panics = prometheus.NewCounter(prometheus.CounterOpts{
+	// CoreDNS counts the panics its server recovers: ours are
+	// internal/panics' (nodelocaldns_panics_recovered_total by place).
+	c.panics = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: cdNS, Name: "panics_total", Help: "A metrics that counts the number of panics.",
+	}, func() float64 {
+		var n uint64
+		for _, c := range panics.Counts() {
+			n += c
+		}
+		return float64(n)
 	})
 	c.reloadFailed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: cdNS, Subsystem: "reload", Name: "failed_total",

@@ -18,6 +18,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
 	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 )
@@ -36,6 +37,8 @@ type Metrics struct {
 	httpEvicted *prometheus.CounterVec
 	// handover: cache entries taken from a twin at start, kept or dropped.
 	handover *prometheus.CounterVec
+	// controlRefused: control socket peers that are no twin.
+	controlRefused prometheus.Counter
 
 	upstreamDuration *prometheus.HistogramVec
 	upstreamFailures *prometheus.CounterVec
@@ -86,6 +89,11 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	m.handover.WithLabelValues("kept")
 	m.handover.WithLabelValues("dropped")
 	r.MustRegister(m.handover)
+	m.controlRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "control_refused_total",
+		Help: "Connections to the control socket refused: the peer runs as another uid, or in another network namespace (docs/design.md, \"Restarts and upgrades\").",
+	})
+	r.MustRegister(m.controlRefused)
 
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",
@@ -147,6 +155,10 @@ func (m *Metrics) SetupError(kind string) {
 func (m *Metrics) CoreDNS(cfg CoreDNSConfig) {
 	m.Registry.MustRegister(&cdCollector{cfg: cfg, dir: m.Directives})
 }
+
+// ControlRefused counts a connection to the control socket from a peer
+// that is no twin (statedir.CheckPeer).
+func (m *Metrics) ControlRefused() { m.controlRefused.Inc() }
 
 // CacheHandover counts the entries a twin handed over.
 func (m *Metrics) CacheHandover(kept, dropped int) {
@@ -246,12 +258,13 @@ var (
 	descBytes     = prometheus.NewDesc(ns+"_cache_bytes", "Memory accounted to cache entries.", nil, nil)
 	descTapSent   = prometheus.NewDesc(ns+"_dnstap_sent_total", "dnstap messages written to the collectors of the Corefile's dnstap directives.", nil, nil)
 	descTapDrop   = prometheus.NewDesc(ns+"_dnstap_dropped_total", "dnstap messages dropped: the queue full (a slow collector), no collector connected, or a write that failed.", nil, nil)
+	descPanics    = prometheus.NewDesc(ns+"_panics_recovered_total", "Panics recovered while serving, by where: udp and tcp (a query answered from the cache), miss (a miss started, answered or delivered), resolve (an upstream's answer built and cached), upstream (an upstream's reader). The query got SERVFAIL (or its connection closed) and serving went on; each is logged (one line per place per 10 s): a bug to report.", []string{"where"}, nil)
 )
 
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes, descPrefetch, descLKGServed, descLKGKept, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop, descTapSent, descTapDrop} {
+		descEntries, descBytes, descPrefetch, descLKGServed, descLKGKept, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop, descTapSent, descTapDrop, descPanics} {
 		ch <- d
 	}
 }
@@ -293,6 +306,9 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	sent, dropped := dnstap.Counts()
 	counter(descTapSent, sent)
 	counter(descTapDrop, dropped)
+	for i, n := range panics.Counts() {
+		counter(descPanics, n, panics.Wheres[i])
+	}
 	if s.cache != nil {
 		st := s.cache.Stats()
 		for _, k := range cache.Kinds() {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
@@ -138,6 +139,8 @@ func (w *Watch) Pods() int { return w.view.Load().pods }
 // changed logs a change of state, one line each.
 func (w *Watch) changed(old, now State, err error) {
 	switch {
+	case now == Lost && apierrors.IsForbidden(err):
+		w.log.Warn("pod watch forbidden: autopath off until the service account may list and watch pods (kubectl apply -f deploy/autopath/rbac.yaml)", "node", w.cfg.NodeName, "err", err)
 	case now == Lost:
 		w.log.Warn("pod watch lost: autopath off until it recovers", "node", w.cfg.NodeName, "err", err)
 	case old == Starting:

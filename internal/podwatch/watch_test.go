@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,7 +51,8 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 func TestWatchFollowsTheAPIServer(t *testing.T) {
 	s := apiserver.Start(t)
-	s.ApplyManifest(t, "../../deploy/daemonset.yaml", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+	s.ApplyManifest(t, "../../deploy/daemonset.yaml", "ServiceAccount")
+	s.ApplyManifest(t, "../../deploy/autopath/rbac.yaml", "ClusterRole", "ClusterRoleBinding")
 	for _, ns := range []string{"shop", "billing"} {
 		s.CreateNamespace(ns)
 	}
@@ -145,10 +147,12 @@ func TestWatchNeedsItsRights(t *testing.T) {
 	s.MustDo(http.MethodPost, "/api/v1/namespaces/kube-system/serviceaccounts", map[string]any{
 		"apiVersion": "v1", "kind": "ServiceAccount", "metadata": map[string]any{"name": "nodelocaldns"},
 	}, nil)
-	// No ClusterRoleBinding: the list is forbidden, the watch never syncs.
+	// No ClusterRoleBinding (deploy/daemonset.yaml alone): the list is
+	// forbidden, the watch never syncs, and one line says what to apply.
+	logs := &logSink{}
 	w, err := New(Config{
 		Rest: s.Config(s.ServiceAccountToken("kube-system", "nodelocaldns")), NodeName: "node1",
-		ClusterDomain: "cluster.local", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ClusterDomain: "cluster.local", Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -158,8 +162,30 @@ func TestWatchNeedsItsRights(t *testing.T) {
 	go func() { defer close(done); w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	eventually(t, 30*time.Second, "list refused", func() bool { return w.State() == Lost })
-	s.ApplyManifest(t, "../../deploy/daemonset.yaml", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+	if l := logs.String(); !strings.Contains(l, "pod watch forbidden") || !strings.Contains(l, "deploy/autopath/rbac.yaml") {
+		t.Errorf("log:\n%s", l)
+	}
+	s.ApplyManifest(t, "../../deploy/daemonset.yaml", "ServiceAccount")
+	s.ApplyManifest(t, "../../deploy/autopath/rbac.yaml", "ClusterRole", "ClusterRoleBinding")
 	// RBAC changes reach the authorizer within a second or so; the
 	// reflector retries with backoff.
-	eventually(t, 60*time.Second, "synced with the manifest's ClusterRole", func() bool { return w.State() == Synced })
+	eventually(t, 60*time.Second, "synced with deploy/autopath/rbac.yaml's ClusterRole", func() bool { return w.State() == Synced })
+}
+
+// logSink is a log destination safe for concurrent writes.
+type logSink struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -70,6 +70,8 @@ type call struct {
 	kept    bool       // entry is the one prefer_positive kept, not the upstream's answer
 	waiters int        // clients waiting on it (under flights.mu)
 	owner   netip.Addr // the first asker, whose flight share it takes
+	// finished: finish has run (under flights.mu).
+	finished bool
 
 	// What the run needs, private to the call (it may outlive the client
 	// that started it): the key, and the query with its name lower-cased
@@ -180,9 +182,18 @@ func (f *flights) leave(c *call) {
 }
 
 // finish publishes the result of c and removes it from the flights.
+//
+// Only the first finish of a call counts: after a panic recovered on the
+// way (guard.go) a call may be finished with an error before the fetch
+// that was under way finishes it again.
 func (f *flights) finish(c *call, e *cache.Entry, err error) {
-	c.entry, c.err = e, err
 	f.mu.Lock()
+	if c.finished {
+		f.mu.Unlock()
+		return
+	}
+	c.finished = true
+	c.entry, c.err = e, err
 	delete(f.calls, c.key)
 	f.shares.Put(c.owner)
 	done := c.done // no one can join (and make it) once the call is out of the map
@@ -193,10 +204,10 @@ func (f *flights) finish(c *call, e *cache.Entry, err error) {
 		close(done)
 	}
 	if w0 != nil {
-		w0.Resolved(e, err)
+		resolved(w0, e, err)
 	}
 	for _, w := range more {
-		w.Resolved(e, err)
+		resolved(w, e, err)
 	}
 }
 

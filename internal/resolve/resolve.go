@@ -23,6 +23,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -376,18 +377,26 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error)
 	if r.finishedMeanwhile(c) {
 		return nil, Later, nil
 	}
+	r.startFetch(c)
+	return nil, Later, nil
+}
+
+// startFetch starts c's fetch (Start): asynchronous, or in a goroutine of
+// its own. A panic on the way finishes c with an error (guard.go).
+func (r *Resolver) startFetch(c *call) {
+	defer r.recoverFlight(c)
 	c.r = r
 	c.pol = r.policy(c.q.Name)
 	c.uq = wire.AppendUpstreamQuery(c.buf[len(c.buf):], &c.q, r.cfg.UDPSize)
 	if !r.cfg.Start(c.pol, c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
 		go r.run(c) // not a plain forward: the fetch blocks, in a goroutine of its own
 	}
-	return nil, Later, nil
 }
 
 // Fetched finishes a call started by Start: it caches the answer and hands it to the waiters.
 func (c *call) Fetched(resp []byte, err error) {
 	r := c.r
+	defer r.recoverFlight(c)
 	e, kept, err := r.store(&c.q, c.pol, resp, err)
 	c.kept = kept
 	r.flights.finish(c, e, err)
@@ -443,6 +452,7 @@ func (r *Resolver) Policy(name []byte) *Policy { return r.policy(name) }
 // query per question, however the askers interleave. A prefetch does not
 // come here: its entry is still fresh by design.
 func (r *Resolver) runMiss(c *call) {
+	defer r.recoverFlight(c) // also a goroutine of its own (a stale entry's refresh)
 	if r.finishedMeanwhile(c) {
 		return
 	}
@@ -462,6 +472,7 @@ func (r *Resolver) finishedMeanwhile(c *call) bool {
 }
 
 func (r *Resolver) run(c *call) {
+	defer r.recoverFlight(c)
 	e, kept, err := r.fetch(&c.q)
 	c.kept = kept
 	r.flights.finish(c, e, err)
@@ -486,7 +497,17 @@ func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, bool, error) {
 // describes. Under a prefer_positive policy an answer that does not answer the question does not
 // replace one that does (fresh or within its stale window): that one is returned, kept true,
 // and the refresh counts as failed.
-func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (*cache.Entry, bool, error) {
+//
+// A panic while the answer is built or cached (a hostile answer the parser
+// does not survive) is recovered: the fetch failed (guard.go).
+func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (_ *cache.Entry, _ bool, rerr error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Resolve, p, resp)
+			r.stats.UpstreamErrors.Add(1)
+			rerr = fmt.Errorf("resolve %s: %w", wire.NameString(q.Name), errRecovered)
+		}
+	}()
 	var e, fetched *cache.Entry
 	if err == nil {
 		e, fetched, err = cache.BuildFetched(resp, q, pol.TTL, pol.ServFailTTL, pol.StaleWindow, r.clk.Now().UnixNano())

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -94,7 +95,21 @@ func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
 // plain forward) goes to a miss worker. It reports whether it made a
 // goroutine runnable (a miss worker), which the UDP receive loop must
 // yield to (serveUDP). m is not the caller's any more.
-func (s *Server) startMiss(m *missReq) bool {
+func (s *Server) startMiss(m *missReq) (ready bool) {
+	// A panic before m is handed on (to the Resolver, a miss worker or
+	// finishMiss) answers it SERVFAIL here; after, m is not ours to answer.
+	handed, admitted := false, false
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			if !handed {
+				if admitted {
+					s.release(m.q.From)
+				}
+				s.finishMiss(s.recoveredMiss(m))
+			}
+		}
+	}()
 	if !m.q.From.IsValid() {
 		// Every miss knows its client: the shares of the waiting and the
 		// flight bounds are per client.
@@ -110,12 +125,15 @@ func (s *Server) startMiss(m *missReq) bool {
 	if !s.admit(m.q.From) {
 		m.source = fromOverload
 		m.out = s.shed(m)
+		handed = true
 		s.finishMiss(m)
 		return false
 	}
+	admitted = true
 	if !s.isCandidate(&m.q) {
 		m.srv, m.async = s, true
 		s.missWG.Add(1)
+		handed = true // Start may call Resolved before it returns
 		e, how, err := s.resolver(m.q.View).Start(&m.q, m)
 		switch how {
 		case resolve.Later:
@@ -127,6 +145,7 @@ func (s *Server) startMiss(m *missReq) bool {
 		m.async = false
 		s.missWG.Done()
 	}
+	handed = true
 	select {
 	case s.missQ <- m: // an idle miss worker took it
 	default:
@@ -151,9 +170,7 @@ func (s *Server) missWorker(m *missReq) {
 	defer s.missWG.Done()
 	var idle *time.Timer // real time: when to exit is not what tests observe
 	for {
-		if !s.answerAutopath(m) {
-			m.out = s.resolve(m)
-		}
+		s.resolveGuarded(m)
 		s.release(m.q.From)
 		s.finishMiss(m)
 		if idle == nil {
@@ -170,6 +187,37 @@ func (s *Server) missWorker(m *missReq) {
 			return
 		}
 	}
+}
+
+// resolveGuarded gives m its answer on a miss worker: autopath's, or the
+// Resolver's. A panic on the way answers it SERVFAIL.
+func (s *Server) resolveGuarded(m *missReq) {
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			s.recoveredMiss(m)
+		}
+	}()
+	if !s.answerAutopath(m) {
+		m.out = s.resolve(m)
+	}
+}
+
+// recoveredMiss makes m's answer SERVFAIL after a panic, replacing
+// whatever was appended for it, and returns m.
+func (s *Server) recoveredMiss(m *missReq) *missReq {
+	m.out = m.out[:0]
+	if m.tcp {
+		m.out = append(m.out, 0, 0)
+	}
+	n := len(m.out)
+	m.out = appendServfail(m.out, m.raw, s.cfg.MaxUDPSize)
+	if len(m.out) > n {
+		m.cdSelf = true
+		s.stats.countRcode(wire.RcodeServFail)
+	}
+	m.source = fromUpstream
+	return m
 }
 
 // Resolved answers a miss taken by resolve.Resolver.Start, on the goroutine
@@ -195,6 +243,24 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 // finishMiss logs the query and hands the answer to its transport, which
 // returns m to the pool.
 func (s *Server) finishMiss(m *missReq) {
+	s.decorate(m)
+	if m.tcp {
+		s.deliverTCP(m)
+	} else {
+		m.l.reply(m)
+	}
+}
+
+// decorate applies what the block does to every answer (rewrite,
+// loadbalance, query log, trace, dnstap) to m's answer and counts it. A
+// panic on the way answers m SERVFAIL, undecorated.
+func (s *Server) decorate(m *missReq) {
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			s.recoveredMiss(m)
+		}
+	}()
 	acts := s.acts.Load()
 	a := s.answersFor(acts, &m.q)
 	if a.Shuffle || a.Rewrite != nil {
@@ -242,11 +308,6 @@ func (s *Server) finishMiss(m *missReq) {
 			s.tapResponse(a.Taps, &m.q, m.client(), m.tcp, resp, m.t0)
 		}
 	}
-	if m.tcp {
-		s.deliverTCP(m)
-	} else {
-		m.l.reply(m)
-	}
 }
 
 // resolve asks the Resolver and appends the answer to m.out.
@@ -257,7 +318,13 @@ func (s *Server) resolve(m *missReq) []byte {
 
 // written appends to m.out the answer the Resolver gave: the entry (stale
 // or not), or SERVFAIL for an error.
-func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) []byte {
+func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) (out []byte) {
+	defer func() {
+		if p := recover(); p != nil {
+			panics.Recovered(panics.Miss, p, m.raw)
+			out = s.recoveredMiss(m).out
+		}
+	}()
 	switch {
 	case err != nil:
 		m.source = fromUpstream

@@ -14,6 +14,10 @@
 // twin instance, so what is queued in them survives this server; Shutdown
 // stops the loops before it closes anything and drains TCP; CheckLoops
 // tells a waiting loop from a wedged one for health checks.
+//
+// A panic in the serving path never ends the process (guard.go): where an
+// answer is still owed it is recovered, reported to internal/panics and
+// answered SERVFAIL, and the loops go on.
 package server
 
 import (

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 )
 
 // serveTCP accepts connections until Shutdown (which wakes Accept with a
@@ -203,6 +204,13 @@ func (s *Server) serveConn(tc *tcpConn) {
 	}()
 	r := bufio.NewReaderSize(c, 4096)
 	req := &request{tcp: true, st: &s.stats}
+	defer func() {
+		// What escapes the per-query guard (guard.go) closes the
+		// connection: its client asks again.
+		if p := recover(); p != nil {
+			panics.Recovered(panics.TCP, p, req.raw)
+		}
+	}()
 	// pend collects the answers given without an upstream (hits, errors)
 	// while more queries are already buffered: a client that pipelines
 	// gets them in one write(2) instead of one per query.
@@ -246,15 +254,12 @@ func (s *Server) serveConn(tc *tcpConn) {
 		if acts&actWhoami != 0 {
 			req.client = remoteAddrPort(c)
 		}
-		resp, v := s.answerLocal(req, append(pend, 0, 0))
+		resp, v := s.answerGuarded(req, append(pend, 0, 0))
 		switch v {
 		case dropped:
 			continue
 		case answered:
 			a := s.answersOf(req)
-			if a.Shuffle || a.Rewrite != nil {
-				resp = s.answerSide(a, resp, start+2)
-			}
 			if len(resp)-start-2 > 0xFFFF {
 				return
 			}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -250,6 +251,7 @@ type batch struct {
 	iovOut [batchSize]unix.Iovec
 	hdrOut [batchSize]unix.Mmsghdr
 	req    request // the query being answered
+	cur    int     // the index of the datagram in hand, for a panic's log line
 	// The wildcard socket's (wildcard_linux.go): what recvmmsg says of
 	// each datagram, and the source its answer is sent from.
 	ctlIn  [batchSize][ctlInLen]byte
@@ -279,17 +281,23 @@ func newBatch() *batch {
 // Goroutines it makes runnable itself (miss workers, for what cannot be
 // started without blocking) land on its own P, so it also yields after
 // every batch that handed one a miss.
+//
+// A panic that escapes the per-query guard (guard.go) ends udpLoop, which
+// starts again; the datagrams of the batch in hand are lost.
 func (s *Server) serveUDP(l *udpListener) {
 	b := newBatch()
+	for !s.udpLoop(l, b) {
+	}
+}
+
+// udpLoop is serveUDP's loop. It reports true when it was stopped, false
+// after a panic it recovered.
+func (s *Server) udpLoop(l *udpListener, b *batch) (stopped bool) {
+	b.cur = -1
+	defer b.recoverLoop()
 	req := &b.req
 	req.st = &l.stats
-	if s.cd != nil {
-		srv := s.cdServerIndex(l.local)
-		cd := newCDCounters(len(s.cfg.Addrs), s.cdz.n, true)
-		cd.srv = max(srv, 0)
-		l.cd.Store(cd)
-		req.cd = cdObserver{c: cd, srv: srv}
-	}
+	req.cd = s.loopCounters(l)
 	addrIdx := s.cdServerIndex(l.local)
 	handed := false // a miss of the last batch readied a worker
 	for !l.stop.Load() {
@@ -337,6 +345,7 @@ func (s *Server) serveUDP(l *udpListener) {
 		b.out = b.out[:0]
 		nout := 0
 		for i := 0; i < n; i++ {
+			b.cur = i
 			h := &b.hdrIn[i]
 			if h.Hdr.Flags&unix.MSG_TRUNC != 0 {
 				// Larger than any real query: answer from the header alone.
@@ -365,7 +374,7 @@ func (s *Server) serveUDP(l *udpListener) {
 			if acts&actWhoami != 0 {
 				req.client = sockaddrAddrPort(name)
 			}
-			out, v := s.answerLocal(req, b.out)
+			out, v := s.answerGuarded(req, b.out)
 			switch v {
 			case dropped:
 				continue
@@ -389,9 +398,6 @@ func (s *Server) serveUDP(l *udpListener) {
 			}
 			if acts != 0 {
 				a := s.answersOf(req)
-				if a.Shuffle || a.Rewrite != nil {
-					out = s.answerSide(a, out, start)
-				}
 				if qlog {
 					s.logQuery(a.Log, sockaddrAddrPort(name), local, false, &req.q, raw, out[start:], fromCache, t)
 				}
@@ -422,6 +428,7 @@ func (s *Server) serveUDP(l *udpListener) {
 			o.Len = uint32(start) // remember the offset until then
 			nout++
 		}
+		b.cur = -1
 		if cd := req.cd.c; cd != nil {
 			var elapsed int64
 			if cd.hasPend {
@@ -440,6 +447,35 @@ func (s *Server) serveUDP(l *udpListener) {
 			o.Len = 0
 		}
 		l.send(b.hdrOut[:nout])
+	}
+	return true
+}
+
+// loopCounters are the CoreDNS-named counters of l's loop (none without
+// them), made once: a loop that starts again after a panic keeps them.
+func (s *Server) loopCounters(l *udpListener) cdObserver {
+	if s.cd == nil {
+		return cdObserver{}
+	}
+	srv := s.cdServerIndex(l.local)
+	cd := l.cd.Load()
+	if cd == nil {
+		cd = newCDCounters(len(s.cfg.Addrs), s.cdz.n, true)
+		cd.srv = max(srv, 0)
+		l.cd.Store(cd)
+	}
+	return cdObserver{c: cd, srv: srv}
+}
+
+// recoverLoop, deferred by udpLoop, reports a panic with the datagram in
+// hand; udpLoop then returns false and starts again.
+func (b *batch) recoverLoop() {
+	if p := recover(); p != nil {
+		var msg []byte
+		if i := b.cur; i >= 0 && i < batchSize {
+			msg = b.in[i][:min(int(b.hdrIn[i].Len), udpBufSize)]
+		}
+		panics.Recovered(panics.UDP, p, msg)
 	}
 }
 

@@ -89,7 +89,7 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 		cfg:    cfg,
 		q:      make(chan Span, cfg.Backlog),
 		log:    log.With("endpoint", cfg.Endpoint, "type", cfg.Type),
-		client: &http.Client{Timeout: PostTimeout},
+		client: &http.Client{Timeout: PostTimeout, CheckRedirect: noRedirects},
 		stats:  &Counters,
 	}
 	switch cfg.Type {
@@ -100,6 +100,11 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 	}
 	return e
 }
+
+// noRedirects keeps a collector's redirect from sending the spans (and
+// what a Datadog agent's headers carry) anywhere else: the 3xx is the
+// answer, a refusal like any other non-2xx (issue 41).
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // waiting counts the spans in every exporter's backlog (MaxWaiting).
 var waiting atomic.Int64

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,6 +323,50 @@ func TestCollectorStateLoggedOncePerChange(t *testing.T) {
 	logs := out.String()
 	if strings.Count(logs, "spans not sent") != 1 || strings.Count(logs, "collector accepts spans again") != 1 || !strings.Contains(logs, "500 Internal Server Error") {
 		t.Errorf("log lines:\n%s", logs)
+	}
+}
+
+// A collector that answers with a redirect refuses the spans: they are
+// not sent where it points (issue 41), and are counted as dropped.
+func TestCollectorRedirectNotFollowed(t *testing.T) {
+	var reached atomic.Int32
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	defer elsewhere.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		http.Redirect(w, r, elsewhere.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	for _, typ := range []string{Zipkin, Datadog} {
+		cfg := Config{Type: typ, Endpoint: srv.URL + "/api/v2/spans", Every: 1, Batch: 1, BatchInterval: 10 * time.Millisecond}
+		if typ == Datadog {
+			cfg.Endpoint = strings.TrimPrefix(srv.URL, "http://")
+		}
+		cfg.Normalize()
+		e := newExporter(cfg, nil)
+		var st Stats
+		e.stats = &st
+		stop := make(chan struct{})
+		go e.run(stop)
+		tr := NewTracer(cfg, nil, netip.AddrPort{}, e)
+		for range 5 {
+			if tr.Sample() {
+				tr.Record(Span{Start: time.Now(), Name: "a.", QType: 1})
+			}
+		}
+		for deadline := time.Now().Add(5 * time.Second); st.DroppedSend.Load() < 5 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		close(stop)
+		if d, s := st.DroppedSend.Load(), st.Sent.Load(); d != 5 || s != 0 {
+			t.Errorf("%s: dropped_send %d, sent %d; want 5 and 0", typ, d, s)
+		}
+	}
+	if reached.Load() != 0 {
+		t.Errorf("the redirect's target got %d posts", reached.Load())
 	}
 }
 

@@ -76,13 +76,28 @@ func (in *instance) exitCode(t *testing.T, d time.Duration) int {
 	return -1
 }
 
-// probeCmd runs the exec probe the manifest uses, for one instance.
-func probeCmd(bin, stateDir, what string, pid int) error {
-	out, err := exec.Command(bin, "-probe", what, "-state-dir", stateDir, "-probe-pid", fmt.Sprint(pid)).CombinedOutput()
+// probeCmd runs the exec probe the manifest uses, for one instance, in
+// its network namespace (as the kubelet runs it in the container): the
+// control socket is the namespace's.
+func probeCmd(bin, stateDir, what string, in *instance) error {
+	args := []string{bin, "-probe", what, "-state-dir", stateDir, "-probe-pid", fmt.Sprint(in.pid())}
+	if ns := in.netns(); ns != "" {
+		args = append([]string{"ip", "netns", "exec", ns}, args...)
+	}
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%v: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// netns is the namespace the instance was started in with `ip netns exec`,
+// "" for the test's own.
+func (in *instance) netns() string {
+	if a := in.cmd.Args; len(a) > 3 && filepath.Base(a[0]) == "ip" && a[1] == "netns" && a[2] == "exec" {
+		return a[3]
+	}
+	return ""
 }
 
 // waitProbe polls the exec probe until it succeeds.
@@ -90,7 +105,7 @@ func waitProbe(t *testing.T, bin, stateDir string, in *instance) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		err := probeCmd(bin, stateDir, "ready", in.pid())
+		err := probeCmd(bin, stateDir, "ready", in)
 		if err == nil {
 			return
 		}
@@ -343,10 +358,10 @@ func TestRollingUpdateLosesNothing(t *testing.T) {
 	}
 	// Both instances' health and metrics listeners coexist, and each exec
 	// probe reaches its own instance.
-	if err := probeCmd(bin, dir, "health", a.pid()); err != nil {
+	if err := probeCmd(bin, dir, "health", a); err != nil {
 		t.Errorf("A health: %v", err)
 	}
-	if err := probeCmd(bin, dir, "health", b.pid()); err != nil {
+	if err := probeCmd(bin, dir, "health", b); err != nil {
 		t.Errorf("B health: %v", err)
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -450,7 +465,7 @@ func TestSIGTERMLameDuckAndSecondSignal(t *testing.T) {
 	_ = a.cmd.Process.Signal(unix.SIGTERM)
 	began := time.Now()
 	deadline := began.Add(lameDuck / 2)
-	for probeCmd(bin, dir, "ready", a.pid()) == nil || readyCode() != 503 {
+	for probeCmd(bin, dir, "ready", a) == nil || readyCode() != 503 {
 		if time.Now().After(deadline) {
 			t.Fatalf("still ready %v after SIGTERM\n%s", lameDuck/2, a.log)
 		}
@@ -459,7 +474,7 @@ func TestSIGTERMLameDuckAndSecondSignal(t *testing.T) {
 	if err := ask(); err != nil {
 		t.Fatalf("no answer during the lame duck: %v", err)
 	}
-	if err := probeCmd(bin, dir, "health", a.pid()); err != nil {
+	if err := probeCmd(bin, dir, "health", a); err != nil {
 		t.Fatalf("not healthy during the lame duck: %v", err)
 	}
 	if code := a.exitCode(t, 15*time.Second); code != 0 {

@@ -398,11 +398,18 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 		if autopath && !mounted {
 			fail("-autopath without the service account token: the pod watch cannot reach the API server")
 		}
-		for _, err := range checkAutopathAccess(objs, sa, ps) {
+		// RBAC per enabled feature (issue 41): the endpoint watch's Role
+		// always; the pod watch's ClusterRole (deploy/autopath/rbac.yaml)
+		// with -autopath, and no cluster-wide grant at all without it.
+		for _, err := range append(checkEndpointAccess(objs, sa), checkNodeName(ps)...) {
 			fail("%v", err)
 		}
-		for _, err := range checkEndpointAccess(objs, sa) {
-			fail("%v", err)
+		if autopath {
+			for _, err := range checkAutopathAccess(objs, sa) {
+				fail("%v", err)
+			}
+		} else if b := clusterBindings(objs, sa); len(b) > 0 {
+			fail("ClusterRoleBinding %s grants the service account cluster-wide rights with -autopath off: root on a node could use them with the pod's token (deploy/autopath/rbac.yaml is for -autopath only)", strings.Join(b, ", "))
 		}
 	}
 
@@ -828,9 +835,10 @@ func TestDeployManifest(t *testing.T) {
 	}
 }
 
-// TestDeployAutopathTurnedOn: the edit docs/autopath.md tells operators
-// to make (uncomment -autopath; the token is mounted already) gives a manifest
-// that passes every check and a configuration with autopath on.
+// TestDeployAutopathTurnedOn: what docs/autopath.md tells operators to do
+// (uncomment -autopath, apply deploy/autopath/rbac.yaml; the token is
+// mounted already) gives a manifest that passes every check and a
+// configuration with autopath on.
 func TestDeployAutopathTurnedOn(t *testing.T) {
 	raw, err := os.ReadFile(manifestPath)
 	if err != nil {
@@ -849,6 +857,7 @@ func TestDeployAutopathTurnedOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	objs = append(objs, loadAutopathRBAC(t)...)
 	rc := nodeResolvConf(t)
 	for _, err := range checkDeployment(objs, iptablesMode, dockerfileEntrypoint(t), rc) {
 		t.Error(err)
@@ -1037,16 +1046,51 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 			pod(o).AutomountServiceAccountToken = &f
 			pod(o).Containers[0].Args = append(pod(o).Containers[0].Args, "-autopath")
 		}, "-autopath without the service account token"},
-		{"ClusterRole grants more than reading pods", func(o []any) {
+		{"-autopath without its grant", func(o []any) {
+			pod(o).Containers[0].Args = append(pod(o).Containers[0].Args, "-autopath")
+		}, "no ClusterRoleBinding gives ServiceAccount kube-system/nodelocaldns the pod watch's rights"},
+		{"no NODE_NAME", func(o []any) {
+			pod(o).Containers[0].Env = slices.DeleteFunc(pod(o).Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "NODE_NAME" })
+		}, "NODE_NAME"},
+	}
+	// With deploy/autopath/rbac.yaml applied beside the manifest.
+	withAutopath := func(o []any) []any { return append(o, loadAutopathRBAC(t)...) }
+	for _, tc := range []struct {
+		name     string
+		autopath bool // -autopath on
+		mutate   func([]any)
+		want     string
+	}{
+		{"the pods' grant with -autopath off", false, func([]any) {}, "grants the service account cluster-wide rights with -autopath off"},
+		{"the pods' grant with get", true, func(o []any) {
+			for _, x := range o {
+				if r, ok := x.(*rbacv1.ClusterRole); ok {
+					r.Rules[0].Verbs = append([]string{"get"}, r.Rules[0].Verbs...)
+				}
+			}
+		}, "want exactly list/watch on pods"},
+		{"the pods' grant reads secrets too", true, func(o []any) {
 			for _, x := range o {
 				if r, ok := x.(*rbacv1.ClusterRole); ok {
 					r.Rules[0].Resources = append(r.Rules[0].Resources, "secrets")
 				}
 			}
-		}, "want exactly get/list/watch on pods"},
-		{"no NODE_NAME", func(o []any) {
-			pod(o).Containers[0].Env = slices.DeleteFunc(pod(o).Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "NODE_NAME" })
-		}, "NODE_NAME"},
+		}, "want exactly list/watch on pods"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := withAutopath(loadManifest(t, iptablesMode))
+			if tc.autopath {
+				pod(objs).Containers[0].Args = append(pod(objs).Containers[0].Args, "-autopath")
+			}
+			tc.mutate(objs)
+			for _, err := range checkDeployment(objs, iptablesMode, entry, rc) {
+				if strings.Contains(err.Error(), tc.want) {
+					t.Log(err)
+					return
+				}
+			}
+			t.Errorf("no error mentions %q", tc.want)
+		})
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1162,11 +1206,47 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 }
 
-// checkAutopathAccess: the service account may get, list and watch pods
-// (nothing more), and the pod knows its node's name (-autopath's pod watch).
-func checkAutopathAccess(objs []any, sa *corev1.ServiceAccount, ps *corev1.PodSpec) []error {
-	errs := checkGrant(objs, sa, "ClusterRole", "the pod watch's",
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}})
+// autopathRBACPath is -autopath's grant, applied with it only.
+var autopathRBACPath = repoRoot + "/deploy/autopath/rbac.yaml"
+
+// loadAutopathRBAC decodes deploy/autopath/rbac.yaml.
+func loadAutopathRBAC(t *testing.T) []any {
+	t.Helper()
+	raw, err := os.ReadFile(autopathRBACPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decodeObjects(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// clusterBindings names the ClusterRoleBindings that bind sa.
+func clusterBindings(objs []any, sa *corev1.ServiceAccount) []string {
+	var out []string
+	for _, o := range objs {
+		if b, ok := o.(*rbacv1.ClusterRoleBinding); ok && slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == rbacv1.ServiceAccountKind && s.Name == sa.Name && s.Namespace == sa.Namespace
+		}) {
+			out = append(out, b.Name)
+		}
+	}
+	return out
+}
+
+// checkAutopathAccess: the service account may list and watch pods
+// (nothing more: the informer never gets one pod).
+func checkAutopathAccess(objs []any, sa *corev1.ServiceAccount) []error {
+	return checkGrant(objs, sa, "ClusterRole", "the pod watch's",
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}})
+}
+
+// checkNodeName: the pod knows its node's name (the kube-dns endpoint
+// watch's choice per node, -autopath's pod watch).
+func checkNodeName(ps *corev1.PodSpec) []error {
+	var errs []error
 	nodeName := false
 	for _, c := range ps.Containers {
 		for _, e := range c.Env {
@@ -1176,7 +1256,7 @@ func checkAutopathAccess(objs []any, sa *corev1.ServiceAccount, ps *corev1.PodSp
 		}
 	}
 	if !nodeName {
-		errs = append(errs, errors.New("no NODE_NAME from the downward API (spec.nodeName): -autopath needs it"))
+		errs = append(errs, errors.New("no NODE_NAME from the downward API (spec.nodeName): the kube-dns endpoint watch (each node's own subset) and -autopath need it"))
 	}
 	return errs
 }

@@ -12,7 +12,8 @@
 #   deploy_nodelocaldns IMAGE [autopath|kube-dns]
 #                      deploy/daemonset.yaml rendered by docs/deploy.md's
 #                      iptables-mode sed into $work/nodelocaldns.yaml (with
-#                      autopath: its "- -autopath" line uncommented, as its
+#                      autopath: its "- -autopath" line uncommented and
+#                      deploy/autopath/rbac.yaml applied, as its
 #                      comment says; the manifest mounts the token it needs;
 #                      with kube-dns: its "- -external-upstream=kube-dns"),
 #                      applied and rolled out
@@ -388,7 +389,7 @@ kubedns=$(k -n kube-system get svc kube-dns -o jsonpath='{.spec.clusterIP}')
 
 # nodelocaldns, deploy/daemonset.yaml with docs/deploy.md's iptables-mode
 # substitutions, run from the doc itself so the two cannot differ.
-deploy_nodelocaldns() { # image [autopath]
+deploy_nodelocaldns() { # image [autopath|kube-dns]
 	local image=$1 mode=${2:-} sedline
 	sedline=$(awk '/^### iptables mode/{f=1} f&&/^```sh/{g=1;next} g&&/^```/{exit} g' docs/deploy.md)
 	[ -n "$sedline" ] || { echo "$log_prefix: no iptables-mode sed block in docs/deploy.md" >&2; exit 1; }
@@ -408,6 +409,10 @@ deploy_nodelocaldns() { # image [autopath]
 			grep -q '^ *automountServiceAccountToken: true$' "$work/nodelocaldns.yaml" ||
 			{ echo "$log_prefix: deploy/daemonset.yaml has no '# - -autopath' line, or does not mount the token (automountServiceAccountToken: true)" >&2; exit 1; }
 		sed -i -e 's/^\( *\)# - -autopath$/\1- -autopath/' "$work/nodelocaldns.yaml"
+		# Its grant to watch pods, applied with -autopath only.
+		k apply -f "$repo/deploy/autopath/rbac.yaml" >/dev/null
+	else
+		k delete --ignore-not-found -f "$repo/deploy/autopath/rbac.yaml" >/dev/null
 	fi
 	k apply -f "$work/nodelocaldns.yaml" >/dev/null
 	k -n kube-system rollout status ds/nodelocaldns --timeout=180s >/dev/null
