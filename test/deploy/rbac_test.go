@@ -105,10 +105,10 @@ func TestManifestRBACPerFeature(t *testing.T) {
 	s.ApplyManifest(t, "../../deploy/node-readiness/rbac.yaml", "ClusterRole", "ClusterRoleBinding")
 	check("with deploy/node-readiness/rbac.yaml", merge(endpointWatch, map[access]bool{
 		{"impersonate:associated-node", "nodes", "authentication.k8s.io", ""}: true,
-		{"impersonate", "users", "", ""}:                                     false,
-		{"patch", "nodes", "", ""}:                                           false,
-		{"get", "nodes", "", ""}:                                             false,
-		{"list", "nodes", "", ""}:                                            false,
+		{"impersonate", "users", "", ""}:                                      false,
+		{"patch", "nodes", "", ""}:                                            false,
+		{"get", "nodes", "", ""}:                                              false,
+		{"list", "nodes", "", ""}:                                             false,
 	}))
 }
 
