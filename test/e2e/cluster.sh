@@ -189,8 +189,8 @@ stub.e2e.example:53 {
 }
 8.8.8.8.in-addr.arpa:53 {
     bind $up_ip
-    hosts {
-        8.8.8.8 dns.google
+    template IN PTR {
+        answer "{{ .Name }} 60 IN PTR dns.google."
     }
 }
 .:53 {
