@@ -31,6 +31,10 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 )
 
+// forbiddenBackoff bounds the wait between writes refused for want of a
+// grant.
+const forbiddenBackoff = 5 * time.Minute
+
 // Config says where and how to write.
 type Config struct {
 	// Rest reaches the API server (in-cluster credentials in a pod).
@@ -198,7 +202,13 @@ func (r *Reporter) Run(ctx context.Context) {
 			r.log.Error("node status not written; retrying", "ready", s.Ready, "err", err, "hint", r.hint(err))
 		}
 		retry = time.After(backoff)
-		backoff = min(2*backoff, r.cfg.MaxBackoff)
+		limit := r.cfg.MaxBackoff
+		if apierrors.IsForbidden(err) {
+			// A missing grant is fixed by hand: every node's pod asking
+			// every 30 s would load the API server for nothing.
+			limit = max(limit, forbiddenBackoff)
+		}
+		backoff = min(2*backoff, limit)
 	}
 }
 
