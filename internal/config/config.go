@@ -146,6 +146,13 @@ type CacheConfig struct {
 	// answers are kept over a refresh that does not answer the question
 	// (-last-known-good; serve_stale_policy prefer_positive).
 	LastKnownGood []string
+	// SnapshotInterval is how often the cache is written when it
+	// changed, for a start after a crash (0: never, and none is loaded);
+	// SnapshotMaxBytes bounds that file; SnapshotDir is where it is kept
+	// ("": the state directory's group directory).
+	SnapshotInterval time.Duration
+	SnapshotMaxBytes int64
+	SnapshotDir      string
 }
 
 // AutopathConfig turns autopath on and says how to find this node's pods.
@@ -211,6 +218,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&lastKnownGood, "last-known-good", "", "comma-separated zones (\".\": every name) whose last answer that answers the question is kept, within -serve-stale, when a refresh comes back NXDOMAIN, NODATA, empty or a referral (CoreDNS's serve_stale_policy prefer_positive); \"\": off")
 	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", resolve.DefaultStaleRecheck, "after a failed refresh, serve stale without asking the upstream for this long")
 	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
+	registerSnapshotFlags(fs, &c.Cache)
 	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
 	fs.IntVar(&c.MaxUDPSize, "max-udp-size", resolve.DefaultUDPSize, "EDNS UDP size we advertise, to upstreams (larger answers come over TCP) and in our answers")
 	fs.IntVar(&c.MaxClientUDPSize, "max-client-udp-size", server.DefaultMaxClientUDPSize, "largest UDP answer to a client: its EDNS size up to this (512 without EDNS); larger answers are truncated")
@@ -421,6 +429,55 @@ func (cc *CacheConfig) validate() error {
 	if cc.ServFailTTL < 0 || cc.ServFailTTL > 5*time.Second {
 		return usage("-servfail-ttl: %v is not between 0 and 5s", cc.ServFailTTL)
 	}
+	if cc.SnapshotInterval != 0 && (cc.SnapshotInterval < time.Second || cc.SnapshotInterval > time.Hour) {
+		return usage("-cache-snapshot-interval: %v is not 0 (off) or between 1s and 1h", cc.SnapshotInterval)
+	}
+	if cc.SnapshotDir != "" && !strings.HasPrefix(cc.SnapshotDir, "/") {
+		return usage("-cache-snapshot-dir: %q is not an absolute path", cc.SnapshotDir)
+	}
+	return nil
+}
+
+// DefaultSnapshotMaxBytes is -cache-snapshot-max-bytes' default: about
+// 60,000 answers of one or two records (~125 bytes each), three times the
+// default capacities. On the default state directory (a tmpfs) the file is
+// memory charged to the pod, twice that while a new one replaces it.
+const DefaultSnapshotMaxBytes = 8 << 20
+
+// registerSnapshotFlags adds the cache snapshot's flags (docs/design.md,
+// "Warm after a crash").
+func registerSnapshotFlags(fs *flag.FlagSet, cc *CacheConfig) {
+	fs.DurationVar(&cc.SnapshotInterval, "cache-snapshot-interval", 5*time.Second,
+		"how often the cache is written to -state-dir when it changed (and at exit), so a start after a crash loads it; 0 turns it off (nothing written or loaded)")
+	cc.SnapshotMaxBytes = DefaultSnapshotMaxBytes
+	fs.Var(bytesFlag{&cc.SnapshotMaxBytes}, "cache-snapshot-max-bytes", "bound on the cache snapshot file (bytes; suffixes Ki, Mi, Gi): the most recently used answers of every part of the cache that fit")
+	fs.StringVar(&cc.SnapshotDir, "cache-snapshot-dir", "", "directory of the cache snapshot, private to this instance (a pod's emptyDir: a pod that mounts the shared -state-dir must not read every cached name); \"\": -state-dir's directory for these addresses")
+}
+
+// bytesFlag is a byte count flag (parseBytes: at least 1Mi).
+type bytesFlag struct{ n *int64 }
+
+func (f bytesFlag) String() string {
+	if f.n == nil {
+		return ""
+	}
+	switch n := *f.n; {
+	case n > 0 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "Mi"
+	default:
+		return strconv.FormatInt(n, 10)
+	}
+}
+
+func (f bytesFlag) Set(v string) error {
+	n, err := parseBytes(v)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("0 holds nothing (-cache-snapshot-interval=0 turns the snapshot off)")
+	}
+	if err != nil {
+		return err
+	}
+	*f.n = n
 	return nil
 }
 

@@ -81,6 +81,7 @@ func Describe(w io.Writer, c *Config) {
 		p("iptables ports:   DNS %d and %v: the NOTRACK/ACCEPT rules cover every DNS port (the stock node-cache's name its one port)", c.Port, x)
 	}
 	p("cache:            success %d, denial %d entries, %d bytes", c.Cache.SuccessCapacity, c.Cache.DenialCapacity, c.Cache.MaxBytes)
+	p("cache snapshot:   %s", describeSnapshot(c))
 	p("ttl caps:         cluster success %v denial %v; other success %v denial %v; min %v; servfail %v",
 		c.Cache.ClusterSuccessTTL, c.Cache.ClusterDenialTTL, c.Cache.SuccessTTL, c.Cache.DenialTTL, c.Cache.MinTTL, c.Cache.ServFailTTL)
 	p("serve-stale:      %v past expiry (client waits %v for a refresh, recheck %v after a failed one)", c.Cache.StaleWindow, c.Cache.StaleClientTimeout, c.Cache.StaleRecheck)
@@ -95,6 +96,22 @@ func Describe(w io.Writer, c *Config) {
 		p("autopath:         off")
 	}
 	describeDropIn(p, c) // drop-in: the Corefile block by block, and the notes
+}
+
+// describeSnapshot says where the cache snapshot is kept, or why not.
+func describeSnapshot(c *Config) string {
+	where := c.Cache.SnapshotDir + "/cache.snapshot"
+	switch {
+	case c.Cache.SnapshotDir == "" && c.StateDir == "":
+		return "off: no -state-dir nor -cache-snapshot-dir (a start after a crash is cold)"
+	case c.Cache.SnapshotInterval == 0:
+		return "off (-cache-snapshot-interval=0; a file left by an earlier run is removed at start)"
+	case c.Cache.SnapshotDir == "":
+		where = c.StateDir + "/<group>/cache.snapshot (the group: a hash of the network namespace, addresses and port; the start logs the path; " +
+			"every process that mounts " + c.StateDir + " can read the cached names: -cache-snapshot-dir keeps it private)"
+	}
+	return fmt.Sprintf("%s, written every %v when the cache changed and at exit, at most %d bytes; loaded at a start that has no twin to take the cache from (off: -cache-snapshot-interval=0)",
+		where, c.Cache.SnapshotInterval, c.Cache.SnapshotMaxBytes)
 }
 
 // ServiceAccountDir is where the kubelet mounts the pod's service account token and namespace.

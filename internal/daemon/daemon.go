@@ -76,6 +76,10 @@ type Daemon struct {
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 	started  time.Time              // when we joined, real time: twins are ordered by it
+	// The cache snapshot (cachesnapshot.go): its writer, nil when off;
+	// whether the cache came from a twin (then no snapshot is loaded).
+	snap         *snapshots
+	cacheAdopted bool
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -252,6 +256,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if len(twins) > 0 {
 		d.adoptSockets(ctx, twins)
 	}
+	d.startSnapshots() // the cache from the snapshot, unless a twin's came
 	if err := listenAs(d.cfg.SocketUID, d.Server.Listen); err != nil {
 		return err
 	}
@@ -522,6 +527,7 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 		d.log.Warn("drain cut short; remaining TCP connections closed", "err", err)
 	}
 	cancel()
+	d.stopSnapshots(ctx.Done()) // the last one, with what the drain answered
 	if d.stopHTTP != nil {
 		d.stopHTTP()
 	}

@@ -586,6 +586,17 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 	if cfg.StateDir != "" {
 		hostPath(cfg.StateDir, cfg.StateDir, corev1.HostPathDirectoryOrCreate, "-state-dir, where the old and the new pod meet")
 	}
+	// The cache snapshot: in a directory of the pod's own, never in the
+	// shared state directory (every pod that mounts it could read every
+	// cached name, and write what the next start after a crash loads), in
+	// memory the budget below counts, sized for the old file and the new.
+	if snap := cfg.Cache.SnapshotDir; cfg.Cache.SnapshotInterval > 0 && snap == "" && cfg.StateDir != "" {
+		fail("-cache-snapshot-dir is not set: the cache snapshot would be in the shared state directory %s, which every pod that mounts it can read", cfg.StateDir)
+	} else if v, ok := mounted[snap]; cfg.Cache.SnapshotInterval > 0 && snap != "" && (!ok || v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory) {
+		fail("-cache-snapshot-dir %s must be an emptyDir in memory (medium: Memory): the pod's own, found again by a restarted container", snap)
+	} else if ok && v.EmptyDir != nil && (v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.Value() < 2*cfg.Cache.SnapshotMaxBytes) {
+		fail("-cache-snapshot-dir %s: sizeLimit %v below twice -cache-snapshot-max-bytes (%d MiB: the old file and the new one)", snap, v.EmptyDir.SizeLimit, 2*cfg.Cache.SnapshotMaxBytes>>20)
+	}
 	if cfg.KubeDNSConfigMap == "" {
 		fail("-kubednscm is off: stubDomains and upstreamNameservers are ignored")
 	} else if v, ok := mounted[cfg.KubeDNSConfigMap]; !ok || v.ConfigMap == nil || v.ConfigMap.Name != "kube-dns" {
@@ -634,9 +645,15 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 			gml>>20, garbage>>20, gcfloor.DefaultFloor>>20)
 	}
 	tcpKernel := int64(cfg.MaxTCPConns) * perTCPConnKernel
-	if need := gml + sockets*socketRcvBuf + tcpKernel + childrenAndText; memLimit < need {
-		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + UDP socket buffers %d MiB + TCP socket buffers %d MiB + children %d MiB",
-			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, tcpKernel>>20, childrenAndText>>20)
+	// The cache snapshot in memory (checked above): its pages are charged
+	// to the pod, the old file's and the new one's while it is replaced.
+	var snapshot int64
+	if cfg.Cache.SnapshotInterval > 0 && (cfg.StateDir != "" || cfg.Cache.SnapshotDir != "") {
+		snapshot = 2 * cfg.Cache.SnapshotMaxBytes
+	}
+	if need := gml + sockets*socketRcvBuf + tcpKernel + childrenAndText + snapshot; memLimit < need {
+		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + UDP socket buffers %d MiB + TCP socket buffers %d MiB + children %d MiB + cache snapshot %d MiB",
+			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, tcpKernel>>20, childrenAndText>>20, snapshot>>20)
 	}
 
 	// Termination grace: the daemon's whole shutdown, as main computes it,
@@ -993,6 +1010,12 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 		{"metrics on the link-local address", func(o []any) { setArg(o, "metrics-listen-address", testLocalDNS+":9253") }, "node's IP"},
 		{"metrics moved, annotations not", func(o []any) { setArg(o, "metrics-listen-address", ":9254") }, "prometheus.io/port"},
 		{"memory limit below the budget", func(o []any) { container(o).Resources.Limits[corev1.ResourceMemory] = resource.MustParse("128Mi") }, "memory: limit"},
+		{"cache snapshot over the memory budget", func(o []any) { setArg(o, "cache-snapshot-max-bytes", "32Mi") }, "cache snapshot 64 MiB"},
+		{"cache snapshot over its volume", func(o []any) { setArg(o, "cache-snapshot-max-bytes", "12Mi") }, "sizeLimit 16Mi below twice"},
+		{"cache snapshot in the shared state directory", func(o []any) {
+			container(o).Args = slices.DeleteFunc(container(o).Args, func(a string) bool { return strings.HasPrefix(a, "-cache-snapshot-dir") })
+		}, "-cache-snapshot-dir is not set"},
+		{"cache snapshot on a host path", func(o []any) { setArg(o, "cache-snapshot-dir", "/run/nodelocaldns") }, "must be an emptyDir in memory"},
 		{"cache budget raised alone", func(o []any) { setArg(o, "cache-max-bytes", "256Mi") }, "memory: live heap"},
 		{"UDP sockets per core", func(o []any) {
 			container(o).Args = slices.DeleteFunc(container(o).Args, func(a string) bool { return strings.HasPrefix(a, "-udp-sockets") })

@@ -874,6 +874,118 @@ data:
 	t.Logf("stub domain in effect %v after the ConfigMap was applied", time.Since(start).Round(time.Millisecond))
 }
 
+// digTTL asks server for name from the node, one try: the first answer's
+// address and TTL.
+func digTTL(server, name string) (addr string, ttl int, err error) {
+	c := &dns.Client{Timeout: 2 * time.Second}
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	r, _, err := c.Exchange(m, net.JoinHostPort(server, "53"))
+	if err != nil {
+		return "", 0, err
+	}
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			return a.A.String(), int(a.Hdr.Ttl), nil
+		}
+	}
+	return "", 0, fmt.Errorf("%s: no address: %v", name, r)
+}
+
+// snapshotFiles is a glob of the files name in the cache snapshot's
+// directory of every pod on the node: the manifest's emptyDir
+// (-cache-snapshot-dir), under the kubelet's root directory (run.sh).
+func snapshotFiles(name string) string {
+	return filepath.Join(os.Getenv("NLD_E2E_WORK"), "kubelet", "pods", "*", "volumes", "kubernetes.io~empty-dir", "cache-snapshot", name)
+}
+
+// TestKill9RestartsWarm (issue 42, "Warm after a crash, too"): the cache
+// outlives a kill -9. The killed process wrote it to its pod's emptyDir
+// (-cache-snapshot-dir, in memory); the container the kubelet starts again
+// loads it and answers a name it had cached from it: with what is left of
+// its TTL, where kube-dns's answer through the node's resolver would come
+// with the full 30 s.
+func TestKill9RestartsWarm(t *testing.T) {
+	pod := nldPods(t)[0]
+	// An instance that loaded the snapshot is not fed it again if it dies
+	// within a minute (TestKill9Recovers' restart may have): wait for its
+	// marker to go.
+	poll(t, 90*time.Second, func() error {
+		if m, _ := filepath.Glob(snapshotFiles("cache.snapshot.loaded")); len(m) > 0 {
+			return fmt.Errorf("the last loader is in its first minute: %v", m)
+		}
+		return nil
+	})
+	// A fresh entry: asked until the answer is the upstream's (TTL 30, the
+	// cap), not an older entry's.
+	var asked time.Time
+	poll(t, 45*time.Second, func() error {
+		asked = time.Now()
+		addr, ttl, err := digTTL(localDNS, externalName)
+		if err != nil || addr != externalIP || ttl != 30 {
+			return fmt.Errorf("%s: %s TTL %d, %v", externalName, addr, ttl, err)
+		}
+		return nil
+	})
+	// The snapshot written after it (every 5 s when the cache took entries).
+	poll(t, 15*time.Second, func() error {
+		m, _ := filepath.Glob(snapshotFiles("cache.snapshot"))
+		for _, f := range m {
+			if st, err := os.Stat(f); err == nil && st.ModTime().After(asked) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no snapshot written since %s: %v", asked.Format("15:04:05.000"), m)
+	})
+	// A second at least, so that an answer from the snapshot shows less
+	// than the full TTL.
+	time.Sleep(time.Until(asked.Add(1500 * time.Millisecond)))
+	restarts := func() string {
+		return mustKubectl(t, "-n", "kube-system", "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].restartCount}")
+	}
+	r0 := restarts()
+	if err := syscall.Kill(daemonPID(t), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	// The restarted container serving (whatever else answers meanwhile).
+	var logs string
+	poll(t, 60*time.Second, func() error {
+		if r := restarts(); r == r0 {
+			return fmt.Errorf("restartCount still %s", r)
+		}
+		logs, _ = kubectl("-n", "kube-system", "logs", pod)
+		if !strings.Contains(logs, "msg=serving") {
+			return fmt.Errorf("the restarted container does not serve yet")
+		}
+		return nil
+	})
+	var ttl int
+	poll(t, 10*time.Second, func() error {
+		addr, tt, err := digTTL(localDNS, externalName)
+		if err != nil || addr != externalIP {
+			return fmt.Errorf("%s: %s, %v", externalName, addr, err)
+		}
+		ttl = tt
+		return nil
+	})
+	line := ""
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "cache snapshot") {
+			line = l
+		}
+	}
+	t.Logf("kill -9 %v after the lookup; the restarted container served %v later, answered with TTL %d; its log: %s",
+		killed.Sub(asked).Round(time.Millisecond), time.Since(killed).Round(time.Millisecond), ttl, line)
+	if !strings.Contains(line, "loaded the cache snapshot") || strings.Contains(line, " kept=0 ") {
+		t.Errorf("the restarted daemon loaded no snapshot:\n%s", logs)
+	}
+	if ttl >= 30 {
+		t.Errorf("%s answered with TTL %d after the restart: fetched again, not from the snapshot", externalName, ttl)
+	}
+	mustKubectl(t, "-n", "kube-system", "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=60s")
+}
+
 // TestDeleteDaemonSetCleansUp runs last: it deletes the DaemonSet.
 func TestDeleteDaemonSetCleansUp(t *testing.T) {
 	mustKubectl(t, "-n", "kube-system", "delete", "daemonset/nodelocaldns", "--wait=true", "--timeout=120s")
