@@ -80,6 +80,13 @@ type Config struct {
 	SetupInterface bool
 	SetupIPTables  bool
 	SkipTeardown   bool
+	// FallbackAfter: while no instance serves an address the kernel sends
+	// its queries to kube-dns; a process that stops passing its loop check
+	// (stopped, wedged) is skipped this long after (0: the stock's
+	// unconditional rules, no fallback). Teardown: "auto" leaves the
+	// fallback on an exit that is not an uninstall, "always" removes all.
+	FallbackAfter time.Duration
+	Teardown      string
 	// SocketUID owns the DNS sockets, so only processes of that UID can
 	// join their SO_REUSEPORT group; -1 is the process's own (root).
 	SocketUID     int
@@ -109,6 +116,8 @@ type Config struct {
 
 	LogFormat   string
 	CheckConfig bool
+	// Cleanup: remove what earlier instances left on the node and exit.
+	Cleanup bool
 	// PProf is where /debug/pprof/ is served ("" off): its own listener,
 	// loopback unless an address is given explicitly (-pprof, the
 	// Corefile's pprof).
@@ -201,6 +210,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
+	fs.DurationVar(&c.FallbackAfter, "fallback-after", 2*time.Second, "while no instance serves an address, the kernel sends its queries to kube-dns; a hung instance (stopped, a serving loop stuck) is bypassed this long after (whole seconds, at most 1m); 0: no fallback (the stock's rules)")
+	fs.StringVar(&c.Teardown, "teardown", "auto", "on an exit no twin takes over: auto (remove link and rules on an uninstall, or outside a pod; else leave them, the fallback serving, for the next instance) or always")
 	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
@@ -230,6 +241,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.Var(pprofFlag{&c.PProf}, "pprof", "serve /debug/pprof/ on a listener of its own: -pprof on "+DefaultPProfAddr+" (loopback only), -pprof=ADDR:PORT on that address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
+	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove what instances with these flags left on this node (rules of any version, the fallback, the link's addresses, the link if they made it) and exit; refused while one serves")
 	var stock stockFlags
 	registerStock(fs, c, &stock) // drop-in: the stock image's flags
 	// autopath (issue 15)
@@ -280,8 +292,8 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.StateDir = "" // no node to share: no twins
 		}
 	} else {
-		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil && !stock.corefileMode(set) {
-			return nil, err
+		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil && !stock.corefileMode(set) && !c.Cleanup {
+			return nil, err // -cleanup asks kube-dns nothing
 		} else if err != nil {
 			kubeErr = err // drop-in: the Corefile may name the cluster DNS
 		}
@@ -321,6 +333,12 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	case "auto", "legacy", "nft":
 	default:
 		return nil, usage("-iptables-mode: %q is not auto, legacy or nft", c.IPTablesMode)
+	}
+	if c.FallbackAfter < 0 || c.FallbackAfter > time.Minute || c.FallbackAfter%time.Second != 0 {
+		return nil, usage("-fallback-after: %v is not whole seconds between 0 and 1m", c.FallbackAfter)
+	}
+	if c.Teardown != "auto" && c.Teardown != "always" {
+		return nil, usage("-teardown: %q is not auto or always", c.Teardown)
 	}
 	if c.InterfaceName == "" || len(c.InterfaceName) > 15 || strings.ContainsAny(c.InterfaceName, "/ \t") {
 		return nil, usage("-interfacename: %q is not a valid interface name (1-15 characters, no '/' or spaces)", c.InterfaceName)
@@ -379,7 +397,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	if err := c.applyCorefile(&stock, set, localIP, env); err != nil { // drop-in: -conf
 		return nil, err
 	}
-	if kubeErr != nil && !c.KubeDNS.IsValid() {
+	if kubeErr != nil && !c.KubeDNS.IsValid() && !c.Cleanup {
 		return nil, kubeErr
 	}
 	if !c.LocalMode && upstreamSvc != "" {

@@ -76,7 +76,8 @@ func Describe(w io.Writer, c *Config) {
 		p("socket owner:     uid %d (only its processes can join the DNS port group)", c.SocketUID)
 	}
 	p("interface:        %v (%s)", c.SetupInterface, c.InterfaceName)
-	p("iptables:         %v (backend %s, health port %d, sync every %v, teardown on exit %v)", c.SetupIPTables, c.IPTablesMode, c.HealthPort, c.SyncInterval, !c.SkipTeardown)
+	p("iptables:         %v (backend %s, health port %d, sync every %v)", c.SetupIPTables, c.IPTablesMode, c.HealthPort, c.SyncInterval)
+	describeFallback(p, c)
 	if x := c.ExtraPorts(); len(x) > 0 && c.SetupIPTables {
 		p("iptables ports:   DNS %d and %v: the NOTRACK/ACCEPT rules cover every DNS port (the stock node-cache's name its one port)", c.Port, x)
 	}
@@ -129,6 +130,45 @@ func describeKubeDNSPods(c *Config) string {
 		return "the ClusterIP only: no API server credentials here (token not mounted, or not in a pod); in a pod with them: " + follow
 	}
 	return follow + " (live shares: nodelocaldns_upstream_request_duration_seconds_count{group=\"kube-dns\"} per upstream)"
+}
+
+// describeFallback says which addresses have a fallback on this node and
+// which not, and what an exit leaves (docs/design.md, "No black hole").
+func describeFallback(p func(string, ...any), c *Config) {
+	switch {
+	case !c.SetupIPTables:
+		p("fallback:         none: -setupiptables=false, no rules of ours (in Cilium's LRP mode Cilium sends the kube-dns ClusterIP to kube-dns' own pods when no cache pod is ready)")
+		return
+	case c.FallbackAfter == 0:
+		p("fallback:         off (-fallback-after=0): the stock's rules; while no process serves, queries to every address are lost")
+	default:
+		p("fallback:         while no process of ours serves an address (killed, crashed, not started yet) the kernel sends its queries to kube-dns; a hung one (stopped, a serving loop stuck) is bypassed within %v", c.FallbackAfter)
+		addrs := c.InterfaceIPs
+		if addrs == nil {
+			addrs = c.LocalIPs
+		}
+		for _, a := range addrs {
+			switch {
+			case a.IsUnspecified():
+			case c.LocalMode:
+				p("                  %s: none (local mode: no kube-dns)", a)
+			case a.Is6() != c.KubeDNS.Addr().Is6():
+				p("                  %s: if it is a Service's ClusterIP, kube-proxy's own rules; otherwise none (kube-dns' pods are known in kube-dns' family only, %s's)", a, c.KubeDNS.Addr())
+			case c.KubeDNSService == "":
+				p("                  %s: if it is a Service's ClusterIP, kube-proxy's own rules; otherwise kube-dns' pods by a DNAT rewritten while a process serves, from kube-proxy's iptables rules for %s (none while they name none)", a, c.KubeDNS)
+			default:
+				p("                  %s: if it is a Service's ClusterIP, kube-proxy's own rules; otherwise kube-dns' ready pods by a DNAT rewritten while a process serves, from the EndpointSlices of %s through the API, else kube-proxy's iptables rules (none while neither is known)", a, c.KubeDNSService)
+			}
+		}
+	}
+	switch {
+	case c.SkipTeardown:
+		p("on exit:          everything stays (-skipteardown)")
+	case c.Teardown == "always" || c.FallbackAfter == 0:
+		p("on exit:          link, addresses and rules removed unless a twin serves on")
+	default:
+		p("on exit:          removed on an uninstall (the API says this pod's DaemonSet is gone or being deleted) or outside a pod; otherwise left, the fallback serving, for the next instance (-teardown=auto)")
+	}
 }
 
 // RootToKubeDNS reports whether the Corefile's "." block forwards to

@@ -1285,16 +1285,20 @@ func checkNodeName(ps *corev1.PodSpec) []error {
 }
 
 // checkEndpointAccess: the service account may list and watch
-// EndpointSlices in its own namespace (kube-dns-upstream's), nothing more.
+// EndpointSlices in its own namespace (kube-dns-upstream's), get Service
+// kube-dns (which address is kube-dns' ClusterIP: the fallback) and its own
+// DaemonSet (on exit: an uninstall or a rollout?), nothing more.
 func checkEndpointAccess(objs []any, sa *corev1.ServiceAccount) []error {
-	return checkGrant(objs, sa, "Role", "the kube-dns endpoint watch's",
-		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}})
+	return checkGrant(objs, sa, "Role", "the kube-dns endpoint watch's and the fallback's",
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services"}, ResourceNames: []string{"kube-dns"}, Verbs: []string{"get"}},
+		rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"nodelocaldns"}, Verbs: []string{"get"}})
 }
 
 // checkGrant: a binding of kind (ClusterRole: a ClusterRoleBinding; Role:
 // a RoleBinding to a Role in the service account's namespace) gives sa
-// exactly want, one rule and nothing more.
-func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want rbacv1.PolicyRule) []error {
+// exactly the rules want, in that order, and nothing more.
+func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want ...rbacv1.PolicyRule) []error {
 	type role struct {
 		ns    string
 		rules []rbacv1.PolicyRule
@@ -1338,13 +1342,25 @@ func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want r
 				errs = append(errs, fmt.Errorf("%sBinding %s refers to %s %q, not a %s of the manifest (in %s)", kind, b.name, b.ref.Kind, b.ref.Name, kind, sa.Namespace))
 				continue
 			}
-			if len(r.rules) != 1 || !slices.Equal(r.rules[0].APIGroups, want.APIGroups) || !slices.Equal(r.rules[0].Resources, want.Resources) ||
-				!slices.Equal(r.rules[0].Verbs, want.Verbs) || len(r.rules[0].ResourceNames) > 0 || len(r.rules[0].NonResourceURLs) > 0 {
-				on := strings.Join(want.Resources, ",")
-				if g := strings.Join(want.APIGroups, ","); g != "" {
-					on = g + " " + on
+			same := len(r.rules) == len(want)
+			for i := 0; same && i < len(want); i++ {
+				same = slices.Equal(r.rules[i].APIGroups, want[i].APIGroups) && slices.Equal(r.rules[i].Resources, want[i].Resources) &&
+					slices.Equal(r.rules[i].Verbs, want[i].Verbs) && slices.Equal(r.rules[i].ResourceNames, want[i].ResourceNames) &&
+					len(r.rules[i].NonResourceURLs) == 0
+			}
+			if !same {
+				var on []string
+				for _, w := range want {
+					o := strings.Join(w.Verbs, "/") + " on " + strings.Join(w.Resources, ",")
+					if g := strings.Join(w.APIGroups, ","); g != "" {
+						o = strings.Join(w.Verbs, "/") + " on " + g + " " + strings.Join(w.Resources, ",")
+					}
+					if len(w.ResourceNames) > 0 {
+						o += " " + strings.Join(w.ResourceNames, ",")
+					}
+					on = append(on, o)
 				}
-				errs = append(errs, fmt.Errorf("%s %s grants %+v, want exactly %s on %s", kind, b.ref.Name, r.rules, strings.Join(want.Verbs, "/"), on))
+				errs = append(errs, fmt.Errorf("%s %s grants %+v, want exactly %s", kind, b.ref.Name, r.rules, strings.Join(on, "; ")))
 			}
 			bound = true
 		}

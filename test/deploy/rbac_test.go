@@ -81,6 +81,9 @@ func TestManifestRBACPerFeature(t *testing.T) {
 		{"list", "endpointslices", "discovery.k8s.io", "default"}:      false,
 		{"list", "secrets", "", "kube-system"}:                         false,
 		{"get", "pods", "", "kube-system"}:                             false,
+		{"list", "services", "", "kube-system"}:                        false,
+		{"get", "daemonsets", "apps", "kube-system"}:                   false, // only nodelocaldns, by name
+		{"list", "daemonsets", "apps", "kube-system"}:                  false,
 	}
 	noPods := map[access]bool{
 		{"list", "pods", "", ""}:            false,
