@@ -158,3 +158,13 @@ func (d *State) noteUnusedUpstreams(source string, servers []netip.AddrPort) {
 		d.log.Warn("the kube-dns ConfigMap's upstreamNameservers are not asked: -external-upstream=kube-dns sends every name to kube-dns (CoreDNS's own forward applies)", "upstreamNameservers", s)
 	}
 }
+
+// NodeResolvers are resolv.conf's servers as last applied: what the node
+// listener asks (and its fallback's targets while no instance serves).
+// Safe from any goroutine.
+func (d *State) NodeResolvers() []netip.AddrPort {
+	if p := d.nodeResolvers.Load(); p != nil {
+		return *p
+	}
+	return nil
+}

@@ -331,6 +331,7 @@ func (d *State) apply() error {
 		return fail(err)
 	}
 	r.node, r.nodeServers, r.stubs, r.host, r.hostServers = node, servers, stubs, host, r.resolv
+	d.nodeResolvers.Store(&r.hostServers)
 	d.groups = live
 
 	dropped := d.dropZones(changedZones)

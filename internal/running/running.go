@@ -90,7 +90,8 @@ type State struct {
 	viewChain atomic.Pointer[blocks.Chains]
 	res0      *resolve.Resolver
 	// nodeV is -node-listen's view (node.go); nil without it.
-	nodeV *nodeView
+	nodeV         *nodeView
+	nodeResolvers atomic.Pointer[[]netip.AddrPort] // resolv.conf's servers as applied
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]

@@ -100,7 +100,7 @@ func TestNodeListenerServesTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := exec.CommandContext(ctx, "ip", "netns", "exec", ns, bin, "-local-mode", "-setupinterface=true", "-setupiptables=true",
-		"-localip", "169.254.20.10", "-node-listen", "169.254.20.11", "-resolv-conf", rc,
+		"-localip", "169.254.20.10", "-node-listen", "169.254.20.11", "-resolv-conf", rc, "-syncinterval", "1s",
 		"-metrics-listen-address", "127.0.0.1:9253", "-state-dir", stateDir(t), "-lameduck", "200ms")
 	var stderr bytes.Buffer
 	d.Stderr = &stderr
@@ -169,6 +169,33 @@ func TestNodeListenerServesTheNode(t *testing.T) {
 	}
 
 	testForwarderLoop(t, ctx, ns, in, dnsmasq, dig, rc, dir)
+
+	// Killed: the node's lookups go to its own resolver (the fallback's
+	// DNAT, once the gate is stale), not to kube-dns and not lost.
+	if err := os.WriteFile(rc, []byte("nameserver 169.254.20.11\nnameserver 127.0.0.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up2 := exec.CommandContext(ctx, "ip", "netns", "exec", ns, dnsmasq, "--no-daemon", "--no-resolv", "--no-hosts",
+		"--listen-address=127.0.0.1", "--bind-interfaces", "--port=53", "--local-ttl=60",
+		"--host-record=after.example.com,192.0.2.3,2001:db8::3", "--pid-file="+filepath.Join(dir, "up2.pid"))
+	if err := up2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = up2.Process.Kill(); _ = up2.Wait() }()
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(mustRun(t, in("iptables", "-t", "nat", "-S")), "--to-destination 127.0.0.1:53") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node listener's fallback does not name the node's resolver:\n%s", mustRun(t, in("iptables", "-t", "nat", "-S")))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = d.Process.Kill()
+	<-exited
+	exited <- nil // for the deferred stop
+	time.Sleep(3 * time.Second) // -fallback-after (2 s): the host's gate goes stale
+	if got := strings.Fields(mustRun(t, in("getent", "hosts", "after.example.com"))); len(got) == 0 || got[0] != "2001:db8::3" {
+		t.Fatalf("killed: getent hosts through the node listener: %v", got)
+	}
 }
 
 // testForwarderLoop points the daemon's resolvers at a forwarder that
