@@ -191,7 +191,7 @@ func TestNodeListenerServesTheNode(t *testing.T) {
 	}
 	_ = d.Process.Kill()
 	<-exited
-	exited <- nil // for the deferred stop
+	exited <- nil               // for the deferred stop
 	time.Sleep(3 * time.Second) // -fallback-after (2 s): the host's gate goes stale
 	if got := strings.Fields(mustRun(t, in("getent", "hosts", "after.example.com"))); len(got) == 0 || got[0] != "2001:db8::3" {
 		t.Fatalf("killed: getent hosts through the node listener: %v", got)
