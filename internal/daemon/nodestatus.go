@@ -82,6 +82,7 @@ func (d *Daemon) nodeStatusServing() {
 	d.stopStatus = func() { cancel(); stop() }
 	every := statusCheckEvery
 	go func() {
+		healthy := true
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
@@ -99,11 +100,15 @@ func (d *Daemon) nodeStatusServing() {
 			if d.stopping.Load() || ctx.Err() != nil {
 				return
 			}
-			if err != nil {
+			// On a change only: an error's text may differ from one
+			// check to the next, and each would be a write.
+			switch {
+			case err != nil && healthy:
 				d.status.Set(nodestatus.State{Reason: "Unhealthy", Message: "health check failed: " + err.Error()})
-			} else {
+			case err == nil && !healthy:
 				d.status.Set(serving)
 			}
+			healthy = err == nil
 		}
 	}()
 }
