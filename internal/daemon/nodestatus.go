@@ -16,8 +16,10 @@ import (
 //
 //   - Start, before anything serves, when no twin does: not ready
 //     ("Starting"). A condition left True by an instance that was killed,
-//     or by the node's last boot, must not let pods in before this one
-//     answers. With a twin serving, nothing is written: it is ready.
+//     or by the node's last boot, should not let pods in before this one
+//     answers; the write is not waited for (the reporter writes the latest
+//     state: a fast start may write "Serving" alone). With a twin
+//     serving, nothing is written: it is ready.
 //   - Start, once every listen address answered: ready ("Serving").
 //   - every statusCheckEvery while serving: the health check (every
 //     serving loop alive, a query answered through every address); a
