@@ -99,6 +99,7 @@ type Daemon struct {
 	status     *nodestatus.Reporter
 	stopStatus context.CancelFunc
 	statusDone chan struct{}
+	statusMu   sync.Mutex // the health check's Set against the shutdown's
 }
 
 // Options are what tests and main may change beyond the Config.

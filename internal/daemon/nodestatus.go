@@ -16,8 +16,10 @@ import (
 //
 //   - Start, before anything serves, when no twin does: not ready
 //     ("Starting"). A condition left True by an instance that was killed,
-//     or by the node's last boot, must not let pods in before this one
-//     answers. With a twin serving, nothing is written: it is ready.
+//     or by the node's last boot, should not let pods in before this one
+//     answers; the write is not waited for (the reporter writes the latest
+//     state: a fast start may write "Serving" alone). With a twin
+//     serving, nothing is written: it is ready.
 //   - Start, once every listen address answered: ready ("Serving").
 //   - every statusCheckEvery while serving: the health check (every
 //     serving loop alive, a query answered through every address); a
@@ -97,20 +99,31 @@ func (d *Daemon) nodeStatusServing() {
 			hctx, hcancel := context.WithTimeout(ctx, 3*time.Second)
 			err := d.health(hctx)
 			hcancel()
-			if d.stopping.Load() || ctx.Err() != nil {
+			if ctx.Err() != nil || !d.setHealth(err, healthy) {
 				return
-			}
-			// On a change only: an error's text may differ from one
-			// check to the next, and each would be a write.
-			switch {
-			case err != nil && healthy:
-				d.status.Set(nodestatus.State{Reason: "Unhealthy", Message: "health check failed: " + err.Error()})
-			case err == nil && !healthy:
-				d.status.Set(serving)
 			}
 			healthy = err == nil
 		}
 	}()
+}
+
+// setHealth writes a health check's outcome when it changed (an error's
+// text may differ from one check to the next, and each would be a write);
+// false once the daemon is stopping. Under statusMu, so that a check that
+// ends as the shutdown begins never writes after its "Stopping".
+func (d *Daemon) setHealth(err error, wasHealthy bool) bool {
+	d.statusMu.Lock()
+	defer d.statusMu.Unlock()
+	if d.stopping.Load() {
+		return false
+	}
+	switch {
+	case err != nil && wasHealthy:
+		d.status.Set(nodestatus.State{Reason: "Unhealthy", Message: "health check failed: " + err.Error()})
+	case err == nil && !wasHealthy:
+		d.status.Set(serving)
+	}
+	return true
 }
 
 var serving = nodestatus.State{Ready: true, Reason: "Serving", Message: "nodelocaldns answers through every listen address"}
@@ -125,6 +138,8 @@ func (d *Daemon) nodeStatusStopping(lameDuck time.Duration) {
 		d.log.Info("node status left to the twin serving the same addresses")
 		return
 	}
+	d.statusMu.Lock() // after d.stopping: no health check writes past this
+	defer d.statusMu.Unlock()
 	d.status.Set(nodestatus.State{Reason: "Stopping", Message: fmt.Sprintf("nodelocaldns is stopping: answering for its lame duck (%v), then exiting", lameDuck)})
 }
 

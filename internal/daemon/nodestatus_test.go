@@ -49,10 +49,10 @@ func waitCondition(t *testing.T, s *apiserver.Server, n, typ string, status core
 // TestNodeConditionFollowsTheLifecycle runs the daemon against a real
 // kube-apiserver with deploy/node-readiness/rbac.yaml, as its pod's token
 // (bound to a pod on node n1): a condition left True by a killed instance
-// stays True only once this one answers; a twin's start and its elder's
-// exit (a rollout) leave it True; a wedged serving loop makes it False
-// within a health check period, and True again; the last exit without a
-// twin makes it False before the lame duck.
+// is rewritten by this one ("Serving") once it answers; a wedged serving
+// loop makes it False within a health check period, and True again; a
+// twin's start and its elder's exit (a rollout) leave it True; the last
+// exit without a twin leaves it False ("Stopping").
 func TestNodeConditionFollowsTheLifecycle(t *testing.T) {
 	s := apiserver.Start(t, apiserver.NodeAuthorization())
 	s.MustDo(http.MethodPost, "/api/v1/nodes", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n1"}}, nil)

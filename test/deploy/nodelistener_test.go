@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -29,6 +30,25 @@ func counters(t *testing.T, in func(args ...string) *exec.Cmd) map[string]int {
 		}
 	}
 	return got
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and readers in
+// different goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // delta is after minus before, per counter.
@@ -102,7 +122,7 @@ func TestNodeListenerServesTheNode(t *testing.T) {
 	d := exec.CommandContext(ctx, "ip", "netns", "exec", ns, bin, "-local-mode", "-setupinterface=true", "-setupiptables=true",
 		"-localip", "169.254.20.10", "-node-listen", "169.254.20.11", "-resolv-conf", rc, "-syncinterval", "1s",
 		"-metrics-listen-address", "127.0.0.1:9253", "-state-dir", stateDir(t), "-lameduck", "200ms")
-	var stderr bytes.Buffer
+	var stderr lockedBuffer // written by exec's copying goroutine while read here
 	d.Stderr = &stderr
 	if err := d.Start(); err != nil {
 		t.Fatal(err)
@@ -118,6 +138,12 @@ func TestNodeListenerServesTheNode(t *testing.T) {
 		}
 	}()
 	waitNodeReady(t, in, exited, &stderr)
+	// The "serving" line comes just after /ready turns ok.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(stderr.String(), `msg=serving`); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no serving line:\n%s", stderr.String())
+		}
+	}
 	if !strings.Contains(stderr.String(), `nameservers=[127.0.0.1:53]`) {
 		t.Fatalf("the daemon did not drop its own node listener from its resolvers:\n%s", stderr.String())
 	}
@@ -182,13 +208,7 @@ func TestNodeListenerServesTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = up2.Process.Kill(); _ = up2.Wait() }()
-	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(mustRun(t, in("iptables", "-t", "nat", "-S")), "--to-destination 127.0.0.1:53") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the node listener's fallback does not name the node's resolver:\n%s", mustRun(t, in("iptables", "-t", "nat", "-S")))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitNAT(t, in, "--to-destination 127.0.0.1:53")
 	_ = d.Process.Kill()
 	<-exited
 	exited <- nil               // for the deferred stop
@@ -212,9 +232,10 @@ func testForwarderLoop(t *testing.T, ctx context.Context, ns string, in func(arg
 	if err := os.WriteFile(rc, []byte("nameserver 169.254.20.11\nnameserver 127.0.0.2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// The watch applies it within seconds; the dead resolver's name shows
-	// when it has: a question answered now by the loop, not refused.
-	time.Sleep(3 * time.Second)
+	// Applied once the node listener's fallback DNAT names the forwarder
+	// (written every -syncinterval from the resolvers as applied); until
+	// then the dead resolver would answer SERVFAIL and prove nothing.
+	waitNAT(t, in, "--to-destination 127.0.0.2:53")
 	c0 := counters(t, in)
 	start := time.Now()
 	out, _ := in(dig, "@169.254.20.11", "+tries=1", "+time=15", "loop.example.com").CombinedOutput()
@@ -225,8 +246,25 @@ func testForwarderLoop(t *testing.T, ctx context.Context, ns string, in func(arg
 	if d["node-listener"] > 20 || d["forwarder"] > 20 {
 		t.Fatalf("forwarder loop: packets %v for one query: a storm", d)
 	}
+	if d["forwarder"] == 0 {
+		t.Fatalf("forwarder loop: packets %v: the daemon never asked the forwarder (no loop to bound)", d)
+	}
 	if !strings.Contains(string(out), "status: SERVFAIL") {
 		t.Fatalf("forwarder loop: %s", out)
+	}
+}
+
+// waitNAT waits (15 s at most) until the nat table's rules contain want:
+// the node listener's fallback DNAT names the node's resolvers as the
+// daemon applied them.
+func waitNAT(t *testing.T, in func(args ...string) *exec.Cmd, want string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(mustRun(t, in("iptables", "-t", "nat", "-S")), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node listener's fallback does not name %q:\n%s", want, mustRun(t, in("iptables", "-t", "nat", "-S")))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

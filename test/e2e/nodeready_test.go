@@ -151,7 +151,13 @@ func TestNodeReadinessHoldsPodsUntilDNSAnswers(t *testing.T) {
 	done := make(chan struct{})
 	var lifted atomic.Int64
 	go func() { defer close(done); ruleController(t, rule, stop, &lifted) }()
-	defer func() { close(stop); <-done }()
+	defer func() {
+		close(stop)
+		<-done
+		// A failure before the controller lifted the taint would leave it,
+		// and the next tests' pods would never be scheduled.
+		_, _ = kubectl("taint", "nodes", "--all", rule.Spec.Taint.Key+":"+rule.Spec.Taint.Effect+"-")
+	}()
 	poll(t, 30*time.Second, func() error {
 		for _, x := range theNode(t).Spec.Taints {
 			if x.Key == rule.Spec.Taint.Key {

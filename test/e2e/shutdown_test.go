@@ -161,6 +161,7 @@ spec:
 	case <-streamed:
 	case <-time.After(30 * time.Second):
 		_ = cacheLog.Process.Kill()
+		<-streamed // its copying goroutine is done with cacheOut
 	}
 
 	var ok, failed int
