@@ -403,6 +403,10 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 	}
 	var out []*Server
 	seen := map[string]Pos{}
+	// bound is a zone and port's first block that binds it: a block
+	// without bind on them overlaps it (looked up, not searched: 5,000
+	// blocks were 12.5 million key formats).
+	bound := map[string]Pos{}
 	for _, b := range bs {
 		whole, err := buildServer(b, o)
 		if err != nil {
@@ -412,35 +416,8 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 			return nil, err
 		}
 		for _, s := range splitPorts(whole, o.DefaultPort) {
-			// CoreDNS refuses the same zone and port in two blocks unless their
-			// binds differ; we refuse overlapping binds likewise.
-			for _, z := range s.Zones {
-				binds := []string{"*"}
-				if len(s.Bind) > 0 {
-					binds = binds[:0]
-					for _, a := range s.Bind {
-						binds = append(binds, a.String())
-					}
-				}
-				for _, a := range binds {
-					k := fmt.Sprintf("%s|%d|%s", z, s.Port, a)
-					if p, ok := seen[k]; ok {
-						return nil, errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
-					}
-					// CoreDNS 1.15 (core/dnsserver/address.go) also refuses a
-					// zone both without bind and with one on the same port:
-					// "zone overlap listener capacity".
-					if a == "*" {
-						for ok, p := range seen {
-							if strings.HasPrefix(ok, fmt.Sprintf("%s|%d|", z, s.Port)) {
-								return nil, errAt(s.Pos, "zone %s port %d without bind overlaps the block at %s, which binds it (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, p)
-							}
-						}
-					} else if p, ok := seen[fmt.Sprintf("%s|%d|*", z, s.Port)]; ok {
-						return nil, errAt(s.Pos, "zone %s port %d on %s overlaps the block at %s, which has no bind (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, a, p)
-					}
-					seen[k] = s.Pos
-				}
+			if err := claimZones(s, seen, bound); err != nil {
+				return nil, err
 			}
 			out = append(out, s)
 		}
@@ -449,6 +426,45 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// claimZones records s's zones on its port and binds in seen (and bound),
+// refusing what CoreDNS refuses: the same zone and port in two blocks
+// unless their binds differ, and overlapping binds likewise.
+func claimZones(s *Server, seen, bound map[string]Pos) error {
+	for _, z := range s.Zones {
+		binds := []string{"*"}
+		if len(s.Bind) > 0 {
+			binds = binds[:0]
+			for _, a := range s.Bind {
+				binds = append(binds, a.String())
+			}
+		}
+		zp := fmt.Sprintf("%s|%d", z, s.Port)
+		for _, a := range binds {
+			k := zp + "|" + a
+			if p, ok := seen[k]; ok {
+				return errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
+			}
+			// CoreDNS 1.15 (core/dnsserver/address.go) also refuses a
+			// zone both without bind and with one on the same port:
+			// "zone overlap listener capacity".
+			if a == "*" {
+				if p, ok := bound[zp]; ok {
+					return errAt(s.Pos, "zone %s port %d without bind overlaps the block at %s, which binds it (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, p)
+				}
+			} else {
+				if p, ok := seen[zp+"|*"]; ok {
+					return errAt(s.Pos, "zone %s port %d on %s overlaps the block at %s, which has no bind (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, a, p)
+				}
+				if _, ok := bound[zp]; !ok {
+					bound[zp] = s.Pos
+				}
+			}
+			seen[k] = s.Pos
+		}
+	}
+	return nil
 }
 
 // splitPorts makes a block whose keys name several ports one Server per
