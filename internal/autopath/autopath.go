@@ -12,7 +12,9 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // Result is a resolved candidate, as the resolution package gives it.
@@ -192,7 +194,7 @@ func (a *Autopath) CandidateWire(name []byte, qtype uint16) bool {
 	for off := 0; off < len(name); {
 		rest := len(name) - off
 		if rest == len(zone) {
-			return labels >= 2 && equalFold(name[off:], zone)
+			return labels >= 2 && wire.EqualNameFold(name[off:], zone)
 		}
 		l := int(name[off])
 		if l == 0 || rest < len(zone) {
@@ -202,27 +204,6 @@ func (a *Autopath) CandidateWire(name []byte, qtype uint16) bool {
 		labels++
 	}
 	return false
-}
-
-// equalFold compares wire names ignoring ASCII case (length bytes are
-// below 64, so they never change under the folding).
-func equalFold(a, b []byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 type memoKey struct {
@@ -456,7 +437,7 @@ func (a *Autopath) forget(d *decision) {
 func (a *Autopath) decide(ctx context.Context, key memoKey, d *decision, qtype uint16) Result {
 	pod, state := a.cfg.Pods.Lookup(key.src)
 	switch {
-	case state != podwatch.Synced:
+	case state != kubewatch.Synced:
 		d.reason = ReasonNotSynced
 		return Result{}
 	case pod == nil:

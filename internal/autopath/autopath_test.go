@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 )
 
@@ -110,7 +111,7 @@ type fixture struct {
 func newFixture(t *testing.T, z *zone) *fixture {
 	t.Helper()
 	f := &fixture{
-		pods: &fakePods{pods: map[netip.Addr]*podwatch.Pod{podIP: shopPod}, state: podwatch.Synced},
+		pods: &fakePods{pods: map[netip.Addr]*podwatch.Pod{podIP: shopPod}, state: kubewatch.Synced},
 		z:    z, clk: clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 	}
 	var err error
@@ -244,12 +245,12 @@ func TestAutopathNeverForUnknownOrIneligible(t *testing.T) {
 	}
 	ineligible := *shopPod
 	ineligible.Ineligible = "search list does not start with the cluster search domains"
-	f.pods.set(podIP, &ineligible, podwatch.Synced)
+	f.pods.set(podIP, &ineligible, kubewatch.Synced)
 	if f.ask(q, dns.TypeA) != nil {
 		t.Error("answered an ineligible pod")
 	}
 	f2 := newFixture(t, z)
-	f2.pods.set(podIP, shopPod, podwatch.Lost)
+	f2.pods.set(podIP, shopPod, kubewatch.Lost)
 	if f2.ask(q, dns.TypeA) != nil {
 		t.Error("answered while the watch is lost")
 	}
@@ -267,12 +268,12 @@ func TestAutopathNeverForUnknownOrIneligible(t *testing.T) {
 // known at the second: neither is answered, until the memo expires.
 func TestAutopathPairAgreesWhenThePodAppears(t *testing.T) {
 	f := newFixture(t, newZone("api.example.com. 300 IN A 192.0.2.1", "api.example.com. 300 IN AAAA 2001:db8::1"))
-	f.pods.set(podIP, nil, podwatch.Synced)
+	f.pods.set(podIP, nil, kubewatch.Synced)
 	q := "api.example.com.shop.svc.cluster.local."
 	if f.ask(q, dns.TypeA) != nil {
 		t.Fatal("answered an unknown pod")
 	}
-	f.pods.set(podIP, shopPod, podwatch.Synced)
+	f.pods.set(podIP, shopPod, kubewatch.Synced)
 	f.clk.Advance(DefaultMemoTTL - time.Millisecond)
 	if f.ask(q, dns.TypeAAAA) != nil {
 		t.Fatal("AAAA answered by autopath while its A was not")
@@ -437,7 +438,7 @@ func TestAutopathPodMemoBound(t *testing.T) {
 	z := newZone("api.example.com. 300 IN A 192.0.2.1", "api.example.com. 300 IN AAAA 2001:db8::1")
 	f := newFixture(t, z)
 	other := netip.MustParseAddr("10.244.1.6")
-	f.pods.set(other, shopPod, podwatch.Synced)
+	f.pods.set(other, shopPod, kubewatch.Synced)
 	f.ap.cfg.PodMemoBytes = 4000
 	for i := range 20 {
 		f.ask(fmt.Sprintf("u%d.wild.example.shop.svc.cluster.local.", i), dns.TypeA)

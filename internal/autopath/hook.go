@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -62,7 +63,7 @@ func (h *Hook) SetWatch(w *podwatch.Watch) { h.watch.Store(w) }
 func (h *Hook) Lookup(ip netip.Addr) (*podwatch.Pod, podwatch.State) {
 	w := h.watch.Load()
 	if w == nil {
-		return nil, podwatch.Starting
+		return nil, kubewatch.Starting
 	}
 	return w.Lookup(ip)
 }
@@ -71,7 +72,7 @@ func (h *Hook) Lookup(ip netip.Addr) (*podwatch.Pod, podwatch.State) {
 // a walk over the name's labels.
 func (h *Hook) Candidate(q *wire.Query) bool {
 	w := h.watch.Load()
-	return w != nil && w.State() == podwatch.Synced && h.ap.CandidateWire(q.Name, q.Type)
+	return w != nil && w.State() == kubewatch.Synced && h.ap.CandidateWire(q.Name, q.Type)
 }
 
 // Answer is the decision, in the miss goroutine, for the view the query
@@ -89,16 +90,16 @@ func (h *Hook) Answer(ctx context.Context, src netip.Addr, qname string, qtype u
 // (-max-inflight) hold at most a few tens of MiB of unpacked answers.
 const maxCandidateUnpack = 4096
 
-// largeUnpacks bounds the large answers unpacked at once for the rare
-// pair whose second type's answer is large after the first decided.
-var largeUnpacks = make(chan struct{}, 4)
-
 // resolveCandidate resolves a candidate through the Resolver: the cache,
 // coalescing, admission and serve-stale of any miss, and what it fetches
 // is stored, so the client's follow-up queries (the CNAME's target) are
 // hits. The TTL is the smallest of the answer's records, or the denial's
 // negative TTL (the SOA's TTL, at most its MINIMUM: RFC 2308 §5).
 func resolveCandidate(res *resolve.Resolver, viewOf ViewOf, clk clock.Clock, udpSize uint16) Resolve {
+	// largeUnpacks bounds the large answers unpacked at once for the rare
+	// pair whose second type's answer is large after the first decided
+	// (the hook's own, not the process's).
+	largeUnpacks := make(chan struct{}, 4)
 	return func(ctx context.Context, name string, qtype uint16) (Result, error) {
 		qm := new(dns.Msg)
 		qm.SetQuestion(name, qtype)
@@ -117,7 +118,7 @@ func resolveCandidate(res *resolve.Resolver, viewOf ViewOf, clk clock.Clock, udp
 			// and refusals, and its cache key.
 			r, q.View = vr, view
 		}
-		e, stale, err := r.Resolve(ctx, &q)
+		e, stale, err := r.Resolve(ctx, &q, nil)
 		if err != nil {
 			return Result{}, err
 		}

@@ -1,52 +1,48 @@
 // Package blocks is the one place that decides which block serves a name.
 // What serves each part of the name space (the Corefile's server blocks as
 // one view sees them, or without a Corefile the zones the flags name) is
-// compiled into a View: per zone, one Block holding its cache policy, its
-// fetch-side directive chain, its forward group (the view's own, or the
-// shared route table's: kube-dns, stub domains, the node's resolvers),
-// whether the zone is refused, its CoreDNS metric zone, and what it does
-// to every answer it sends (its log, its loadbalance). A query looks its
-// name up once (the resolver's PolicyFunc, which the server also asks for
-// the metric zone, the log and the loadbalance of an answer); the Block rides with a miss as the policy's Route
-// to the fetch (resolve's StartFunc, and PolicyOf in a FetchFunc), and a
+// compiled into a View: per zone, one Block holding what the server and
+// the resolver read (resolve.Block: its cache policy, its CoreDNS metric
+// zone, its answer-side handlers, its fetch) and how its misses are
+// fetched (Route: its fetch-side directive chain, its forward group, the
+// view's own or the shared route table's, or REFUSED). A query looks its
+// name up once, when it arrives (the server asks its view's resolver,
+// whose BlockFunc is a View's Block); the Block rides with the query and
+// its miss to the fetch (resolve.Fetcher, which the Block is), and a
 // directive's own lookups (a template's CNAME target) look up the same
 // View, so nothing is matched twice and nothing matches elsewhere.
 //
 // A View is built whole and never changed: a reload (a Corefile edit, a
-// new ConfigMap or resolv.conf: internal/running) compiles a new one and
-// swaps one pointer, so a query sees the old configuration or the new one,
-// never a mix.
+// new ConfigMap or resolv.conf: internal/running) compiles new ones and
+// publishes them at once, so a query sees the old configuration or the
+// new one, never a mix.
 //
 // The sources a view is compiled from live here too: the blocks' fetch-side
 // chains (BuildChains: each block's directives, registered with
 // internal/directive, linked in plugin.cfg order) and, with several views,
-// a view's own routes (Routes: its groups, its refused zones).
+// a view's own routes (Routes: its groups, its refused zones). Each
+// source is a zone table (internal/zone): compiling costs the zones'
+// labels, not the product of the sources' sizes.
 package blocks
 
 import (
 	"cmp"
+	"context"
 	"fmt"
+	"net/netip"
 	"slices"
-	"strings"
+	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
-	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
-	"github.com/nodelocaldns/nodelocaldns/internal/rwanswer"
-	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
-// Block is what serves the names of one zone (the longest zone of the
-// view holding them).
-type Block struct {
-	// Zone is the zone, a lower-case FQDN; "" for the names in no zone.
-	Zone string
-	// Policy is the cache policy; its Route is this Block.
-	Policy resolve.Policy
+// Route is how the misses of a block's names are fetched.
+type Route struct {
 	// Run is the block's fetch-side chain (template, hosts, rewrite,
 	// dns64, ending in its forward); nil: the fetch is a plain forward.
 	Run directive.Next
@@ -56,141 +52,93 @@ type Block struct {
 	// Refused: no block of the view serves the zone (CoreDNS answers
 	// REFUSED).
 	Refused bool
-	// Metric is the CoreDNS metric zone of the names (the index of its
-	// label in Sources.Metrics, as server.Config.CoreDNSZones lists them);
-	// -1: none holds them.
-	Metric int
-	// Log is the block's log (the Corefile's log: internal/dnslog); nil:
-	// the block does not log.
-	Log *dnslog.Log
-	// Shuffle: the block has loadbalance (internal/loadbalance), every
-	// answer it sends is shuffled, hits too.
-	Shuffle bool
-	// Balance is loadbalance's weighted policy or prefer subnets (nil:
-	// plain round_robin).
-	Balance *loadbalance.Policy
-	// Trace is the block's trace (the Corefile's trace:
-	// internal/trace); nil: the block's queries are not traced.
-	Trace *trace.Tracer
-	// Whoami: the block answers every query with the client's own
-	// address and port (internal/whoami), before the cache.
-	Whoami bool
-	// Rewrite: the block's rewrite ttl and rcode rules, applied to every
-	// answer it sends, hits too (internal/rwanswer); nil: none.
-	Rewrite *rwanswer.Rules
-	// Taps are the block's dnstap directives (internal/dnstap); nil:
-	// none.
-	Taps []*dnstap.Tap
+}
+
+// Forwarder fetches the misses of a view's blocks by their Route
+// (internal/running's: the groups, the retry when a reload routed a name
+// elsewhere, dnstap's forward tries).
+type Forwarder interface {
+	// Start is resolve.Fetcher's Start for the block b.
+	Start(b *Block, name, query []byte, asker netip.AddrPort, timeout time.Duration, done resolve.FetchDone) bool
+	// Fetch is resolve.Fetcher's Fetch for the block b.
+	Fetch(ctx context.Context, b *Block, qname string, query []byte) ([]byte, error)
+}
+
+// Block is what serves the names of one zone (the longest zone of the
+// view holding them).
+type Block struct {
+	// Block is what the server and the resolver read; its Fetcher is this
+	// Block (with a Forwarder), so the fetch finds the Route.
+	resolve.Block
+	Route
+	fwd Forwarder
+}
+
+// Start and Fetch make a Block its own resolve.Fetcher: they hand the
+// miss to the view's Forwarder with the block's Route.
+func (b *Block) Start(_ *resolve.Block, name, query []byte, asker netip.AddrPort, timeout time.Duration, done resolve.FetchDone) bool {
+	return b.fwd.Start(b, name, query, asker, timeout, done)
+}
+
+func (b *Block) Fetch(ctx context.Context, _ *resolve.Block, qname string, query []byte) ([]byte, error) {
+	return b.fwd.Fetch(ctx, b, qname, query)
 }
 
 // View is the compiled table of one view. Safe for concurrent use; never
 // modified once compiled.
 type View struct {
-	zones    []zone // longest first
-	def      *Block
-	logs     bool // some block logs
-	shuffles bool // some block shuffles
-	whoami   bool // some block answers whoami
-	traces   bool // some block traces
-	rewrites bool // some block rewrites its answers
-	taps     bool // some block taps (dnstap)
-}
-
-type zone struct {
-	wire []byte // lower-case wire name
-	b    *Block
+	t *zone.Table[*Block]
 }
 
 // Compile builds a view over zones (any order, duplicates ignored; "."
 // allowed). at gives the block of a zone as the configuration says it,
 // evaluated at the zone's own name; def is the block of names in no zone.
+// fwd fetches the blocks' misses (nil: the resolver's Config.Fetch).
 //
 // The sources of a block (the policies, the chains, the view's routes) may
 // each know a different set of zones: zones must be their union. Then the
 // longest zone holding a name is also the longest of each source's zones
 // holding it, extended to the union, so evaluating every source at that
 // zone gives what it would give for the name.
-func Compile(zones []string, def Block, at func(zone string) (Block, error)) (*View, error) {
-	v := &View{def: &def}
-	v.def.Policy.Route = v.def
-	seen := map[string]bool{}
+func Compile(zones []string, def Block, fwd Forwarder, at func(zone string) (Block, error)) (*View, error) {
+	d := &def
+	d.fwd = fwd
+	if fwd != nil {
+		d.Fetcher = d
+	}
+	b := zone.NewBuilder(d)
 	for _, z := range zones {
-		if seen[z] {
+		if b.Has(z) {
 			continue
 		}
-		seen[z] = true
-		w, ok := wire.AppendNameWire(nil, z)
-		if !ok {
-			return nil, fmt.Errorf("blocks: invalid zone %q", z)
-		}
-		b, err := at(z)
+		blk, err := at(z)
 		if err != nil {
 			return nil, fmt.Errorf("blocks: zone %s: %w", z, err)
 		}
-		b.Zone = z
-		bp := &b
-		bp.Policy.Route = bp
-		v.zones = append(v.zones, zone{wire: wire.AppendLower(nil, w), b: bp})
-	}
-	slices.SortStableFunc(v.zones, func(a, b zone) int { return cmp.Compare(len(b.wire), len(a.wire)) })
-	v.logs, v.shuffles, v.whoami, v.traces = v.def.Log != nil, v.def.Shuffle, v.def.Whoami, v.def.Trace != nil
-	v.rewrites, v.taps = v.def.Rewrite != nil, len(v.def.Taps) > 0
-	for _, z := range v.zones {
-		v.rewrites = v.rewrites || z.b.Rewrite != nil
-		v.taps = v.taps || len(z.b.Taps) > 0
-		v.logs = v.logs || z.b.Log != nil
-		v.shuffles = v.shuffles || z.b.Shuffle
-		v.whoami = v.whoami || z.b.Whoami
-		v.traces = v.traces || z.b.Trace != nil
-	}
-	return v, nil
-}
-
-// Acts reports whether some block of the view logs, whether some
-// shuffles and whether some answers whoami: the server asks a name's
-// block for them only then.
-func (v *View) Acts() (logs, shuffles, whoami bool) { return v.logs, v.shuffles, v.whoami }
-
-// Traces reports whether some block of the view traces its queries.
-func (v *View) Traces() bool { return v.traces }
-
-// Rewrites reports whether some block of the view has rewrite ttl or
-// rcode rules (Block.Rewrite).
-func (v *View) Rewrites() bool { return v.rewrites }
-
-// Taps reports whether some block of the view has dnstap.
-func (v *View) Taps() bool { return v.taps }
-
-// Lookup returns the block serving name (wire format, any case). It
-// allocates nothing.
-func (v *View) Lookup(name []byte) *Block {
-	for i := range v.zones {
-		if wire.InZone(name, v.zones[i].wire) {
-			return v.zones[i].b
+		bp := &blk
+		bp.Zone, bp.fwd = z, fwd
+		if fwd != nil {
+			bp.Fetcher = bp
+		}
+		if err := b.Set(z, bp); err != nil {
+			return nil, fmt.Errorf("blocks: invalid zone %q", z)
 		}
 	}
-	return v.def
+	return &View{t: b.Table()}, nil
 }
 
-// Policy is Lookup's block's policy: a resolve.PolicyFunc.
-func (v *View) Policy(name []byte) *resolve.Policy { return &v.Lookup(name).Policy }
+// Lookup returns the block serving name (wire format, any case). It
+// allocates nothing, and costs the name's labels, not the view's zones.
+func (v *View) Lookup(name []byte) *Block { return v.t.Lookup(name) }
 
-// Of returns the block a policy was found with (its Route); nil when it
-// came from elsewhere.
-func Of(p *resolve.Policy) *Block {
-	if p == nil {
-		return nil
-	}
-	b, _ := p.Route.(*Block)
-	return b
-}
+// Block is Lookup's block as the server and the resolver see it: a
+// resolve.BlockFunc.
+func (v *View) Block(name []byte) *resolve.Block { return &v.t.Lookup(name).Block }
 
 // Zones lists the view's zones, longest first (for logs and tests).
 func (v *View) Zones() []string {
-	out := make([]string, len(v.zones))
-	for i, z := range v.zones {
-		out[i] = z.b.Zone
-	}
+	out := slices.Clone(v.t.Zones())
+	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
 	return out
 }
 
@@ -214,26 +162,20 @@ type Sources struct {
 	// twice keeps the first, the root the last, as CoreDNS's servers
 	// listed them; "" is no zone: a label of no block of this view).
 	Metrics []string
-	// Answers are what the view's blocks do to every answer they send
-	// (log, loadbalance) and whether they answer whoami, by the zones of the blocks the view sees; the
-	// longest holding a zone is its block. nil: no block does anything.
+	// Answers are the answer-side handlers of the blocks the view sees, by
+	// their zones (the longest holding a zone is its block's); nil: no
+	// block has any.
 	Answers []Answers
-	// Sink is where the blocks' log lines go; required when a block of
-	// Answers logs.
-	Sink *dnslog.Sink
+	// Forwarder fetches the blocks' misses; nil: the resolver's
+	// Config.Fetch and Config.Start.
+	Forwarder Forwarder
 }
 
-// Answers is what the block serving the names of Zone (in one view) does
-// to every answer it sends, besides caching.
+// Answers is the answer-side chain (log, loadbalance, whoami, ...) of the
+// block serving the names of Zone in one view.
 type Answers struct {
-	Zone    string              // lower-case FQDN
-	Log     []dnslog.Rule       // the block's log rules; nil: no log
-	Shuffle bool                // loadbalance
-	Balance *loadbalance.Policy // loadbalance weighted or prefer; nil: round_robin
-	Whoami  bool                // whoami answers the block's queries
-	Trace   *trace.Tracer       // the block's trace; nil: none
-	Rewrite *rwanswer.Rules     // rewrite's ttl and rcode rules; nil: none
-	Taps    []*dnstap.Tap       // the block's dnstap directives, opened; nil: none
+	Zone  string // lower-case FQDN
+	Chain *answer.Chain
 }
 
 // CompileView compiles a view from its sources. Its zones are the union
@@ -244,84 +186,72 @@ func CompileView(s Sources) (*View, error) {
 	if s.Own != nil {
 		zones = append(zones, s.Own.Zones...)
 	}
+	shared := zone.NewBuilder[*forward.Group](nil)
 	for _, r := range s.Shared {
 		zones = append(zones, r.Zone)
+		_ = shared.Set(r.Zone, r.Group) // of a zone listed twice, the last
 	}
+	routes := shared.Table()
 	zones = append(zones, s.Metrics...)
-	logs := make([]*dnslog.Log, len(s.Answers)) // one Log per block and view
-	for i, a := range s.Answers {
+	metrics := metricTable(s.Metrics)
+	ab := zone.NewBuilder[*answer.Chain](nil)
+	for _, a := range s.Answers {
 		zones = append(zones, a.Zone)
-		if len(a.Log) > 0 {
-			if s.Sink == nil {
-				return nil, fmt.Errorf("blocks: zone %s logs without a sink", a.Zone)
-			}
-			logs[i] = s.Sink.Compile(a.Log)
+		if err := ab.SetFirst(a.Zone, a.Chain); err != nil {
+			return nil, fmt.Errorf("blocks: %w", err)
 		}
 	}
-	def := Block{Policy: s.Default, Metric: -1}
-	return Compile(zones, def, func(z string) (Block, error) {
-		w, ok := wire.AppendNameWire(nil, z)
-		if !ok {
-			return Block{}, fmt.Errorf("invalid zone name %q", z)
+	answers := ab.Table()
+	chains := s.Chains.table()
+	def := Block{Block: resolve.Block{Policy: s.Default, Metric: -1}}
+	return Compile(zones, def, s.Forwarder, func(z string) (Block, error) {
+		w, err := zoneWire(z)
+		if err != nil {
+			return Block{}, err
 		}
-		b := Block{Policy: *s.Policy(w), Run: s.Chains.Run(z), Metric: metricZone(s.Metrics, z)}
+		b := Block{Block: resolve.Block{Policy: *s.Policy(w), Metric: metrics.Lookup(w), Answer: answers.Lookup(w)}}
+		if chains != nil {
+			if c := chains.Lookup(w); c != nil {
+				b.Run = c.run
+			}
+		}
 		if s.Own != nil {
 			b.Refused, b.Group = s.Own.At(z)
 		}
 		if b.Group == nil {
-			b.Group = sharedGroup(s.Shared, z)
+			b.Group = routes.Lookup(w)
 		}
-		if i := answersAt(s.Answers, z); i >= 0 {
-			b.Log, b.Shuffle, b.Balance, b.Whoami, b.Trace = logs[i], s.Answers[i].Shuffle, s.Answers[i].Balance, s.Answers[i].Whoami, s.Answers[i].Trace
-			b.Rewrite = s.Answers[i].Rewrite
-			b.Taps = s.Answers[i].Taps
+		if b.Refused {
+			// No block here (another bind or port): CoreDNS refuses it
+			// before any zone and counts it as "dropped".
+			b.Metric = resolve.MetricDropped
 		}
 		return b, nil
 	})
 }
 
-// holds reports whether zone holds name (both lower-case FQDNs); for
-// compiling only: serving looks names up in a View.
-func holds(zone, name string) bool {
-	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
-}
-
-// sharedGroup is the group of the longest route zone holding zone (of a
-// zone listed twice, the last).
-func sharedGroup(routes []forward.Route, zone string) *forward.Group {
-	var g *forward.Group
-	best := -1
-	for _, r := range routes {
-		if len(r.Zone) >= best && holds(r.Zone, zone) {
-			g, best = r.Group, len(r.Zone)
-		}
-	}
-	return g
-}
-
-// answersAt is the index of the longest of answers' zones holding zone;
-// -1: none.
-func answersAt(answers []Answers, zone string) int {
-	at, best := -1, -1
-	for i, a := range answers {
-		if len(a.Zone) > best && holds(a.Zone, zone) {
-			at, best = i, len(a.Zone)
-		}
-	}
-	return at
-}
-
-// metricZone is the index of the longest metric zone holding zone; -1:
-// none.
-func metricZone(metrics []string, zone string) int {
-	m, best := -1, -1
+// metricTable gives a zone the index of the longest metric zone holding
+// it (-1: none): of a zone listed twice the first, of the root the last
+// (as CoreDNS's servers list them); "" is no zone.
+func metricTable(metrics []string) *zone.Table[int] {
+	b := zone.NewBuilder(-1)
 	for i, z := range metrics {
-		if z == "" || !holds(z, zone) {
-			continue
-		}
-		if len(z) > best || (z == "." && best == 1) { // the first of a zone, the last root
-			m, best = i, len(z)
+		switch {
+		case z == "":
+		case z == ".":
+			_ = b.Set(z, i)
+		default:
+			_ = b.SetFirst(z, i)
 		}
 	}
-	return m
+	return b.Table()
+}
+
+// zoneWire is the wire form of a zone as the sources give it.
+func zoneWire(z string) ([]byte, error) {
+	w, ok := wire.AppendNameWire(nil, z)
+	if !ok {
+		return nil, fmt.Errorf("invalid zone name %q", z)
+	}
+	return w, nil
 }

@@ -2,15 +2,21 @@ package blocks
 
 import (
 	"bytes"
+	"context"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/whoami"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -25,13 +31,16 @@ func wireName(t testing.TB, s string) []byte {
 
 // The longest zone holding a name decides, whatever the order given; the
 // match is case-insensitive and on label boundaries; a name in no zone
-// gets the default; each block's policy routes back to the block.
+// gets the default; each block the resolver sees (View.Block) is the
+// block's own, and fetches through it.
 func TestLookupLongestZone(t *testing.T) {
 	ttl := func(z string) resolve.Policy {
 		return resolve.Policy{TTL: cache.Policy{SuccessMax: time.Duration(len(z)) * time.Second}}
 	}
-	v, err := Compile([]string{"example.", "corp.example.", "corp.example.", "in-addr.arpa."}, Block{Policy: ttl("")},
-		func(z string) (Block, error) { return Block{Policy: ttl(z), Refused: z == "in-addr.arpa."}, nil })
+	v, err := Compile([]string{"example.", "corp.example.", "corp.example.", "in-addr.arpa."}, Block{Block: resolve.Block{Policy: ttl("")}}, nopForwarder{},
+		func(z string) (Block, error) {
+			return Block{Block: resolve.Block{Policy: ttl(z)}, Route: Route{Refused: z == "in-addr.arpa."}}, nil
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +60,8 @@ func TestLookupLongestZone(t *testing.T) {
 		if b.Zone != want {
 			t.Errorf("%s: block %q, want %q", name, b.Zone, want)
 		}
-		if p := v.Policy(wireName(t, name)); Of(p) != b || p.TTL.SuccessMax != time.Duration(len(want))*time.Second {
-			t.Errorf("%s: policy %+v does not route to its block", name, p)
+		if rb := v.Block(wireName(t, name)); rb != &b.Block || rb.Fetcher != b || rb.Policy.TTL.SuccessMax != time.Duration(len(want))*time.Second {
+			t.Errorf("%s: block %+v is not its block's, or does not fetch through it", name, rb)
 		}
 	}
 	if !v.Lookup(wireName(t, "4.3.2.1.in-addr.arpa.")).Refused {
@@ -61,7 +70,7 @@ func TestLookupLongestZone(t *testing.T) {
 }
 
 func TestRootZoneHoldsEverything(t *testing.T) {
-	v, err := Compile([]string{".", "cluster.local."}, Block{}, func(z string) (Block, error) { return Block{}, nil })
+	v, err := Compile([]string{".", "cluster.local."}, Block{}, nil, func(z string) (Block, error) { return Block{}, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +83,7 @@ func TestRootZoneHoldsEverything(t *testing.T) {
 }
 
 func TestLookupAllocatesNothing(t *testing.T) {
-	v, err := Compile([]string{"cluster.local.", "in-addr.arpa.", "ip6.arpa.", "."}, Block{}, func(string) (Block, error) { return Block{}, nil })
+	v, err := Compile([]string{"cluster.local.", "in-addr.arpa.", "ip6.arpa.", "."}, Block{}, nil, func(string) (Block, error) { return Block{}, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +96,8 @@ func TestLookupAllocatesNothing(t *testing.T) {
 // A compiled view decides everything per name: the shared route table's
 // group of the longest route zone (the last of a zone listed twice), the
 // view's own group or refusal before it, and the CoreDNS metric zone (the
-// first of a zone listed twice, the last root; -1 outside every one).
+// first of a zone listed twice, the last root; -1 outside every one;
+// "dropped" for a refused zone).
 func TestCompileViewDecidesGroupAndMetric(t *testing.T) {
 	node, kube, stub, stub2, own := &forward.Group{}, &forward.Group{}, &forward.Group{}, &forward.Group{}, &forward.Group{}
 	pol := resolve.Policy{}
@@ -111,7 +121,7 @@ func TestCompileViewDecidesGroupAndMetric(t *testing.T) {
 		"www.example.org.":     {node, false, 4},
 		"a.stub.example.":      {stub2, false, 4},
 		"a.corp.example.":      {own, false, 4},
-		"a.secret.example.":    {node, true, 4},
+		"a.secret.example.":    {node, true, resolve.MetricDropped}, // refused: CoreDNS counts it as dropped
 	} {
 		b := v.Lookup(wireName(t, name))
 		if b.Group != want.g || b.Refused != want.refused || b.Metric != want.metric {
@@ -127,28 +137,33 @@ func TestCompileViewDecidesGroupAndMetric(t *testing.T) {
 	}
 }
 
-// What a block does to its answers (log, loadbalance) is the block's: the
-// longest zone of the blocks the view sees decides, one view differs from
-// another, and a view whose blocks do nothing says so (the server then
-// asks nothing). The lines are those of the block's own rules.
+// What a block does to its answers (its answer-side handlers) is the
+// block's: the longest zone of the blocks the view sees decides, one view
+// differs from another, and a block without handlers has none (the
+// server then runs nothing). The lines are those of the block's own
+// rules.
 func TestCompileViewAnswers(t *testing.T) {
 	var out bytes.Buffer
 	sink := dnslog.NewSink(&out)
 	pol := resolve.Policy{}
+	logs := func(format string, classes dnslog.Class) *answer.Chain {
+		return answer.NewChain([]string{"log"}, []answer.Handler{dnslog.Handler{Log: sink.Compile([]dnslog.Rule{{Scope: ".", Classes: classes, Format: format}})}})
+	}
+	shuffle := answer.NewChain([]string{"loadbalance"}, []answer.Handler{loadbalance.Handler{}})
 	src := func(a []Answers) Sources {
-		return Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol }, Answers: a, Sink: sink,
+		return Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol }, Answers: a,
 			Shared: []forward.Route{{Zone: "cluster.local.", Group: &forward.Group{}}}}
 	}
 	one, err := CompileView(src([]Answers{
-		{Zone: "cluster.local.", Log: []dnslog.Rule{{Scope: ".", Classes: dnslog.All, Format: "cluster {name}"}}},
-		{Zone: "example.org.", Shuffle: true},
+		{Zone: "cluster.local.", Chain: logs("cluster {name}", dnslog.All)},
+		{Zone: "example.org.", Chain: shuffle},
 		{Zone: "sub.example.org."},
-		{Zone: ".", Log: []dnslog.Rule{{Scope: ".", Classes: dnslog.All, Format: "root {name}"}}},
+		{Zone: ".", Chain: logs("root {name}", dnslog.All)},
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := CompileView(src([]Answers{{Zone: ".", Log: []dnslog.Rule{{Scope: ".", Classes: dnslog.Error, Format: "other {name}"}}}}))
+	other, err := CompileView(src([]Answers{{Zone: ".", Chain: logs("other {name}", dnslog.Error)}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,8 +182,8 @@ func TestCompileViewAnswers(t *testing.T) {
 		{other, "a.svc.cluster.local.", "other a.svc.cluster.local.", false},
 	} {
 		b := tc.v.Lookup(wireName(t, tc.name))
-		if b.Shuffle != tc.shuffle {
-			t.Errorf("%s: shuffle %v", tc.name, b.Shuffle)
+		if got := slices.Contains(b.Answer.Names(), "loadbalance"); got != tc.shuffle {
+			t.Errorf("%s: shuffle %v", tc.name, got)
 		}
 		m := new(dns.Msg)
 		m.SetQuestion(tc.name, dns.TypeA)
@@ -181,7 +196,9 @@ func TestCompileViewAnswers(t *testing.T) {
 			t.Fatal(err)
 		}
 		out.Reset()
-		b.Log.Log(&dnslog.Entry{Q: q, Query: raw, Resp: resp})
+		if slices.Contains(b.Answer.Names(), "log") {
+			b.Answer.Answer(&answer.Request{Q: q, Raw: raw, Clock: clock.Real}, resp, 0, b.Answer.Len())
+		}
 		want := ""
 		if tc.log != "" {
 			want = "[INFO] " + tc.log + "\n"
@@ -190,32 +207,28 @@ func TestCompileViewAnswers(t *testing.T) {
 			t.Errorf("%s: logged %q, want %q", tc.name, out.String(), want)
 		}
 	}
-	if l, s, w := one.Acts(); !l || !s || w {
-		t.Errorf("acts %v %v %v", l, s, w)
-	}
 	none, err := CompileView(src([]Answers{{Zone: "."}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, s, w := none.Acts(); l || s || w {
-		t.Errorf("a view whose blocks do nothing: acts %v %v %v", l, s, w)
+	if b := none.Lookup(wireName(t, "example.org.")); b.Answer != nil {
+		t.Errorf("a view whose blocks do nothing: %v", b.Answer.Names())
 	}
-	who, err := CompileView(src([]Answers{{Zone: "who.example."}, {Zone: "."}}))
+	who := answer.NewChain([]string{"whoami"}, []answer.Handler{whoami.Handler{}})
+	v, err := CompileView(src([]Answers{{Zone: "who.example.", Chain: who}, {Zone: "."}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, w := who.Acts(); w {
-		t.Error("whoami without a whoami block")
-	}
-	who, err = CompileView(src([]Answers{{Zone: "who.example.", Whoami: true}, {Zone: "."}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, w := who.Acts(); !w || !who.Lookup(wireName(t, "a.Who.example.")).Whoami || who.Lookup(wireName(t, "example.")).Whoami {
+	if v.Lookup(wireName(t, "a.Who.example.")).Answer != who || v.Lookup(wireName(t, "example.")).Answer != nil {
 		t.Error("whoami is not the who.example. block's alone")
 	}
-	if _, err := CompileView(Sources{Default: pol, Policy: func([]byte) *resolve.Policy { return &pol },
-		Answers: []Answers{{Zone: ".", Log: []dnslog.Rule{{Scope: "."}}}}}); err == nil {
-		t.Error("a log without a sink compiled")
-	}
 }
+
+// nopForwarder fetches nothing.
+type nopForwarder struct{}
+
+func (nopForwarder) Start(*Block, []byte, []byte, netip.AddrPort, time.Duration, resolve.FetchDone) bool {
+	return false
+}
+
+func (nopForwarder) Fetch(context.Context, *Block, string, []byte) ([]byte, error) { return nil, nil }

@@ -20,6 +20,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
 	"github.com/nodelocaldns/nodelocaldns/internal/template"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // The Corefile's directives that CoreDNS's plugin.cfg puts behind `cache`
@@ -76,17 +77,11 @@ func (c *Chains) Groups() []*forward.Group {
 	return c.groups
 }
 
-// UsesRemote reports whether a template of any block uses .Remote, or a
-// rewrite edns0 rule the client's address, so the server must record each
-// query's client (Server.SetRecordAskers).
-func UsesRemote(servers []*corefile.Server) bool {
-	for _, s := range servers {
-		if template.ConfigsUseRemote(s.Templates) || rewrite.UsesClient(s.Rewrites) {
-			return true
-		}
-	}
-	return false
-}
+// UsesRemote reports whether a directive of any block needs each query's
+// client on the fetch side (a template's .Remote, a rewrite edns0 rule's
+// client address), so the server must record it
+// (Server.SetRecordAskers; corefile.Spec.UsesClient).
+func UsesRemote(servers []*corefile.Server) bool { return corefile.UsesClient(servers) }
 
 // BuildChains builds every block's chain. pick (a view's, config.View)
 // gives each zone its block, by index in servers; nil: a zone's first
@@ -116,7 +111,7 @@ func BuildChains(env ChainEnv, servers []*corefile.Server, pick map[string]int, 
 		if s.Forward != nil {
 			except = s.Forward.Except
 		}
-		b.sig = []any{s.Templates, s.Hosts, rewriteSig(s.Rewrites), s.DNS64, except, linkSig(s)}
+		b.sig = []any{fetchSideSig(s), except, linkSig(s)}
 		if err := b.build(env, s, c, next); err != nil {
 			for _, g := range c.groups {
 				_ = g.Close()
@@ -166,7 +161,7 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 		except = true
 		zones, fwd := f.Except, run
 		run = func(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
-			if len(r.Question) == 1 && underAny(strings.ToLower(r.Question[0].Name), zones) {
+			if len(r.Question) == 1 && zone.HoldsAny(zones, strings.ToLower(r.Question[0].Name)) {
 				return nil, fmt.Errorf("%w: %s", ErrExcepted, r.Question[0].Name)
 			}
 			return fwd(ctx, r)
@@ -200,30 +195,20 @@ func (b *blockChain) build(ce ChainEnv, s *corefile.Server, c *Chains, next reso
 // plugin follows forward (the fetch fails: SERVFAIL, as CoreDNS's).
 var ErrExcepted = errors.New("forward except: no plugin after forward")
 
-// underAny reports whether name (lower-case FQDN) is one of zones or
-// below one.
-func underAny(name string, zones []string) bool {
-	for _, z := range zones {
-		if z == "." || name == z || strings.HasSuffix(name, "."+z) {
-			return true
+// table maps the blocks' zones to their chains (nil: no chains), for
+// compiling (CompileView) and comparing (Changed): serving looks names up
+// in a View.
+func (c *Chains) table() *zone.Table[*blockChain] {
+	if c == nil {
+		return nil
+	}
+	b := zone.NewBuilder[*blockChain](nil)
+	for _, bc := range c.blocks {
+		for _, z := range bc.zones {
+			_ = b.SetFirst(z, bc)
 		}
 	}
-	return false
-}
-
-// block returns the chain of the longest zone holding zone, when
-// compiling (Run) or comparing (Changed): serving looks names up in a View.
-func (c *Chains) block(zone string) *blockChain {
-	var best *blockChain
-	bestLen := -1
-	for _, b := range c.blocks {
-		for _, z := range b.zones {
-			if len(z) > bestLen && holds(z, zone) {
-				best, bestLen = b, len(z)
-			}
-		}
-	}
-	return best
+	return b.Table()
 }
 
 // RunChain fetches query for qname through a block's chain.
@@ -254,15 +239,23 @@ func lookup(ctx context.Context, table func() *View, name string, qtype uint16, 
 	r.SetQuestion(dns.Fqdn(strings.ToLower(name)), qtype)
 	r.SetEdns0(dns.DefaultMsgSize, false)
 	ctx = context.WithValue(ctx, routeKey{}, r.Question[0].Name)
-	if table != nil {
+	if v := viewOf(table); v != nil {
 		w := make([]byte, 256)
 		if n, err := dns.PackDomainName(r.Question[0].Name, w, 0, nil, false); err == nil {
-			if run := table().Lookup(w[:n]).Run; run != nil {
+			if run := v.Lookup(w[:n]).Run; run != nil {
 				return run(ctx, r)
 			}
 		}
 	}
 	return exchangeMsg(ctx, r, next)
+}
+
+// viewOf is table's view now (nil: no table, or none yet).
+func viewOf(table func() *View) *View {
+	if table == nil {
+		return nil
+	}
+	return table()
 }
 
 // depthKey counts nested lookups in a context; maxLookupDepth bounds them
@@ -291,7 +284,11 @@ func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.
 	if n, ok := ctx.Value(routeKey{}).(string); ok {
 		route = n
 	}
-	ans, err := next(ctx, route, q)
+	return unpacked(next(ctx, route, q))
+}
+
+// unpacked is the message of an exchange's answer.
+func unpacked(ans []byte, err error) (*dns.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -302,10 +299,15 @@ func exchangeMsg(ctx context.Context, r *dns.Msg, next resolve.FetchFunc) (*dns.
 	return m, nil
 }
 
-func rewriteSig(rules []*rewrite.Rule) []string {
+// fetchSideSig is the text of s's fetch-side directives (those registered
+// with internal/directive), as written: derived, so a directive added
+// later is in it without a word.
+func fetchSideSig(s *corefile.Server) []string {
 	var out []string
-	for _, r := range rules {
-		out = append(out, r.String())
+	for _, p := range s.Plugins {
+		if _, ok := directive.Registered(p.Name); ok {
+			out = append(out, p.Text)
+		}
 	}
 	return out
 }
@@ -351,10 +353,7 @@ func (c *Chains) Stats() []BlockStats {
 
 // Run is the chain of the block holding zone (nil: none runs).
 func (c *Chains) Run(zone string) directive.Next {
-	if c == nil {
-		return nil
-	}
-	if b := c.block(zone); b != nil {
+	if b := c.table().LookupString(zone); b != nil {
 		return b.run
 	}
 	return nil
@@ -378,17 +377,18 @@ func (c *Chains) Changed(old *Chains) []string {
 	if old == nil {
 		old = &Chains{}
 	}
+	ot, nt := old.table(), c.table()
 	var changed []string
 	for _, b := range c.blocks {
 		for _, z := range b.zones {
-			if ob := old.block(z); ob == nil || !reflect.DeepEqual(ob.sig, b.sig) || !slices.Contains(ob.zones, z) {
+			if ob := ot.LookupString(z); ob == nil || !reflect.DeepEqual(ob.sig, b.sig) || !slices.Contains(ob.zones, z) {
 				changed = append(changed, z)
 			}
 		}
 	}
 	for _, ob := range old.blocks {
 		for _, z := range ob.zones {
-			if nb := c.block(z); (nb == nil || !slices.Contains(nb.zones, z)) && !slices.Contains(changed, z) {
+			if nb := nt.LookupString(z); (nb == nil || !slices.Contains(nb.zones, z)) && !slices.Contains(changed, z) {
 				changed = append(changed, z)
 			}
 		}

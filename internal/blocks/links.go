@@ -11,6 +11,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // A block with several forward directives runs them in the order written,
@@ -61,10 +62,10 @@ func forwardLinks(s *corefile.Server, first directive.Next, gs []*forward.Group)
 // FROM, and not under an except zone unless it is FROM itself (CoreDNS's
 // match).
 func takes(f *corefile.Forward, name string) bool {
-	if !underAny(name, []string{f.From}) {
+	if !zone.Holds(f.From, name) {
 		return false
 	}
-	return name == f.From || !underAny(name, f.Except)
+	return name == f.From || !zone.HoldsAny(f.Except, name)
 }
 
 // handsOn reports whether f passes answer m on to the next forward.
@@ -79,15 +80,7 @@ func groupAsk(g *forward.Group) directive.Next {
 		if err != nil {
 			return nil, err
 		}
-		ans, err := g.Exchange(ctx, q)
-		if err != nil {
-			return nil, err
-		}
-		m := new(dns.Msg)
-		if err := m.Unpack(ans); err != nil {
-			return nil, err
-		}
-		return m, nil
+		return unpacked(g.Exchange(ctx, q))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // Routes is one view's forwarding beyond its chains, when several views
@@ -13,18 +14,26 @@ type Routes struct {
 	Zones   []string                  // every zone of the Corefile, longest first
 	Groups  map[string]*forward.Group // zones forwarded elsewhere than the shared table
 	Refused map[string]bool           // zones no block of the view serves
+	table   *zone.Table[string]       // Zones by zone, made by At
 }
 
 // At is what the view's routes do for the names of zone: refuse them, or
-// send them to the view's own group (nil: the shared route table).
-func (vr *Routes) At(zone string) (refused bool, g *forward.Group) {
-	for _, z := range vr.Zones {
-		if !holds(z, zone) {
-			continue
+// send them to the view's own group (nil: the shared route table). The
+// zones' table is built once, at the first call (compiling is one
+// goroutine's).
+func (vr *Routes) At(z string) (refused bool, g *forward.Group) {
+	if vr.table == nil {
+		b := zone.NewBuilder("")
+		for _, x := range vr.Zones {
+			_ = b.SetFirst(x, x)
 		}
-		return vr.Refused[z], vr.Groups[z]
+		vr.table = b.Table()
 	}
-	return false, nil
+	x := vr.table.LookupString(z)
+	if x == "" {
+		return false, nil
+	}
+	return vr.Refused[x], vr.Groups[x]
 }
 
 // RefusedAnswer is the REFUSED response to query (its question and OPT

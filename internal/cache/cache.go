@@ -219,8 +219,8 @@ func (c *Cache) RefreshFailed(q *wire.Query, now, recheck int64) {
 }
 
 // Put stores e, replacing any entry for the same question, and evicts
-// least recently used entries (expired ones first) to stay within the
-// capacities. Uncacheable entries are ignored. It reports whether e was
+// entries (evict: expired ones first, else the least hit of a sample) to
+// stay within the capacities. Uncacheable entries are ignored. It reports whether e was
 // stored.
 func (c *Cache) Put(e *Entry) bool {
 	if e.kind >= numKinds || e.expires <= e.stored {

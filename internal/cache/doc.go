@@ -17,9 +17,11 @@
 // stored.
 //
 // The Cache is sharded and bounded by entry capacities per kind and by a
-// byte budget, with exact entry and byte gauges. To make room it evicts an
-// expired entry near the least recently used end, else the least hit of a
-// few entries sampled at random. Coalescing and the serve-stale policy live
+// byte budget, with exact entry and byte gauges. To make room it evicts
+// every expired entry of the shard when a sweep is due, else the first
+// expired entry or the least hit of a few entries sampled at random (the
+// least recently used of them on a tie): strict LRU evicts exactly the
+// name a cyclic workload asks for next. Coalescing and the serve-stale policy live
 // in package resolve. The package parses no flags, logs nothing and knows
 // no upstreams.
 package cache

@@ -262,6 +262,34 @@ func BuildFetched(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWind
 	if a.Flags&wire.FlagQR == 0 || a.Type != q.Type || a.Class != q.Class || !wire.EqualNameFold(a.Name, q.Name) {
 		return nil, nil, ErrMismatch
 	}
+	msg, kept := storedMessage(bld, a, resp)
+	e = &Entry{
+		msg:     msg,
+		nameLen: uint16(len(a.Name)),
+		qtype:   a.Type,
+		qclass:  a.Class,
+		flags:   keyFlags(q),
+		rcode:   uint8(a.Rcode4()),
+		stored:  now,
+		tag:     pol.Tag,
+	}
+	e.hash = hashQuestion(q.Name, q.Type, q.Class, e.flags)
+	e.applyPolicy(a, kept, pol, servfailTTL, staleWindow, now)
+	fetched = e
+	if pol.Pass && a.OPTStart >= 0 {
+		if ede := edeOptions(resp[a.OPTStart:a.OPTEnd]); ede != nil {
+			fetched = e.withEDE(ede)
+		}
+	}
+	return e, fetched, nil
+}
+
+// storedMessage is the message an entry stores of the answer resp
+// (parsed into a): the records before its OPT, names compressed when that
+// makes it smaller, the question name lower-cased (hits write the
+// client's case), AA and TC cleared; kept is how many of a.RRs it holds
+// (their offsets moved to the stored message's).
+func storedMessage(bld *builder, a *wire.Answer, resp []byte) (msg []byte, kept int) {
 	// Records past the OPT (rare) are dropped with it: their compression
 	// pointers may point at names that would move.
 	end := a.End
@@ -276,7 +304,6 @@ func BuildFetched(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWind
 		}
 	}
 	// Records kept: those before the OPT, a prefix of a.RRs.
-	kept := 0
 	for kept < len(a.RRs) && a.RRs[kept].Start < end {
 		kept++
 	}
@@ -284,7 +311,6 @@ func BuildFetched(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWind
 	// writes them out in full over TCP, and a truncated answer would keep
 	// fewer records than the stock node-local-dns's, which re-packs.
 	// Most compressed answers are recognised without trying.
-	var msg []byte
 	if !wire.AlreadyCompressed(resp, a.RRs[:kept]) {
 		if c, ok := bld.c.Compress(bld.buf[:0], resp, a.QEnd, a.RRs[:kept]); ok {
 			bld.buf = c
@@ -309,20 +335,15 @@ func BuildFetched(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWind
 			msg[i] = c + 'a' - 'A'
 		}
 	}
-	flags := a.Flags &^ (wire.FlagAA | wire.FlagTC)
-	wire.SetFlags(msg, flags)
+	wire.SetFlags(msg, a.Flags&^(wire.FlagAA|wire.FlagTC))
+	return msg, kept
+}
 
-	e = &Entry{
-		msg:     msg,
-		nameLen: uint16(len(a.Name)),
-		qtype:   a.Type,
-		qclass:  a.Class,
-		flags:   keyFlags(q),
-		rcode:   uint8(a.Rcode4()),
-		stored:  now,
-		tag:     pol.Tag,
-	}
-	e.hash = hashQuestion(q.Name, q.Type, q.Class, e.flags)
+// applyPolicy sets what pol makes of the entry of the answer a (kept of
+// its records stored): its kind and lifetime, what its hits show, its
+// stale window, its prefetch, and under prefer_positive whether it
+// answers its question.
+func (e *Entry) applyPolicy(a *wire.Answer, kept int, pol Policy, servfailTTL, staleWindow time.Duration, now int64) {
 	e.kind, e.expires = classify(a, pol, servfailTTL, now)
 	// A disabled kind is not stored but shown as if cached, as CoreDNS
 	// applies its caps to every answer passing its cache.
@@ -347,6 +368,7 @@ func BuildFetched(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWind
 	if e.kind == Success || e.kind == Denial {
 		e.staleUntil += int64(staleWindow)
 	}
+	msg := e.msg
 	life := uint32((e.expires - now) / int64(time.Second))
 	e.rrs = make([]rrField, 0, kept)
 	for _, rr := range a.RRs[:kept] {
@@ -366,13 +388,6 @@ func BuildFetched(resp []byte, q *wire.Query, pol Policy, servfailTTL, staleWind
 			e.answering = answersQuestion(msg, a.RRs[:kept], a.Type, a.Class, msg[wire.HeaderLen:wire.HeaderLen+len(a.Name)])
 		}
 	}
-	fetched = e
-	if pol.Pass && a.OPTStart >= 0 {
-		if ede := edeOptions(resp[a.OPTStart:a.OPTEnd]); ede != nil {
-			fetched = e.withEDE(ede)
-		}
-	}
-	return e, fetched, nil
 }
 
 // maxEDEBytes bounds the Extended DNS Error options an answer passes on to

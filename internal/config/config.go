@@ -130,6 +130,10 @@ type Config struct {
 	// DropIn: the stock image's flags and the Corefile (stockflags.go,
 	// corefile.go).
 	DropIn DropIn
+
+	// Node: the node listener, where external names go, the node's
+	// readiness condition (node.go).
+	Node NodeConfig
 }
 
 // CacheConfig sizes the cache and caps lifetimes.
@@ -188,14 +192,51 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs := flag.NewFlagSet("nodelocaldns", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &Config{}
-	var localIP, kubeDNS, upstreamSvc, clusterDomain string
-	var maxBytes, lastKnownGood string
-	fs.StringVar(&localIP, "localip", "169.254.20.10", "comma-separated IPv4/IPv6 addresses to serve DNS on (and to put on the interface)")
+	r := &rawFlags{}
+	c.register(fs, r, env)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, usage("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.DropIn.Exit = exitText(&r.stock); c.DropIn.Exit != "" {
+		return c, nil
+	}
+	kubeErr, err := c.checkFlags(r, set, env)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkSizes(r); err != nil {
+		return nil, err
+	}
+	if err := c.finish(r, set, env, kubeErr); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// rawFlags are the flags read as written, before Parse checks them.
+type rawFlags struct {
+	localIP, kubeDNS, upstreamSvc, clusterDomain string
+	maxBytes, lastKnownGood                      string
+	stock                                        stockFlags
+	node                                         *nodeFlags
+}
+
+// register defines the flags on fs, into c and r.
+func (c *Config) register(fs *flag.FlagSet, r *rawFlags, env Env) {
+	fs.StringVar(&r.localIP, "localip", "169.254.20.10", "comma-separated IPv4/IPv6 addresses to serve DNS on (and to put on the interface)")
 	fs.IntVar(&c.Port, "port", 53, "DNS port to listen on")
-	fs.StringVar(&upstreamSvc, "upstreamsvc", "kube-dns", "Service whose NAME_SERVICE_HOST environment variable holds the kube-dns address")
-	fs.StringVar(&kubeDNS, "kube-dns", "", "kube-dns address IP[:port]; wins over -upstreamsvc")
+	fs.StringVar(&r.upstreamSvc, "upstreamsvc", "kube-dns", "Service whose NAME_SERVICE_HOST environment variable holds the kube-dns address")
+	fs.StringVar(&r.kubeDNS, "kube-dns", "", "kube-dns address IP[:port]; wins over -upstreamsvc")
 	fs.BoolVar(&c.LocalMode, "local-mode", false, "no cluster: forward every name to the node's resolvers and do not touch interfaces or iptables")
-	fs.StringVar(&clusterDomain, "cluster-domain", strings.TrimSuffix(DefaultClusterDomain, "."), "cluster DNS domain, forwarded to kube-dns")
+	fs.StringVar(&r.clusterDomain, "cluster-domain", strings.TrimSuffix(DefaultClusterDomain, "."), "cluster DNS domain, forwarded to kube-dns")
 	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf listing the node's resolvers")
 	fs.StringVar(&c.KubeDNSConfigMap, "kubednscm", "", "kube-dns ConfigMap directory (stubDomains, upstreamNameservers), watched for changes (default "+DefaultKubeDNSConfigMap+" when it exists; \"\" turns it off)")
 	fs.StringVar(&c.MetricsAddr, "metrics-listen-address", "", "address for /metrics, /health and /ready (default: first -localip, port 9253)")
@@ -214,7 +255,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
 	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", cache.DefaultCapacity, "cache entries for positive answers")
 	fs.IntVar(&c.Cache.DenialCapacity, "denial-capacity", cache.DefaultCapacity, "cache entries for NXDOMAIN/NODATA answers")
-	fs.StringVar(&maxBytes, "cache-max-bytes", "64Mi", "memory bound for cached answers (bytes; suffixes Ki, Mi, Gi)")
+	fs.StringVar(&r.maxBytes, "cache-max-bytes", "64Mi", "memory bound for cached answers (bytes; suffixes Ki, Mi, Gi)")
 	fs.DurationVar(&c.Cache.ClusterSuccessTTL, "cluster-success-ttl", 30*time.Second, "TTL cap for positive answers in the cluster domain")
 	fs.DurationVar(&c.Cache.ClusterDenialTTL, "cluster-denial-ttl", 5*time.Second, "TTL cap for denials in the cluster domain")
 	fs.DurationVar(&c.Cache.SuccessTTL, "success-ttl", 30*time.Second, "TTL cap for positive answers outside the cluster domain")
@@ -223,7 +264,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.Cache.ServFailTTL, "servfail-ttl", 2*time.Second, "how long an upstream SERVFAIL is cached (0 disables, at most 5s)")
 	fs.DurationVar(&c.Cache.StaleWindow, "serve-stale", time.Hour, "how long past expiry an answer may be served (TTL 30s) when the upstream fails or is slow; 0 disables")
 	fs.DurationVar(&c.Cache.StaleClientTimeout, "stale-client-timeout", resolve.DefaultStaleClientTimeout, "how long a client waits for a refresh before it gets the stale answer")
-	fs.StringVar(&lastKnownGood, "last-known-good", "", "comma-separated zones (\".\": every name) whose last answer that answers the question is kept, within -serve-stale, when a refresh comes back NXDOMAIN, NODATA, empty or a referral (CoreDNS's serve_stale_policy prefer_positive); \"\": off")
+	fs.StringVar(&r.lastKnownGood, "last-known-good", "", "comma-separated zones (\".\": every name) whose last answer that answers the question is kept, within -serve-stale, when a refresh comes back NXDOMAIN, NODATA, empty or a referral (CoreDNS's serve_stale_policy prefer_positive); \"\": off")
 	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", resolve.DefaultStaleRecheck, "after a failed refresh, serve stale without asking the upstream for this long")
 	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
 	registerSnapshotFlags(fs, &c.Cache)
@@ -239,29 +280,19 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	fs.Var(pprofFlag{&c.PProf}, "pprof", "serve /debug/pprof/ on a listener of its own: -pprof on "+DefaultPProfAddr+" (loopback only), -pprof=ADDR:PORT on that address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
 	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove what instances with these flags left on this node (rules of any version, the fallback, the link's addresses, the link if they made it) and exit; refused while one serves")
-	var stock stockFlags
-	registerStock(fs, c, &stock) // drop-in: the stock image's flags
+	registerStock(fs, c, &r.stock) // drop-in: the stock image's flags
 	// autopath (issue 15)
 	fs.BoolVar(&c.Autopath.Enabled, "autopath", false, "answer pods' search-path queries in one round trip (watches this node's pods through the API server; docs/autopath.md)")
-	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch (default $NODE_NAME)")
+	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch and -node-condition (default $NODE_NAME)")
 	fs.StringVar(&c.Autopath.NodeResolvConf, "autopath-node-resolv-conf", "", "the resolv.conf the kubelet gives pods (its --resolv-conf), for their search domains (default: -resolv-conf)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, usage("unexpected argument %q", fs.Arg(0))
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if c.DropIn.Exit = exitText(&stock); c.DropIn.Exit != "" {
-		return c, nil
-	}
+	r.node = registerNode(fs, c) // issue 40: node listener, external names, node status
+}
 
-	var err, kubeErr error
-	if c.LocalIPs, err = parseIPs(localIP); err != nil {
+// checkFlags checks the addresses, ports, modes and paths the flags give;
+// kubeErr is a kube-dns address that could not be found, which a Corefile
+// may still name.
+func (c *Config) checkFlags(r *rawFlags, set map[string]bool, env Env) (kubeErr, err error) {
+	if c.LocalIPs, err = parseIPs(r.localIP); err != nil {
 		return nil, usage("-localip: %v", err)
 	}
 	// 0 is not a port clients can be given (and the rules would name 53).
@@ -271,11 +302,11 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	if c.HealthPort < 0 || c.HealthPort > 65535 {
 		return nil, usage("-health-port: %d is not a port", c.HealthPort)
 	}
-	if c.ClusterDomain, err = normalizeDomain(clusterDomain); err != nil {
+	if c.ClusterDomain, err = normalizeDomain(r.clusterDomain); err != nil {
 		return nil, usage("-cluster-domain: %v", err)
 	}
 	if c.LocalMode {
-		if kubeDNS != "" {
+		if r.kubeDNS != "" {
 			return nil, usage("-local-mode and -kube-dns exclude each other")
 		}
 		if !set["setupinterface"] {
@@ -288,7 +319,7 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 			c.StateDir = "" // no node to share: no twins
 		}
 	} else {
-		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(kubeDNS, upstreamSvc, env); err != nil && !stock.corefileMode(set) && !c.Cleanup {
+		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(r.kubeDNS, r.upstreamSvc, env); err != nil && !r.stock.corefileMode(set) && !c.Cleanup {
 			return nil, err // -cleanup asks kube-dns nothing
 		} else if err != nil {
 			kubeErr = err // drop-in: the Corefile may name the cluster DNS
@@ -339,77 +370,93 @@ func Parse(args []string, env Env, stderr io.Writer) (*Config, error) {
 	if c.InterfaceName == "" || len(c.InterfaceName) > 15 || strings.ContainsAny(c.InterfaceName, "/ \t") {
 		return nil, usage("-interfacename: %q is not a valid interface name (1-15 characters, no '/' or spaces)", c.InterfaceName)
 	}
+	return kubeErr, nil
+}
+
+// checkSizes checks the cache's, the sockets' and the timeouts' flags.
+func (c *Config) checkSizes(r *rawFlags) error {
+	var err error
 	if err := c.Cache.validate(); err != nil {
-		return nil, err
+		return err
 	}
-	if c.Cache.LastKnownGood, err = parseZones(lastKnownGood); err != nil {
-		return nil, usage("-last-known-good: %v", err)
+	if c.Cache.LastKnownGood, err = parseZones(r.lastKnownGood); err != nil {
+		return usage("-last-known-good: %v", err)
 	}
 	if len(c.Cache.LastKnownGood) > 0 && c.Cache.StaleWindow == 0 {
-		return nil, usage("-last-known-good needs -serve-stale (the window bounds how long a last good answer is kept)")
+		return usage("-last-known-good needs -serve-stale (the window bounds how long a last good answer is kept)")
 	}
-	if c.Cache.MaxBytes, err = parseBytes(maxBytes); err != nil {
-		return nil, usage("-cache-max-bytes: %v", err)
+	if c.Cache.MaxBytes, err = parseBytes(r.maxBytes); err != nil {
+		return usage("-cache-max-bytes: %v", err)
 	}
 	if c.UDPSockets < 0 || c.UDPSockets > 256 {
-		return nil, usage("-udp-sockets: %d is not between 0 and 256", c.UDPSockets)
+		return usage("-udp-sockets: %d is not between 0 and 256", c.UDPSockets)
 	}
 	if c.UDPSockets == 0 {
 		c.UDPSockets = runtime.GOMAXPROCS(0)
 	}
 	if c.MaxUDPSize < 512 || c.MaxUDPSize > 65535 {
-		return nil, usage("-max-udp-size: %d is not between 512 and 65535", c.MaxUDPSize)
+		return usage("-max-udp-size: %d is not between 512 and 65535", c.MaxUDPSize)
 	}
 	if c.MaxClientUDPSize < 512 || c.MaxClientUDPSize > 65535 {
-		return nil, usage("-max-client-udp-size: %d is not between 512 and 65535", c.MaxClientUDPSize)
+		return usage("-max-client-udp-size: %d is not between 512 and 65535", c.MaxClientUDPSize)
 	}
 	if c.MaxInflight <= 0 || c.MaxTCPConns <= 0 || c.TCPPoolSize <= 0 {
-		return nil, usage("-max-inflight, -max-tcp-conns and -tcp-pool-size must be positive")
+		return usage("-max-inflight, -max-tcp-conns and -tcp-pool-size must be positive")
 	}
 	if c.TCPIdleTimeout <= 0 || c.ForwardTimeout <= 0 {
-		return nil, usage("-tcp-idle-timeout and -forward-timeout must be positive")
+		return usage("-tcp-idle-timeout and -forward-timeout must be positive")
 	}
 	switch c.LogFormat {
 	case "text", "json":
 	default:
-		return nil, usage("-log-format: %q is not text or json", c.LogFormat)
+		return usage("-log-format: %q is not text or json", c.LogFormat)
 	}
 	if c.Autopath.NodeResolvConf == "" {
 		c.Autopath.NodeResolvConf = c.ResolvConf
 	}
 	if c.Autopath.Enabled {
 		if c.LocalMode {
-			return nil, usage("-autopath needs a cluster: it does not work with -local-mode")
+			return usage("-autopath needs a cluster: it does not work with -local-mode")
 		}
 		if c.Autopath.NodeName == "" {
-			return nil, usage("-autopath: no node name: set -node-name or $NODE_NAME (downward API, spec.nodeName)")
+			return usage("-autopath: no node name: set -node-name or $NODE_NAME (downward API, spec.nodeName)")
 		}
 	}
+	return nil
+}
+
+// finish applies what depends on the rest: the default ConfigMap
+// directory, the Corefile (drop-in: -conf), kube-dns' Service, resolv.conf.
+func (c *Config) finish(r *rawFlags, set map[string]bool, env Env, kubeErr error) error {
+	var err error
 	if !set["kubednscm"] {
 		if st, err := os.Stat(DefaultKubeDNSConfigMap); err == nil && st.IsDir() {
 			c.KubeDNSConfigMap = DefaultKubeDNSConfigMap
 		}
 	}
-	if err := c.applyCorefile(&stock, set, localIP, env); err != nil { // drop-in: -conf
-		return nil, err
+	if err := c.applyCorefile(&r.stock, set, r.localIP, env); err != nil { // drop-in: -conf
+		return err
 	}
 	if kubeErr != nil && !c.KubeDNS.IsValid() && !c.Cleanup {
-		return nil, kubeErr
+		return kubeErr
 	}
-	if !c.LocalMode && upstreamSvc != "" {
+	if !c.LocalMode && r.upstreamSvc != "" {
 		// The kubelet sets $NAME_SERVICE_HOST to the Service's ClusterIP in the pod's
 		// namespace: kube-dns' address is that Service's when they are equal.
-		host := env(strings.ToUpper(strings.ReplaceAll(upstreamSvc, "-", "_")) + "_SERVICE_HOST")
+		host := env(strings.ToUpper(strings.ReplaceAll(r.upstreamSvc, "-", "_")) + "_SERVICE_HOST")
 		if a, err := netip.ParseAddr(host); err == nil && a.Unmap() == c.KubeDNS.Addr() {
-			c.KubeDNSService = upstreamSvc
+			c.KubeDNSService = r.upstreamSvc
 		}
+	}
+	if err := c.finishNode(r.node, set, r.stock.corefileMode(set)); err != nil {
+		return err
 	}
 	if c.ResolvConf != "" {
-		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
-			return nil, fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
+		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.OwnAddrs(), c.Port); err != nil {
+			return fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
 		}
 	}
-	return c, nil
+	return nil
 }
 
 func (cc *CacheConfig) validate() error {
@@ -680,16 +727,16 @@ func (f pprofFlag) Set(v string) error {
 }
 
 // Sockets are the DNS listen sockets' addresses and ports: Listen, or
-// every LocalIPs on Port.
+// every LocalIPs on Port, then the node listener's addresses on Port.
 func (c *Config) Sockets() []netip.AddrPort {
 	if c.Listen != nil {
 		return c.Listen
 	}
-	out := make([]netip.AddrPort, len(c.LocalIPs))
+	out := make([]netip.AddrPort, len(c.LocalIPs), len(c.LocalIPs)+len(c.Node.Listen))
 	for i, a := range c.LocalIPs {
 		out[i] = netip.AddrPortFrom(a, uint16(c.Port))
 	}
-	return out
+	return append(out, c.NodeListenSockets()...) // the node listener's last (running: its view)
 }
 
 // ExtraPorts are the DNS ports besides Port that Sockets listen on, in

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	_ "github.com/nodelocaldns/nodelocaldns/internal/plugins" // the directives, read and run by their own packages
 )
 
 // CorefileConfig is the Corefile the daemon runs (Corefile mode).
@@ -23,8 +24,6 @@ type CorefileConfig struct {
 	Servers []*corefile.Server
 	// Mapping says, block by block, how each directive was mapped.
 	Mapping []string
-	// Policies are the per-block cache policies, by zone.
-	Policies corefile.Policies
 	// ZonePolicies are the resolver's per-zone cache policies built from
 	// the blocks (corefilepolicy.go).
 	ZonePolicies []ZonePolicy

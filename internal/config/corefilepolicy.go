@@ -8,23 +8,23 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
-// ZonePolicy is the cache policy of the names of one Corefile block's zone:
-// the resolver gives a question the policy of its longest matching zone, as
-// CoreDNS picks the block.
+// ZonePolicy is the cache policy of the names of one Corefile block's zone
+// (the resolver gives a question the policy of its longest matching zone,
+// as CoreDNS picks the block): the one policy type, resolve.Policy, from
+// the block's cache directive (corefile.Cache) to the entries it builds,
+// with the zone and the block it comes from.
 type ZonePolicy struct {
 	Zone  string
 	Block string // file:line of the block
-	TTL   cache.Policy
-	// As resolve.Policy: how long SERVFAIL is cached, the serve-stale
-	// window, and how long a client with a stale answer waits for the
-	// refresh.
-	ServFailTTL, StaleWindow, StaleClientTimeout time.Duration
-	// StaleRecheck is serve_stale's FAILURE_RECHECK, negative for none
-	// (`0` or not given: CoreDNS's default, every stale answer may start
-	// a refresh); 0 when -stale-recheck is given explicitly (the flag's).
-	StaleRecheck time.Duration
+	// Policy is the zone's. Its StaleRecheck is serve_stale's
+	// FAILURE_RECHECK, negative for none (`0` or not given: CoreDNS's
+	// default, every stale answer may start a refresh), or
+	// -stale-recheck's when it is given explicitly.
+	resolve.Policy
 }
 
 // immediateStale is the wait of a client whose answer is stale under
@@ -109,12 +109,11 @@ func cacheZones(srv []*corefile.Server, blocks []int, si int) []string {
 	if s.Cache == nil {
 		return nil
 	}
-	under := func(name, zone string) bool { return zone == "." || name == zone || strings.HasSuffix(name, "."+zone) }
 	var out []string
 	add := func(cz string, limit bool) {
 		own := -1 // length of si's longest zone holding cz
 		for _, z := range s.Zones {
-			if under(cz, z) && cz != z && (!limit || !s.Cache.Covers(z)) {
+			if zone.Holds(z, cz) && cz != z && (!limit || !s.Cache.Covers(z)) {
 				own = max(own, len(z))
 			}
 		}
@@ -123,7 +122,7 @@ func cacheZones(srv []*corefile.Server, blocks []int, si int) []string {
 		}
 		for _, b := range blocks {
 			for _, w := range srv[b].Zones {
-				if under(cz, w) && (cz == w || len(w) > own) {
+				if zone.Holds(w, cz) && (cz == w || len(w) > own) {
 					return // taken
 				}
 			}
@@ -147,9 +146,10 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 	ca := s.Cache
 	if ca == nil {
 		zp.TTL = cache.Policy{SuccessMax: time.Second, DenialMax: time.Second, NoSuccess: true, NoDenial: true, Pass: true}
+		zp.StaleRecheck = c.Cache.StaleRecheck
 		return zp, ""
 	}
-	cluster := z == c.ClusterDomain || strings.HasSuffix(z, "."+c.ClusterDomain)
+	cluster := zone.Holds(c.ClusterDomain, z)
 	pick := func(flag string, flagVal, v time.Duration) time.Duration {
 		if set[flag] {
 			return flagVal
@@ -189,6 +189,7 @@ func (c *Config) zonePolicy(s *corefile.Server, z string, set map[string]bool) (
 		wait = ca.ServeStaleVerifyTimeout // verify VERIFY_TIMEOUT: the refresh, or stale after it
 	}
 	zp.StaleClientTimeout = pick("stale-client-timeout", c.Cache.StaleClientTimeout, wait)
+	zp.StaleRecheck = c.Cache.StaleRecheck // -stale-recheck given explicitly
 	if !set["stale-recheck"] {
 		// FAILURE_RECHECK; CoreDNS's default is 0, none: after a failed
 		// refresh the next stale answer may refresh again (one at a time).

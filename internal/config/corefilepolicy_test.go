@@ -292,12 +292,12 @@ func TestDNS64WithoutAllowIPv4ByFamily(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := c.DropIn.Corefile.Servers[0]; s.DNS64 != nil || slices.ContainsFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == "dns64" }) ||
+	if s := c.DropIn.Corefile.Servers[0]; s.Config("dns64") != nil || slices.ContainsFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == "dns64" }) ||
 		!strings.Contains(strings.Join(c.DropIn.Corefile.Mapping, "\n"), "dns64 without allow_ipv4: every listen address") {
 		t.Errorf("IPv4: dns64 kept: %+v", s)
 	}
 	c, err = corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n", "-localip", "fd00::10")
-	if err != nil || c.DropIn.Corefile.Servers[0].DNS64 == nil {
+	if err != nil || c.DropIn.Corefile.Servers[0].Config("dns64") == nil {
 		t.Errorf("IPv6: %v", err)
 	}
 	_, err = corefileConfig(t, ".:53 {\n dns64\n forward . 10.0.0.2\n}\n", "-localip", "169.254.20.10,fd00::10")

@@ -50,6 +50,7 @@ func Describe(w io.Writer, c *Config) {
 	} else {
 		p("kube-dns cm:      %s (watched): %s", c.KubeDNSConfigMap, k)
 	}
+	describeNode(p, c)
 	p("metrics:          http://%s/metrics (/health, /ready)", c.MetricsAddr)
 	if c.HealthAddr != "" {
 		p("health:           http://%s/health, /ready", c.HealthAddr)
@@ -149,6 +150,8 @@ func describeFallback(p func(string, ...any), c *Config) {
 		for _, a := range addrs {
 			switch {
 			case a.IsUnspecified():
+			case slices.Contains(c.Node.Listen, a):
+				p("                  %s: the node listener: the node's own resolvers %v by a DNAT (never kube-dns, which may forward to it)", a, c.Nameservers)
 			case c.LocalMode:
 				p("                  %s: none (local mode: no kube-dns)", a)
 			case a.Is6() != c.KubeDNS.Addr().Is6():

@@ -1,9 +1,9 @@
 package config
 
 import (
-	"strings"
-
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // FlagZone is the cache policy of one zone without a Corefile.
@@ -33,7 +33,7 @@ func (c *Config) FlagPolicies() (def cache.Policy, zones []FlagZone) {
 		case z == ".":
 			def = lkg(def, ".")
 		case z == c.ClusterDomain:
-		case inZone(z, c.ClusterDomain):
+		case zone.Holds(c.ClusterDomain, z):
 			zones = append(zones, FlagZone{Name: z, TTL: lkg(cluster, z)})
 		default:
 			zones = append(zones, FlagZone{Name: z, TTL: lkg(def, z)})
@@ -45,19 +45,8 @@ func (c *Config) FlagPolicies() (def cache.Policy, zones []FlagZone) {
 	return def, append([]FlagZone{clusterZone}, zones...)
 }
 
-// lastKnownGoodCovers returns the -last-known-good zone that holds zone
+// lastKnownGoodCovers returns the -last-known-good zone that holds z
 // (the longest), "" when none.
-func (c *Config) lastKnownGoodCovers(zone string) string {
-	best := ""
-	for _, z := range c.Cache.LastKnownGood {
-		if inZone(zone, z) && len(z) > len(best) {
-			best = z
-		}
-	}
-	return best
-}
-
-// inZone reports whether name (an FQDN) is zone or below it.
-func inZone(name, zone string) bool {
-	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
+func (c *Config) lastKnownGoodCovers(z string) string {
+	return zone.Longest(c.Cache.LastKnownGood, z)
 }

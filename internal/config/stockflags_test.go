@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
 )
 
@@ -173,8 +174,9 @@ func TestCorefileAsIsAndFlagsWin(t *testing.T) {
 	// log is the "." block's only: CoreDNS's lines for its names.
 	// (Which block answers a name, and so logs it, is the block table's:
 	// internal/blocks, internal/running.)
-	if srv := c.DropIn.Corefile.Servers; len(srv) != 3 || srv[0].LogRules != nil || srv[1].LogRules != nil || srv[2].Zones[0] != "." ||
-		len(srv[2].LogRules) != 1 || srv[2].LogRules[0].Format != dnslog.DefaultFormat {
+	logRules := func(s *corefile.Server) []dnslog.Rule { r, _ := s.Config("log").([]dnslog.Rule); return r }
+	if srv := c.DropIn.Corefile.Servers; len(srv) != 3 || logRules(srv[0]) != nil || logRules(srv[1]) != nil || srv[2].Zones[0] != "." ||
+		len(logRules(srv[2])) != 1 || logRules(srv[2])[0].Format != dnslog.DefaultFormat {
 		t.Fatalf("block log %+v", srv)
 	}
 	if len(c.DropIn.Routes) != 1 || c.DropIn.Routes[0].Zone != "corp.example." || len(c.DropIn.Routes[0].Servers) != 2 {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // A view is what a query sees by the address it arrived on, as in CoreDNS:
@@ -94,30 +95,22 @@ func viewBlocks(srv []*corefile.Server, ap netip.AddrPort) []int {
 	return wild
 }
 
-// pickBlock is the block of blocks whose longest zone holds name, -1 if
-// none.
-func pickBlock(srv []*corefile.Server, blocks []int, name string) int {
-	best, bestLen := -1, -1
+// picker gives a name the block of blocks (indexes into srv) whose
+// longest zone holds it, -1 if none (of a zone in two of them, the first).
+func picker(srv []*corefile.Server, blocks []int) *zone.Table[int] {
+	b := zone.NewBuilder(-1)
 	for _, i := range blocks {
 		for _, z := range srv[i].Zones {
-			if len(z) > bestLen && (z == "." || name == z || strings.HasSuffix(name, "."+z)) {
-				best, bestLen = i, len(z)
-			}
+			_ = b.SetFirst(z, i)
 		}
 	}
-	return best
+	return b.Table()
 }
 
-// blockSig is what of a block decides how a query is answered: its cache,
-// its forward, its fetch-side directives, what it does to every answer
-// (log, loadbalance, dnstap), whoami and trace. Two blocks with equal signatures answer alike.
-func blockSig(s *corefile.Server) any {
-	var rw []string
-	for _, r := range s.Rewrites {
-		rw = append(rw, r.String())
-	}
-	return []any{s.Cache, s.Forward, s.MoreForwards, s.Templates, s.Hosts, rw, s.DNS64, s.LogRules, s.Loadbalance, s.Balance, s.Whoami, s.Trace, s.Dnstap}
-}
+// blockSig is what of a block decides how a query is answered
+// (corefile.Server.Sig: derived from its directives, not listed here). Two
+// blocks with equal signatures answer alike.
+func blockSig(s *corefile.Server) any { return s.Sig() }
 
 // buildViews groups the listen addresses by the blocks they see and builds
 // each view's policies and routes; it leaves cc.Views nil when one view
@@ -150,8 +143,9 @@ func (c *Config) buildViews(cc *CorefileConfig, set map[string]bool) error {
 	for vi := range views {
 		v := &views[vi]
 		v.Pick = map[string]int{}
+		pick := picker(srv, v.Blocks)
 		for _, z := range zones {
-			p := pickBlock(srv, v.Blocks, z)
+			p := pick.LookupString(z)
 			v.Pick[z] = p
 			if p != first[z] && (p < 0 || !reflect.DeepEqual(blockSig(srv[p]), blockSig(srv[first[z]]))) {
 				same = false

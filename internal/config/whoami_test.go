@@ -48,8 +48,8 @@ func TestWhoamiBlock(t *testing.T) {
 		if shadowed := strings.Contains(strings.Join(c.DropIn.Notes, "\n"), "whoami is never reached"); shadowed != strings.Contains(tc.note, "never reached") {
 			t.Errorf("%q: start notes %v", tc.block, c.DropIn.Notes)
 		}
-		if !c.DropIn.Corefile.Servers[0].Whoami || !strings.Contains(strings.Join(c.DropIn.Corefile.Mapping, "\n"), tc.note) {
-			t.Errorf("%q: whoami %v mapping %v", tc.block, c.DropIn.Corefile.Servers[0].Whoami, c.DropIn.Corefile.Mapping)
+		if !c.DropIn.Corefile.Servers[0].Has("whoami") || !strings.Contains(strings.Join(c.DropIn.Corefile.Mapping, "\n"), tc.note) {
+			t.Errorf("%q: whoami %v mapping %v", tc.block, c.DropIn.Corefile.Servers[0].Has("whoami"), c.DropIn.Corefile.Mapping)
 		}
 	}
 }

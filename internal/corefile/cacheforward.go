@@ -39,57 +39,12 @@ func setupCache(s *Server, d *Directive) error {
 	}
 	staleSet, policySet := false, false
 	for _, o := range d.Block {
-		a := o.ArgStrings()
 		if o.HasBlock {
 			return badOpt(d, o, "%s takes no block", o.Name)
 		}
 		switch o.Name {
-		case "success", "denial":
-			capacity, ttl, minTTL, err := capTTL(a)
-			if err != nil {
-				return badOpt(d, o, "%s: %v", o.Name, err)
-			}
-			if o.Name == "success" {
-				c.SuccessCap = capacity
-				if ttl > 0 {
-					c.SuccessTTL = ttl
-				}
-				if minTTL >= 0 {
-					c.SuccessMinTTL = minTTL
-				}
-			} else {
-				c.DenialCap = capacity
-				if ttl > 0 {
-					c.DenialTTL = ttl
-				}
-				if minTTL >= 0 {
-					c.DenialMinTTL = minTTL
-				}
-			}
-		case "prefetch":
-			if len(a) == 0 || len(a) > 3 {
-				return badOpt(d, o, "prefetch takes AMOUNT [DURATION [PERCENT%%]]")
-			}
-			n, err := strconv.Atoi(a[0])
-			if err != nil || n < 0 {
-				return badOpt(d, o, "prefetch: %q is not an amount", a[0])
-			}
-			c.Prefetch = n
-			if len(a) > 1 {
-				if c.PrefetchDuration, err = time.ParseDuration(a[1]); err != nil || c.PrefetchDuration < 0 {
-					return badOpt(d, o, "prefetch: %q is not a duration", a[1])
-				}
-			}
-			if len(a) > 2 {
-				p, ok := strings.CutSuffix(a[2], "%")
-				n, err := strconv.Atoi(p)
-				if !ok || err != nil || n < 10 || n > 90 { // CoreDNS's range
-					return badOpt(d, o, "prefetch: %q is not a percentage between 10%% and 90%%", a[2])
-				}
-				c.PrefetchPercent = n
-			}
 		case "serve_stale":
-			if err := serveStale(c, a); err != nil {
+			if err := serveStale(c, o.ArgStrings()); err != nil {
 				return badOpt(d, o, "serve_stale %v (serve_stale [DURATION] [immediate [RESPONSE_TTL [FAILURE_RECHECK]] | verify [VERIFY_TIMEOUT [RESPONSE_TTL [FAILURE_RECHECK]]]])", err)
 			}
 			staleSet = true
@@ -98,58 +53,115 @@ func setupCache(s *Server, d *Directive) error {
 				return badOpt(d, o, "serve_stale_policy can only be given once")
 			}
 			policySet = true
-			if len(a) != 1 || !strings.EqualFold(a[0], "prefer_positive") {
+			if a := o.ArgStrings(); len(a) != 1 || !strings.EqualFold(a[0], "prefer_positive") {
 				return badOpt(d, o, "serve_stale_policy takes prefer_positive")
 			}
 			c.PreferPositive = true
-		case "servfail":
-			if len(a) != 1 {
-				return badOpt(d, o, "servfail takes one duration")
-			}
-			t, err := time.ParseDuration(a[0])
-			if err != nil || t < 0 || t > maxServFailTTL {
-				return badOpt(d, o, "servfail: %q is not a duration between 0 and 5m", a[0])
-			}
-			c.ServFail = t
-		case "disable":
-			// CoreDNS: disable success|denial [ZONE...]; without zones the
-			// root (every name); a later line of a kind replaces the
-			// earlier one.
-			if len(a) == 0 {
-				return badOpt(d, o, "disable takes success or denial, then zones")
-			}
-			var zones []string
-			all := len(a) == 1
-			for _, nz := range zoneList(s, d, o.Args[1:]) {
-				all = all || nz == "."
-				if !slices.Contains(zones, nz) {
-					zones = append(zones, nz)
-				}
-			}
-			if all {
-				zones = nil
-			}
-			switch a[0] {
-			case "success":
-				c.DisableSuccess, c.DisableSuccessZones = all, zones
-			case "denial":
-				c.DisableDenial, c.DisableDenialZones = all, zones
-			default:
-				return badOpt(d, o, "cache type for disable must be \"success\" or \"denial\"")
-			}
-		case "keepttl":
-			if len(a) != 0 {
-				return badOpt(d, o, "keepttl takes no arguments")
-			}
-			c.KeepTTL = true
 		default:
-			return badOpt(d, o, "option %s is not supported", o.Name)
+			if err := cacheOption(s, c, d, o); err != nil {
+				return err
+			}
 		}
 	}
 	if policySet && !staleSet {
 		return bad(d, "serve_stale_policy requires serve_stale")
 	}
 	s.Cache = c
+	return nil
+}
+
+// cacheOption reads one line of a cache block other than serve_stale and
+// serve_stale_policy into c.
+func cacheOption(s *Server, c *Cache, d, o *Directive) error {
+	a := o.ArgStrings()
+	switch o.Name {
+	case "success", "denial":
+		capacity, ttl, minTTL, err := capTTL(a)
+		if err != nil {
+			return badOpt(d, o, "%s: %v", o.Name, err)
+		}
+		if o.Name == "success" {
+			c.SuccessCap = capacity
+			if ttl > 0 {
+				c.SuccessTTL = ttl
+			}
+			if minTTL >= 0 {
+				c.SuccessMinTTL = minTTL
+			}
+		} else {
+			c.DenialCap = capacity
+			if ttl > 0 {
+				c.DenialTTL = ttl
+			}
+			if minTTL >= 0 {
+				c.DenialMinTTL = minTTL
+			}
+		}
+	case "prefetch":
+		if len(a) == 0 || len(a) > 3 {
+			return badOpt(d, o, "prefetch takes AMOUNT [DURATION [PERCENT%%]]")
+		}
+		n, err := strconv.Atoi(a[0])
+		if err != nil || n < 0 {
+			return badOpt(d, o, "prefetch: %q is not an amount", a[0])
+		}
+		c.Prefetch = n
+		if len(a) > 1 {
+			if c.PrefetchDuration, err = time.ParseDuration(a[1]); err != nil || c.PrefetchDuration < 0 {
+				return badOpt(d, o, "prefetch: %q is not a duration", a[1])
+			}
+		}
+		if len(a) > 2 {
+			p, ok := strings.CutSuffix(a[2], "%")
+			n, err := strconv.Atoi(p)
+			if !ok || err != nil || n < 10 || n > 90 { // CoreDNS's range
+				return badOpt(d, o, "prefetch: %q is not a percentage between 10%% and 90%%", a[2])
+			}
+			c.PrefetchPercent = n
+		}
+	case "servfail":
+		if len(a) != 1 {
+			return badOpt(d, o, "servfail takes one duration")
+		}
+		t, err := time.ParseDuration(a[0])
+		if err != nil || t < 0 || t > maxServFailTTL {
+			return badOpt(d, o, "servfail: %q is not a duration between 0 and 5m", a[0])
+		}
+		c.ServFail = t
+	case "disable":
+		// CoreDNS: disable success|denial [ZONE...]; without zones the
+		// root (every name); a later line of a kind replaces the
+		// earlier one.
+		if len(a) == 0 {
+			return badOpt(d, o, "disable takes success or denial, then zones")
+		}
+		var zones []string
+		all := len(a) == 1
+		for _, nz := range zoneList(s, d, o.Args[1:]) {
+			all = all || nz == "."
+			if !slices.Contains(zones, nz) {
+				zones = append(zones, nz)
+			}
+		}
+		if all {
+			zones = nil
+		}
+		switch a[0] {
+		case "success":
+			c.DisableSuccess, c.DisableSuccessZones = all, zones
+		case "denial":
+			c.DisableDenial, c.DisableDenialZones = all, zones
+		default:
+			return badOpt(d, o, "cache type for disable must be \"success\" or \"denial\"")
+		}
+	case "keepttl":
+		if len(a) != 0 {
+			return badOpt(d, o, "keepttl takes no arguments")
+		}
+		c.KeepTTL = true
+	default:
+		return badOpt(d, o, "option %s is not supported", o.Name)
+	}
 	return nil
 }
 
@@ -263,166 +275,11 @@ func setupForward(s *Server, d *Directive) error {
 		return bad(d, "more than %d upstreams", maxForwardUpstreams)
 	}
 	for _, o := range d.Block {
-		a := o.ArgStrings()
 		if o.HasBlock {
 			return badOpt(d, o, "%s takes no block", o.Name)
 		}
-		one := func() (string, error) {
-			if len(a) != 1 {
-				return "", badOpt(d, o, "%s takes one argument", o.Name)
-			}
-			return a[0], nil
-		}
-		switch o.Name {
-		case "tls":
-			// CoreDNS's pkg/tls: none, CA, CERT KEY, or CERT KEY CA.
-			if f.TLS == nil {
-				f.TLS = &ForwardTLS{}
-			}
-			switch len(a) {
-			case 0:
-			case 1:
-				f.TLS.CA = a[0]
-			case 2:
-				f.TLS.Cert, f.TLS.Key = a[0], a[1]
-			case 3:
-				f.TLS.Cert, f.TLS.Key, f.TLS.CA = a[0], a[1], a[2]
-			default:
-				return badOpt(d, o, "tls takes [CA], [CERT KEY] or [CERT KEY CA]")
-			}
-		case "tls_servername":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			if f.TLS == nil {
-				f.TLS = &ForwardTLS{}
-			}
-			f.TLS.ServerName = v
-		case "next":
-			if len(a) == 0 {
-				return badOpt(d, o, "next takes at least one rcode")
-			}
-			for _, v := range a {
-				rc, ok := dns.StringToRcode[strings.ToUpper(v)]
-				if !ok {
-					return badOpt(d, o, "next: %s is not a valid rcode", v)
-				}
-				f.Next = append(f.Next, rc)
-			}
-		case "failover":
-			if len(a) == 0 {
-				return badOpt(d, o, "failover takes at least one rcode")
-			}
-			for _, v := range a {
-				rc, ok := dns.StringToRcode[strings.ToUpper(v)]
-				switch {
-				case !ok:
-					return badOpt(d, o, "%s is not a valid rcode", v)
-				case rc == dns.RcodeSuccess:
-					return badOpt(d, o, "NoError cannot be used in failover")
-				case rc > 15:
-					return badOpt(d, o, "failover: %s is an extended rcode (not supported: the header's rcodes only)", v)
-				}
-				f.Failover |= 1 << rc
-			}
-		case "max_connect_attempts":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.ParseUint(v, 10, 32)
-			if err != nil {
-				return badOpt(d, o, "%s: %q is not a count", o.Name, v)
-			}
-			f.MaxConnectAttempts, f.MaxConnectAttemptsSet = int(n), true
-		case "next_on_nodata":
-			if len(a) != 0 {
-				return badOpt(d, o, "%s takes no arguments", o.Name)
-			}
-			f.NextOnNodata = true
-		case "failfast_all_unhealthy_upstreams":
-			if len(a) != 0 {
-				return badOpt(d, o, "%s takes no arguments", o.Name)
-			}
-			f.FailFast = true
-		case "force_tcp", "prefer_udp":
-			if len(a) != 0 {
-				return badOpt(d, o, "%s takes no arguments", o.Name)
-			}
-			if o.Name == "force_tcp" {
-				f.ForceTCP = true
-			} else {
-				f.PreferUDP = true
-			}
-		case "policy":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			if v != "random" && v != "round_robin" && v != "sequential" {
-				return badOpt(d, o, "policy %q is not random, round_robin or sequential", v)
-			}
-			f.Policy = v
-		case "max_fails", "max_concurrent":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return badOpt(d, o, "%s: %q is not a count", o.Name, v)
-			}
-			if o.Name == "max_fails" {
-				f.MaxFails = n
-			} else {
-				f.MaxConcurrent = n
-			}
-		case "expire":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			if f.Expire, err = time.ParseDuration(v); err != nil || f.Expire < 0 {
-				return badOpt(d, o, "expire: %q is not a duration", v)
-			}
-		case "health_check":
-			// CoreDNS: DURATION [no_rec] [domain NAME], in any order after
-			// the duration. no_rec: our probe never asks for recursion
-			// ("NAME IN NS", RD clear), so it is what we do anyway.
-			if len(a) == 0 {
-				return badOpt(d, o, "health_check takes DURATION [no_rec] [domain NAME]")
-			}
-			if f.HealthCheck, err = time.ParseDuration(a[0]); err != nil || f.HealthCheck < 0 {
-				return badOpt(d, o, "health_check: %q is not a duration", a[0])
-			}
-			for i := 1; i < len(a); i++ {
-				switch a[i] {
-				case "no_rec":
-				case "domain":
-					if i+1 >= len(a) {
-						return badOpt(d, o, "health_check: domain takes a name")
-					}
-					i++
-					if _, ok := dns.IsDomainName(a[i]); !ok || len(a[i]) > 253 {
-						return badOpt(d, o, "health_check: invalid domain name %s", a[i])
-					}
-					f.HealthDomain = strings.ToLower(dns.Fqdn(a[i]))
-				default:
-					return badOpt(d, o, "health_check: unknown option %s (DURATION [no_rec] [domain NAME])", a[i])
-				}
-			}
-		case "except":
-			if len(a) == 0 {
-				return badOpt(d, o, "except takes at least one zone")
-			}
-			for _, nz := range zoneList(s, d, o.Args) {
-				if !slices.Contains(f.Except, nz) {
-					f.Except = append(f.Except, nz)
-				}
-			}
-		default:
-			return badOpt(d, o, "option %s is not supported", o.Name)
+		if err := forwardOption(s, f, d, o); err != nil {
+			return err
 		}
 	}
 	for _, u := range f.To {
@@ -448,6 +305,168 @@ func setupForward(s *Server, d *Directive) error {
 		// CoreDNS runs a block's forwards in the order written, each
 		// handing on what it does not take (Server.MoreForwards).
 		s.MoreForwards = append(s.MoreForwards, f)
+	}
+	return nil
+}
+
+// forwardOption reads one line of a forward block into f.
+func forwardOption(s *Server, f *Forward, d, o *Directive) error {
+	a := o.ArgStrings()
+	switch o.Name {
+	case "tls", "tls_servername":
+		return forwardTLSOption(f, d, o, a)
+	case "next", "failover":
+		return forwardRcodes(f, d, o, a)
+	case "next_on_nodata", "failfast_all_unhealthy_upstreams", "force_tcp", "prefer_udp":
+		if len(a) != 0 {
+			return badOpt(d, o, "%s takes no arguments", o.Name)
+		}
+		switch o.Name {
+		case "next_on_nodata":
+			f.NextOnNodata = true
+		case "failfast_all_unhealthy_upstreams":
+			f.FailFast = true
+		case "force_tcp":
+			f.ForceTCP = true
+		default:
+			f.PreferUDP = true
+		}
+	case "health_check":
+		return forwardHealthCheck(f, d, o, a)
+	case "except":
+		if len(a) == 0 {
+			return badOpt(d, o, "except takes at least one zone")
+		}
+		for _, nz := range zoneList(s, d, o.Args) {
+			if !slices.Contains(f.Except, nz) {
+				f.Except = append(f.Except, nz)
+			}
+		}
+	case "policy", "max_fails", "max_concurrent", "max_connect_attempts", "expire":
+		if len(a) != 1 {
+			return badOpt(d, o, "%s takes one argument", o.Name)
+		}
+		return forwardValue(f, d, o, a[0])
+	default:
+		return badOpt(d, o, "option %s is not supported", o.Name)
+	}
+	return nil
+}
+
+// forwardTLSOption reads tls (CoreDNS's pkg/tls: none, CA, CERT KEY, or
+// CERT KEY CA) and tls_servername NAME.
+func forwardTLSOption(f *Forward, d, o *Directive, a []string) error {
+	if f.TLS == nil {
+		f.TLS = &ForwardTLS{}
+	}
+	if o.Name == "tls_servername" {
+		if len(a) != 1 {
+			return badOpt(d, o, "%s takes one argument", o.Name)
+		}
+		f.TLS.ServerName = a[0]
+		return nil
+	}
+	switch len(a) {
+	case 0:
+	case 1:
+		f.TLS.CA = a[0]
+	case 2:
+		f.TLS.Cert, f.TLS.Key = a[0], a[1]
+	case 3:
+		f.TLS.Cert, f.TLS.Key, f.TLS.CA = a[0], a[1], a[2]
+	default:
+		return badOpt(d, o, "tls takes [CA], [CERT KEY] or [CERT KEY CA]")
+	}
+	return nil
+}
+
+// forwardRcodes reads next RCODE... and failover RCODE....
+func forwardRcodes(f *Forward, d, o *Directive, a []string) error {
+	if len(a) == 0 {
+		return badOpt(d, o, "%s takes at least one rcode", o.Name)
+	}
+	for _, v := range a {
+		rc, ok := dns.StringToRcode[strings.ToUpper(v)]
+		if o.Name == "next" {
+			if !ok {
+				return badOpt(d, o, "next: %s is not a valid rcode", v)
+			}
+			f.Next = append(f.Next, rc)
+			continue
+		}
+		switch {
+		case !ok:
+			return badOpt(d, o, "%s is not a valid rcode", v)
+		case rc == dns.RcodeSuccess:
+			return badOpt(d, o, "NoError cannot be used in failover")
+		case rc > 15:
+			return badOpt(d, o, "failover: %s is an extended rcode (not supported: the header's rcodes only)", v)
+		}
+		f.Failover |= 1 << rc
+	}
+	return nil
+}
+
+// forwardValue reads the options that take one value: policy, max_fails,
+// max_concurrent, max_connect_attempts, expire.
+func forwardValue(f *Forward, d, o *Directive, v string) error {
+	switch o.Name {
+	case "policy":
+		if v != "random" && v != "round_robin" && v != "sequential" {
+			return badOpt(d, o, "policy %q is not random, round_robin or sequential", v)
+		}
+		f.Policy = v
+	case "max_connect_attempts":
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return badOpt(d, o, "%s: %q is not a count", o.Name, v)
+		}
+		f.MaxConnectAttempts, f.MaxConnectAttemptsSet = int(n), true
+	case "expire":
+		var err error
+		if f.Expire, err = time.ParseDuration(v); err != nil || f.Expire < 0 {
+			return badOpt(d, o, "expire: %q is not a duration", v)
+		}
+	default: // max_fails, max_concurrent
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return badOpt(d, o, "%s: %q is not a count", o.Name, v)
+		}
+		if o.Name == "max_fails" {
+			f.MaxFails = n
+		} else {
+			f.MaxConcurrent = n
+		}
+	}
+	return nil
+}
+
+// forwardHealthCheck reads CoreDNS's health_check DURATION [no_rec]
+// [domain NAME], in any order after the duration. no_rec: our probe never
+// asks for recursion ("NAME IN NS", RD clear), so it is what we do anyway.
+func forwardHealthCheck(f *Forward, d, o *Directive, a []string) error {
+	if len(a) == 0 {
+		return badOpt(d, o, "health_check takes DURATION [no_rec] [domain NAME]")
+	}
+	var err error
+	if f.HealthCheck, err = time.ParseDuration(a[0]); err != nil || f.HealthCheck < 0 {
+		return badOpt(d, o, "health_check: %q is not a duration", a[0])
+	}
+	for i := 1; i < len(a); i++ {
+		switch a[i] {
+		case "no_rec":
+		case "domain":
+			if i+1 >= len(a) {
+				return badOpt(d, o, "health_check: domain takes a name")
+			}
+			i++
+			if _, ok := dns.IsDomainName(a[i]); !ok || len(a[i]) > 253 {
+				return badOpt(d, o, "health_check: invalid domain name %s", a[i])
+			}
+			f.HealthDomain = strings.ToLower(dns.Fqdn(a[i]))
+		default:
+			return badOpt(d, o, "health_check: unknown option %s (DURATION [no_rec] [domain NAME])", a[i])
+		}
 	}
 	return nil
 }

@@ -1,19 +1,16 @@
-package corefile
+package corefile_test
 
 import (
 	"errors"
 	"flag"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
+	. "github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	_ "github.com/nodelocaldns/nodelocaldns/internal/plugins" // the directives read by their own packages
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -296,29 +293,6 @@ func TestUnsupportedOneLineErrors(t *testing.T) {
 	}
 }
 
-// TestDnstapForms: every form CoreDNS 1.13 (the stock's) and 1.15 read.
-func TestDnstapForms(t *testing.T) {
-	srv, err := load(t, ".:53 {\ndnstap /tmp/a.sock\ndnstap unix:///tmp/b.sock full\ndnstap tcp://127.0.0.1:6000 full 8 2 {\n identity node-a\n version v9\n extra hello\n}\ndnstap tls://collector.example:6000 {\n skipverify\n}\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := srv[0].Dnstap
-	if len(d) != 4 {
-		t.Fatalf("got %d taps", len(d))
-	}
-	want := []dnstap.Config{
-		{Network: "unix", Address: "/tmp/a.sock", WriteBufferMiB: 1, QueueMultiple: 1, Identity: dnstap.Hostname(), Version: dnstap.DefaultVersion()},
-		{Network: "unix", Address: "/tmp/b.sock", Full: true, WriteBufferMiB: 1, QueueMultiple: 1, Identity: dnstap.Hostname(), Version: dnstap.DefaultVersion()},
-		{Network: "tcp", Address: "127.0.0.1:6000", Full: true, WriteBufferMiB: 8, QueueMultiple: 2, Identity: "node-a", Version: "v9", Extra: "hello"},
-		{Network: "tls", Address: "collector.example:6000", WriteBufferMiB: 1, QueueMultiple: 1, Identity: dnstap.Hostname(), Version: dnstap.DefaultVersion(), SkipVerify: true},
-	}
-	for i := range want {
-		if d[i] != want[i] {
-			t.Errorf("tap %d: got %+v, want %+v", i, d[i], want[i])
-		}
-	}
-}
-
 // TestForwardTLS: tls:// upstreams (port 853 by default) with tls and
 // tls_servername.
 func TestForwardTLS(t *testing.T) {
@@ -330,29 +304,6 @@ func TestForwardTLS(t *testing.T) {
 	if len(f.To) != 2 || f.To[0].String() != "tls://1.1.1.1:853" || f.To[1].String() != "tls://[2606:4700::1111]:8853" || !f.UsesTLS() ||
 		*f.TLS != (ForwardTLS{CA: "/ca.pem", ServerName: "cloudflare-dns.com"}) || !f.FailFast {
 		t.Fatalf("%+v %+v", f, f.TLS)
-	}
-}
-
-// TestLogForms: the log lines CoreDNS's log setup reads, into rules.
-func TestLogForms(t *testing.T) {
-	srv, err := load(t, ".:53 {\nlog\nlog example.org\nlog a.example b.example \"{remote} {combined}\" {\n class denial\n class error\n}\nlog {common}\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, r := range srv[0].LogRules {
-		got = append(got, r.String())
-	}
-	want := []string{
-		`. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
-		`example.org. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
-		`a.example. class denial,error format "{remote} ` + strings.ReplaceAll(dnslog.CombinedFormat, `"`, `\"`) + `"`,
-		`b.example. class denial,error format "{remote} ` + strings.ReplaceAll(dnslog.CombinedFormat, `"`, `\"`) + `"`,
-		// One argument is a name, as in CoreDNS, even with a brace.
-		`{common}. class all format "` + strings.ReplaceAll(dnslog.CommonFormat, `"`, `\"`) + `"`,
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("rules\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 
@@ -471,104 +422,8 @@ func FuzzParse(f *testing.F) {
 		}
 		// Every error says where: a positioned Error, or no blocks at all.
 		var pe *Error
-		if err != nil && !errors.As(err, &pe) && !errors.Is(err, errNoBlocks) {
+		if err != nil && !errors.As(err, &pe) && !errors.Is(err, ErrNoBlocks) {
 			t.Fatalf("error without a position: %v", err)
 		}
 	})
-}
-
-func TestPoliciesLongestZone(t *testing.T) {
-	srv, err := load(t, "cluster.local {\n cache {\n  success 9984 30\n  denial 9984 5\n }\n forward . 10.0.0.10\n}\n"+
-		"svc.cluster.local {\n cache 10\n forward . 10.0.0.10\n}\n.:53 {\n cache 30\n forward . /etc/resolv.conf\n}\nnocache.example {\n forward . 1.1.1.1\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps := NewPolicies(srv)
-	for _, tc := range []struct {
-		q, zone string
-		succ    time.Duration
-		cached  bool
-	}{
-		{"a.default.svc.cluster.local.", "svc.cluster.local.", 10 * time.Second, true},
-		{"x.pod.cluster.local.", "cluster.local.", 30 * time.Second, true},
-		{"cluster.local.", "cluster.local.", 30 * time.Second, true},
-		{"xcluster.local.", ".", 30 * time.Second, true},
-		{"www.example.org.", ".", 30 * time.Second, true},
-		{"a.nocache.example.", "nocache.example.", 0, false},
-	} {
-		p, ok := ps.Lookup(tc.q)
-		if !ok || p.Zone != tc.zone || p.SuccessMax != tc.succ || p.Cached != tc.cached {
-			t.Errorf("%s: got %+v", tc.q, p)
-		}
-	}
-}
-
-func TestTemplateForms(t *testing.T) {
-	srv, err := load(t, "example.org:53 {\ntemplate IN AAAA\ntemplate ANY A a.example.org B.Example.Org. {\n match ^x ^y\n answer \"{{ .Name }} 60 IN A 1.2.3.4\"\n additional \"a. IN A 1.1.1.1\"\n authority \"b. IN NS c.\"\n rcode NXDOMAIN\n fallthrough\n ederror 17 \"filtered here\"\n}\nforward . 1.1.1.1\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := srv[0].Templates
-	if len(ts) != 2 || ts[0].Type != dns.TypeAAAA || ts[0].Class != dns.ClassINET || !slices.Equal(ts[0].Zones, []string{"example.org."}) || ts[0].Rcode != 0 || ts[0].Fallthrough != nil {
-		t.Fatalf("first: %+v", ts)
-	}
-	b := ts[1]
-	if b.Class != dns.ClassANY || !slices.Equal(b.Zones, []string{"a.example.org.", "b.example.org."}) || len(b.Match) != 2 || len(b.Answer) != 1 ||
-		len(b.Additional) != 1 || len(b.Authority) != 1 || b.Rcode != dns.RcodeNameError || !slices.Equal(b.Fallthrough, []string{"."}) ||
-		b.EDE == nil || b.EDE.Code != 17 || b.EDE.Text != "filtered here" || ts[0].EDE != nil {
-		t.Fatalf("second: %+v", b)
-	}
-	var names []string
-	for _, p := range srv[0].Plugins {
-		names = append(names, p.Name)
-	}
-	if !slices.Equal(names, []string{"template", "template", "forward"}) {
-		t.Fatalf("plugins %v", names)
-	}
-}
-
-func TestHostsForms(t *testing.T) {
-	srv, err := load(t, "example.org:53 {\nhosts /nonexistent/hosts a.example.org {\n 10.0.0.1 x.a.example.org y\n ttl 60\n no_reverse\n reload 0\n fallthrough b.example.org\n fallthrough_unsupported\n}\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := srv[0].Hosts
-	if h == nil || h.Path != "/nonexistent/hosts" || !slices.Equal(h.Zones, []string{"a.example.org."}) || !slices.Equal(h.Inline, []string{"10.0.0.1 x.a.example.org y"}) ||
-		h.TTL != 60 || !h.NoReverse || h.Reload != 0 || !slices.Equal(h.Fallthrough, []string{"b.example.org."}) || !h.FallthroughUnsupported {
-		t.Fatalf("%+v", h)
-	}
-	srv, err = load(t, ".:53 {\nhosts\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h := srv[0].Hosts; h.Path != "/etc/hosts" || h.TTL != 3600 || h.Reload != 5*time.Second || h.Fallthrough != nil || !slices.Equal(h.Zones, []string{"."}) {
-		t.Fatalf("defaults %+v", h)
-	}
-}
-
-func TestRewriteForms(t *testing.T) {
-	srv, err := load(t, ".:53 {\nrewrite name exact a.test b.test\nrewrite stop {\n name regex ^(.*)\\.x\\.$ {1}.y.\n answer auto\n}\nforward . 1.1.1.1\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rs := srv[0].Rewrites; len(rs) != 2 || rs[1].String() != `stop name regex ^(.*)\.x\.$ {1}.y. answer auto` {
-		t.Fatalf("%v", rs)
-	}
-}
-
-func TestDNS64Forms(t *testing.T) {
-	srv, err := load(t, ".:53 {\ndns64 {\n prefix 2001:db8::/32\n translate_all\n allow_ipv4\n}\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := srv[0].DNS64; c == nil || c.Prefix.String() != "2001:db8::/32" || !c.TranslateAll || !c.AllowIPv4 {
-		t.Fatalf("%+v", c)
-	}
-	srv, err = load(t, ".:53 {\ndns64\n}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := srv[0].DNS64; c.Prefix.String() != "64:ff9b::/96" || c.TranslateAll || c.AllowIPv4 {
-		t.Fatalf("%+v", c)
-	}
 }

@@ -11,9 +11,13 @@
 //     keeps its file and line, so every error names them.
 //   - Load (model.go, directives.go) checks each directive against the
 //     table of what we implement, in CoreDNS's plugin order, and builds a
-//     Server per block. A directive or option we do not implement is an
-//     error naming file, line, directive and what is supported: nothing in
-//     a Corefile is silently ignored.
+//     Server per block: the server-level directives (bind, cache, forward,
+//     ...) here, every other by the package that runs it, which registers
+//     its parsing (Register, registry.go: CoreDNS's setup.go) and whose
+//     configuration the block keeps by name (Server.Config). A directive
+//     or option we do not implement is an error naming file, line,
+//     directive and what is supported: nothing in a Corefile is silently
+//     ignored (what CoreDNS itself skips is skipped and recorded: skip.go).
 //
 // It opens no sockets; it reads only the files it is pointed at.
 package corefile

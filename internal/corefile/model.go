@@ -8,14 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
-	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
-	"github.com/nodelocaldns/nodelocaldns/internal/loadbalance"
-	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
-	"github.com/nodelocaldns/nodelocaldns/internal/template"
-	"github.com/nodelocaldns/nodelocaldns/internal/trace"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // Server is one server block, typed: what it listens on, which zones it
@@ -50,39 +43,21 @@ type Server struct {
 	// (runtime.SetBlockProfileRate; 0: not given).
 	PProfBlock int
 	Bufsize    int // 0 when absent
-	Log        bool
-	// LogRules are the block's log lines' rules, in the order written
-	// (internal/dnslog); Log says there is at least one.
-	LogRules []dnslog.Rule
-	Errors   bool
-	Reload   bool
-	Loop     bool
-	Debug    bool
-	// Loadbalance: loadbalance (round_robin) shuffles the block's answers.
-	Loadbalance bool
-	// Balance is loadbalance's weighted policy or prefer subnets; nil:
-	// plain round_robin (or no loadbalance).
-	Balance *loadbalance.Policy
-	// Whoami: whoami answers each client its own address and port
-	// (internal/whoami).
-	Whoami bool
-	// Metadata: the block has metadata; its log rules' Metadata is set.
+	Errors     bool
+	Reload     bool
+	Loop       bool
+	Debug      bool
+	// Metadata: the block has metadata (the labels log sets have values
+	// in its formats).
 	Metadata bool
-	// Dnstap are the block's dnstap directives, in the order written
-	// (internal/dnstap): each gets every query the block answers.
-	Dnstap []dnstap.Config
 	// Timeouts is the timeouts directive (nil when absent).
 	Timeouts *Timeouts
-	// Trace is the trace directive, normalized (internal/trace); nil when
-	// absent.
-	Trace *trace.Config
 
-	// Directives that answer on the fetch side of the cache (see
-	// internal/daemon/chain.go), in the order written where several.
-	Templates []template.Config
-	Hosts     *hosts.Config
-	Rewrites  []*rewrite.Rule
-	DNS64     *dns64.Config
+	// Directives are the configurations of the registered directives the
+	// block has (registry.go: template, hosts, rewrite, dns64, log,
+	// loadbalance, whoami, trace, dnstap, ...), by name, as each
+	// directive's package read them; Config returns one.
+	Directives map[string]any
 
 	// Plugins are the directives present, in CoreDNS's execution order
 	// (plugin.cfg), not the order of the lines.
@@ -104,40 +79,11 @@ func (s *Server) ForwardAnswersAll() bool {
 		return false
 	}
 	for _, z := range s.Zones {
-		if !inZone(z, f.From) {
+		if !zone.Holds(f.From, z) {
 			return false
 		}
 	}
 	return true
-}
-
-// WhoamiAnswers reports whether whoami answers the block's queries: it is
-// there and no forward answers every name first (CoreDNS runs whoami after
-// forward, so such a whoami is never reached).
-func (s *Server) WhoamiAnswers() bool {
-	return s.Whoami && !s.ForwardAnswersAll()
-}
-
-// inZone reports whether the lower-case FQDN name is zone or under it.
-func inZone(name, zone string) bool {
-	return zone == "." || name == zone || strings.HasSuffix(name, "."+zone)
-}
-
-// Config is the configuration of the fetch-side directive name in s, what
-// its setup reads (internal/directive): []template.Config, *hosts.Config,
-// []*rewrite.Rule or *dns64.Config; nil for any other name.
-func (s *Server) Config(name string) any {
-	switch name {
-	case "template":
-		return s.Templates
-	case "hosts":
-		return s.Hosts
-	case "rewrite":
-		return s.Rewrites
-	case "dns64":
-		return s.DNS64
-	}
-	return nil
 }
 
 // Plugin is one directive of a block as loaded.
@@ -148,6 +94,34 @@ type Plugin struct {
 	// NoOp says the directive is accepted but its job is done another way
 	// (see the table in directives.go).
 	NoOp bool
+	// Text is the line and its block as read (arguments and options,
+	// environment references replaced; no positions): what a comparison
+	// of two blocks' directives compares (Sig).
+	Text string
+}
+
+// Sig is what of the block's directives decides how it answers, without
+// file positions: two blocks with equal signatures answer alike. It is
+// derived, not listed: the cache and forward as read, whether it has
+// metadata, and every other directive's text, except those that set up
+// the server rather than the block's answers (where it listens, its
+// health, metrics, profiles, timeouts and buffer size, and the no-ops).
+// A directive added to the Corefile's language is in it without a word.
+func (s *Server) Sig() any {
+	var texts []string
+	for _, p := range s.Plugins {
+		if !serverWide[p.Name] && p.Name != "cache" && p.Name != "forward" && p.Name != "metadata" {
+			texts = append(texts, p.Text)
+		}
+	}
+	return []any{s.Cache, s.Forward, s.MoreForwards, s.Metadata, texts}
+}
+
+// serverWide are the directives that set up the server, not a block's
+// answers.
+var serverWide = map[string]bool{
+	"bind": true, "bufsize": true, "debug": true, "errors": true, "health": true, "loop": true,
+	"pprof": true, "prometheus": true, "reload": true, "timeouts": true,
 }
 
 // Cache is the `cache` directive with CoreDNS's defaults filled in.
@@ -191,7 +165,7 @@ type Cache struct {
 // name, or for a zone that is z or holds it.
 func (c *Cache) DisabledAt(z string) (success, denial bool) {
 	holds := func(zones []string) bool {
-		return slices.ContainsFunc(zones, func(d string) bool { return d == "." || z == d || strings.HasSuffix(z, "."+d) })
+		return zone.HoldsAny(zones, z)
 	}
 	return c.DisableSuccess || holds(c.DisableSuccessZones), c.DisableDenial || holds(c.DisableDenialZones)
 }
@@ -204,7 +178,7 @@ func (c *Cache) Covers(z string) bool {
 		return true
 	}
 	for _, cz := range c.Zones {
-		if cz == "." || cz == z || strings.HasSuffix(z, "."+cz) {
+		if zone.Holds(cz, z) {
 			return true
 		}
 	}
@@ -425,10 +399,14 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 		o.DefaultPort = 53
 	}
 	if len(bs) == 0 {
-		return nil, fmt.Errorf("%s: %w", path, errNoBlocks)
+		return nil, fmt.Errorf("%s: %w", path, ErrNoBlocks)
 	}
 	var out []*Server
 	seen := map[string]Pos{}
+	// bound is a zone and port's first block that binds it: a block
+	// without bind on them overlaps it (looked up, not searched: 5,000
+	// blocks were 12.5 million key formats).
+	bound := map[string]Pos{}
 	for _, b := range bs {
 		whole, err := buildServer(b, o)
 		if err != nil {
@@ -438,40 +416,55 @@ func Build(path string, bs []*Block, o Options) ([]*Server, error) {
 			return nil, err
 		}
 		for _, s := range splitPorts(whole, o.DefaultPort) {
-			// CoreDNS refuses the same zone and port in two blocks unless their
-			// binds differ; we refuse overlapping binds likewise.
-			for _, z := range s.Zones {
-				binds := []string{"*"}
-				if len(s.Bind) > 0 {
-					binds = binds[:0]
-					for _, a := range s.Bind {
-						binds = append(binds, a.String())
-					}
-				}
-				for _, a := range binds {
-					k := fmt.Sprintf("%s|%d|%s", z, s.Port, a)
-					if p, ok := seen[k]; ok {
-						return nil, errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
-					}
-					// CoreDNS 1.15 (core/dnsserver/address.go) also refuses a
-					// zone both without bind and with one on the same port:
-					// "zone overlap listener capacity".
-					if a == "*" {
-						for ok, p := range seen {
-							if strings.HasPrefix(ok, fmt.Sprintf("%s|%d|", z, s.Port)) {
-								return nil, errAt(s.Pos, "zone %s port %d without bind overlaps the block at %s, which binds it (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, p)
-							}
-						}
-					} else if p, ok := seen[fmt.Sprintf("%s|%d|*", z, s.Port)]; ok {
-						return nil, errAt(s.Pos, "zone %s port %d on %s overlaps the block at %s, which has no bind (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, a, p)
-					}
-					seen[k] = s.Pos
-				}
+			if err := claimZones(s, seen, bound); err != nil {
+				return nil, err
 			}
 			out = append(out, s)
 		}
 	}
+	if err := checkDistinct(out); err != nil {
+		return nil, err
+	}
 	return out, nil
+}
+
+// claimZones records s's zones on its port and binds in seen (and bound),
+// refusing what CoreDNS refuses: the same zone and port in two blocks
+// unless their binds differ, and overlapping binds likewise.
+func claimZones(s *Server, seen, bound map[string]Pos) error {
+	for _, z := range s.Zones {
+		binds := []string{"*"}
+		if len(s.Bind) > 0 {
+			binds = binds[:0]
+			for _, a := range s.Bind {
+				binds = append(binds, a.String())
+			}
+		}
+		zp := fmt.Sprintf("%s|%d", z, s.Port)
+		for _, a := range binds {
+			k := zp + "|" + a
+			if p, ok := seen[k]; ok {
+				return errAt(s.Pos, "zone %s port %d on %s is already served by the block at %s", z, s.Port, a, p)
+			}
+			// CoreDNS 1.15 (core/dnsserver/address.go) also refuses a
+			// zone both without bind and with one on the same port:
+			// "zone overlap listener capacity".
+			if a == "*" {
+				if p, ok := bound[zp]; ok {
+					return errAt(s.Pos, "zone %s port %d without bind overlaps the block at %s, which binds it (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, p)
+				}
+			} else {
+				if p, ok := seen[zp+"|*"]; ok {
+					return errAt(s.Pos, "zone %s port %d on %s overlaps the block at %s, which has no bind (CoreDNS refuses it too: a query to that address would reach one of them only)", z, s.Port, a, p)
+				}
+				if _, ok := bound[zp]; !ok {
+					bound[zp] = s.Pos
+				}
+			}
+			seen[k] = s.Pos
+		}
+	}
+	return nil
 }
 
 // splitPorts makes a block whose keys name several ports one Server per
@@ -529,35 +522,77 @@ func buildServer(b *Block, o Options) (*Server, error) {
 	}
 	seen := map[string]Pos{}
 	for _, d := range b.Directives {
-		spec, ok := directiveTable[d.Name]
-		if !ok {
-			if why, ok := refusedWhy[d.Name]; ok {
-				return nil, errAt(d.Pos, "directive %s is not supported by nodelocaldns: %s; supported: %s", d.Name, why, supportedList())
-			}
-			if slices.Contains(coreDNSOrder, d.Name) {
-				return nil, errAt(d.Pos, "directive %s is not supported by nodelocaldns; supported: %s", d.Name, supportedList())
-			}
-			return nil, errAt(d.Pos, "unknown directive %s; supported: %s", d.Name, supportedList())
+		noop, repeatable := false, false
+		spec, own := directiveTable[d.Name]
+		reg, isReg := registered(d.Name)
+		switch {
+		case own:
+			noop, repeatable = spec.noop, spec.repeatable
+		case isReg:
+			repeatable = reg.Repeatable
+		default:
+			return nil, unknownDirective(d)
 		}
-		if p, ok := seen[d.Name]; ok && !spec.repeatable {
+		if p, ok := seen[d.Name]; ok && !repeatable {
 			return nil, errAt(d.Pos, "%s: given twice in this block (first at line %d)", d.Name, p.Line)
 		}
 		seen[d.Name] = d.Pos
-		if err := spec.setup(s, d); err != nil {
-			return nil, err
+		if own {
+			if err := spec.setup(s, d); err != nil {
+				return nil, err
+			}
+		} else {
+			if s.Directives == nil {
+				s.Directives = map[string]any{}
+			}
+			cfg, err := reg.Parse(s, d, s.Directives[d.Name])
+			if err != nil {
+				return nil, err
+			}
+			s.Directives[d.Name] = cfg
 		}
-		s.Plugins = append(s.Plugins, Plugin{Name: d.Name, Pos: d.Pos, Args: d.ArgStrings(), NoOp: spec.noop})
+		s.Plugins = append(s.Plugins, Plugin{Name: d.Name, Pos: d.Pos, Args: d.ArgStrings(), NoOp: noop, Text: d.Text()})
 	}
 	slices.SortStableFunc(s.Plugins, func(a, b Plugin) int { return order(a.Name) - order(b.Name) })
-	if s.Metadata {
-		for i := range s.LogRules {
-			if strings.Contains(s.LogRules[i].Format, "{/forward/upstream}") {
-				return nil, errAt(seen["log"], "log: the metadata label forward/upstream (the upstream a forwarded query was sent to) is not provided by nodelocaldns; provided: %s", strings.Join(dnslog.MetadataLabels, ", "))
-			}
-			s.LogRules[i].Metadata = true
-		}
+	if err := checkDirectives(s, seen); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// unknownDirective is the error of a directive neither read here nor
+// registered.
+func unknownDirective(d *Directive) error {
+	if why, ok := refusedWhy[d.Name]; ok {
+		return errAt(d.Pos, "directive %s is not supported by nodelocaldns: %s; supported: %s", d.Name, why, supportedList())
+	}
+	if slices.Contains(coreDNSOrder, d.Name) {
+		return errAt(d.Pos, "directive %s is not supported by nodelocaldns; supported: %s", d.Name, supportedList())
+	}
+	return errAt(d.Pos, "unknown directive %s; supported: %s", d.Name, supportedList())
+}
+
+// checkDirectives runs the registered directives' checks once the whole
+// block is read (Spec.Check), in plugin.cfg order. seen gives each
+// directive's first line, where an error of its check is placed.
+func checkDirectives(s *Server, seen map[string]Pos) error {
+	done := map[string]bool{}
+	for _, p := range s.Plugins {
+		sp, ok := registered(p.Name)
+		if !ok || sp.Check == nil || done[p.Name] {
+			continue
+		}
+		done[p.Name] = true
+		cfg, err := sp.Check(s, s.Directives[p.Name])
+		if err != nil {
+			if _, positioned := err.(*Error); !positioned {
+				err = errAt(seen[p.Name], "%s: %v", p.Name, err)
+			}
+			return err
+		}
+		s.Directives[p.Name] = cfg
+	}
+	return nil
 }
 
 // parseKey splits a server block key into zones and port: `zone`,

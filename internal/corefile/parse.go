@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -26,6 +27,31 @@ type Directive struct {
 	Block []*Directive // nil without '{'
 	// HasBlock is true when the line opened a block, even an empty one.
 	HasBlock bool
+}
+
+// Text renders the line and its block, one option per line, without
+// positions.
+func (d *Directive) Text() string {
+	var b strings.Builder
+	d.appendText(&b, "")
+	return b.String()
+}
+
+func (d *Directive) appendText(b *strings.Builder, indent string) {
+	b.WriteString(indent)
+	b.WriteString(strconv.Quote(d.Name))
+	for _, a := range d.Args {
+		b.WriteByte(' ')
+		b.WriteString(strconv.Quote(a.Text))
+	}
+	if d.HasBlock {
+		b.WriteString(" {\n")
+		for _, o := range d.Block {
+			o.appendText(b, indent+"  ")
+		}
+		b.WriteString(indent + "}")
+	}
+	b.WriteByte('\n')
 }
 
 // ArgStrings returns the arguments' texts.
@@ -412,5 +438,5 @@ func (p *parser) lines(inBlock bool) (ds []*Directive, closed bool, err error) {
 	}
 }
 
-// errNoBlocks is returned by Load for a Corefile without server blocks.
-var errNoBlocks = errors.New("no server blocks")
+// ErrNoBlocks is returned by Load for a Corefile without server blocks.
+var ErrNoBlocks = errors.New("no server blocks")

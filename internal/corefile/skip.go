@@ -25,8 +25,9 @@ func (k Skip) String() string {
 	return fmt.Sprintf("%s: %s: %q skipped: %s (CoreDNS skips it too)", k.Pos, k.Directive, k.Entry, k.Why)
 }
 
-// skip records that d's entry at pos is skipped.
-func (s *Server) skip(d *Directive, pos Pos, entry, why string) {
+// SkipEntry records that d's entry at pos is skipped (a directive's
+// package records what CoreDNS's plugin skips).
+func (s *Server) SkipEntry(d *Directive, pos Pos, entry, why string) {
 	s.Skipped = append(s.Skipped, Skip{Pos: pos, Directive: d.Name, Entry: entry, Why: why})
 }
 
@@ -56,7 +57,7 @@ func zoneList(s *Server, d *Directive, tokens []Token) []string {
 	for _, t := range tokens {
 		z, err := normalizeZone(t.Text)
 		if err != nil {
-			s.skip(d, t.Pos, t.Text, err.Error())
+			s.SkipEntry(d, t.Pos, t.Text, err.Error())
 			continue
 		}
 		out = append(out, z)

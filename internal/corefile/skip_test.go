@@ -1,10 +1,19 @@
-package corefile
+package corefile_test
 
 import (
 	"slices"
 	"strings"
 	"testing"
+
+	. "github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/hosts"
+	"github.com/nodelocaldns/nodelocaldns/internal/template"
 )
+
+// hostsOf and templatesOf are a block's hosts and template configurations
+// (read by their own packages).
+func hostsOf(s *Server) *hosts.Config         { return s.Config("hosts").(*hosts.Config) }
+func templatesOf(s *Server) []template.Config { return s.Config("template").([]template.Config) }
 
 // What CoreDNS skips, we skip, and record (file:line, the entry, why); what
 // it refuses (a server key or forward FROM that is no domain name), we
@@ -18,38 +27,38 @@ func TestSkippedAsCoreDNS(t *testing.T) {
 	}{
 		{"hosts entry with no address", "hosts {\n 10.0.0.1 a.example\n not-an-ip b.example\n 10.0.0.3 c.example\n}", []string{"4 not-an-ip b.example"},
 			func(t *testing.T, s *Server) {
-				if !slices.Equal(s.Hosts.Inline, []string{"10.0.0.1 a.example", "10.0.0.3 c.example"}) {
-					t.Errorf("inline %q", s.Hosts.Inline)
+				if !slices.Equal(hostsOf(s).Inline, []string{"10.0.0.1 a.example", "10.0.0.3 c.example"}) {
+					t.Errorf("inline %q", hostsOf(s).Inline)
 				}
 			}},
 		{"hosts address without a name", "hosts {\n 10.0.0.2\n}", []string{"3 10.0.0.2"}, nil},
 		{"hosts option misspelt", "hosts {\n tll 30\n fallthrough\n}", []string{"3 tll 30"},
 			func(t *testing.T, s *Server) {
-				if s.Hosts.TTL != 3600 || !slices.Equal(s.Hosts.Fallthrough, []string{"."}) {
-					t.Errorf("ttl %d fallthrough %v", s.Hosts.TTL, s.Hosts.Fallthrough)
+				if hostsOf(s).TTL != 3600 || !slices.Equal(hostsOf(s).Fallthrough, []string{"."}) {
+					t.Errorf("ttl %d fallthrough %v", hostsOf(s).TTL, hostsOf(s).Fallthrough)
 				}
 			}},
 		{"hosts zones", "hosts /etc/hosts a..b example", []string{"2 a..b"},
 			func(t *testing.T, s *Server) {
-				if !slices.Equal(s.Hosts.Zones, []string{"example."}) {
-					t.Errorf("zones %v", s.Hosts.Zones)
+				if !slices.Equal(hostsOf(s).Zones, []string{"example."}) {
+					t.Errorf("zones %v", hostsOf(s).Zones)
 				}
 			}},
 		{"hosts every zone invalid: none, not the block's", "hosts /etc/hosts a..b", []string{"2 a..b"},
 			func(t *testing.T, s *Server) {
-				if s.Hosts.Zones == nil || len(s.Hosts.Zones) != 0 {
-					t.Errorf("zones %#v", s.Hosts.Zones)
+				if hostsOf(s).Zones == nil || len(hostsOf(s).Zones) != 0 {
+					t.Errorf("zones %#v", hostsOf(s).Zones)
 				}
 			}},
 		{"hosts fallthrough", "hosts {\n 10.0.0.1 a.example\n fallthrough a..b example\n}", []string{"4 a..b"},
 			func(t *testing.T, s *Server) {
-				if !slices.Equal(s.Hosts.Fallthrough, []string{"example."}) {
-					t.Errorf("fallthrough %v", s.Hosts.Fallthrough)
+				if !slices.Equal(hostsOf(s).Fallthrough, []string{"example."}) {
+					t.Errorf("fallthrough %v", hostsOf(s).Fallthrough)
 				}
 			}},
 		{"template zones", "template IN A a..b example {\n answer \"{{ .Name }} 60 IN A 10.1.1.1\"\n fallthrough x..y\n}", []string{"2 a..b", "4 x..y"},
 			func(t *testing.T, s *Server) {
-				if c := s.Templates[0]; !slices.Equal(c.Zones, []string{"example."}) {
+				if c := templatesOf(s)[0]; !slices.Equal(c.Zones, []string{"example."}) {
 					t.Errorf("zones %v", c.Zones)
 				}
 			}},
@@ -80,8 +89,8 @@ func TestSkippedAsCoreDNS(t *testing.T) {
 		{"metadata", "metadata a..b", []string{"2 a..b"}, nil},
 		{"hosts file a directory", "hosts /etc {\n 10.0.0.1 a.example\n}", []string{"2 /etc"},
 			func(t *testing.T, s *Server) {
-				if s.Hosts.Path != "/etc" || len(s.Hosts.Inline) != 1 {
-					t.Errorf("path %q inline %q", s.Hosts.Path, s.Hosts.Inline)
+				if hostsOf(s).Path != "/etc" || len(hostsOf(s).Inline) != 1 {
+					t.Errorf("path %q inline %q", hostsOf(s).Path, hostsOf(s).Inline)
 				}
 			}},
 	}

@@ -44,6 +44,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/nodestatus"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/running"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
@@ -93,6 +94,12 @@ type Daemon struct {
 	// The fallback (fallback.go): nil without it (-fallback-after=0, no rules).
 	fallback     *fallback
 	stopFallback context.CancelFunc
+
+	// The readiness on the Node (nodestatus.go): nil when off.
+	status     *nodestatus.Reporter
+	stopStatus context.CancelFunc
+	statusDone chan struct{}
+	statusMu   sync.Mutex // the health check's Set against the shutdown's
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -136,16 +143,14 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.run = run
+	d.Metrics.SetHandlerStats(run.Stats) // trace's and dnstap's counters, the running configuration's
 	cdBlocks := running.CoreDNSBlocks(cfg)
 	d.autopath, err = newAutopath(d, run.Resolver())
 	if err != nil {
 		run.Close()
 		return nil, err
 	}
-	var ap server.Autopath
-	if d.autopath != nil {
-		ap = d.autopath // a nil *autopath.Hook would not be a nil interface
-	}
+	ap := d.serverAutopath()
 	var sockAddrs []netip.Addr
 	var sockPorts []int
 	for _, ap := range cfg.Sockets() {
@@ -168,9 +173,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		TCPMaxQueries:    cfg.DropIn.TCPMaxQueries,
 		Logger:           log.With("component", "server"),
 		QueryLog:         queryLog(cfg, log),
-		CoreDNSZones:     running.CoreDNSZones(cdBlocks),
-		CoreDNSZone:      running.CoreDNSZone,  // the label of the block the table holds
-		BlockAnswers:     running.BlockAnswers, // its log (on stdout, as CoreDNS's) and loadbalance
+		CoreDNSZones:     running.CoreDNSZones(cdBlocks), // a query counts under its block's (resolve.Block.Metric)
 		Autopath:         ap,
 	})
 	if err != nil {
@@ -295,6 +298,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			twins = t
 		}
 	}
+	d.startNodeStatus(len(twins) > 0) // nodestatus.go: not ready, unless a twin serves
 	if d.net != nil && d.cfg.SetupInterface {
 		if err := d.net.EnsureLink(ctx); err != nil {
 			return fmt.Errorf("set up interface: %w", err)
@@ -318,13 +322,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 	}
 	if d.net != nil {
-		rctx, cancel := context.WithCancel(context.Background())
-		d.stopNet = cancel
-		d.bg.Add(1)
-		go func() {
-			defer d.bg.Done()
-			d.net.Run(rctx)
-		}()
+		d.stopNet = d.background(d.net.Run)
 	}
 	addr, err := d.serveHTTP()
 	if err != nil {
@@ -338,6 +336,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		d.log.Error("autopath off", "err", err)
 	}
 	d.ready.Store(true)
+	d.nodeStatusServing()
 	d.log.Info("serving",
 		"listen", joinAddrs(d.cfg.Sockets()),
 		"kube_dns", kubeDNSString(d.cfg),
@@ -370,8 +369,9 @@ func (d *Daemon) rulesAndGate(ctx context.Context) {
 	}
 }
 
-// serveHTTP starts the HTTP listeners: metrics (with /health and /ready),
-// the health listener, pprof and node-cache's metrics endpoint.
+// serveHTTP starts the HTTP listeners: metrics (with health and ready),
+// the Corefile's health when it has its own address, pprof, node-cache's
+// own metrics endpoint; it returns the metrics listener's address.
 func (d *Daemon) serveHTTP() (net.Addr, error) {
 	hctx, cancel := context.WithCancel(context.Background())
 	d.stopHTTP = cancel
@@ -452,6 +452,18 @@ func (d *Daemon) join(ctx context.Context) (unlock func(), twins []string, err e
 		d.log.Warn("no control socket file for older versions: a rollback to one hands no sockets over", "err", err)
 	}
 	return unlock, reg.Twins(), nil
+}
+
+// background runs run in a goroutine the daemon waits for at shutdown
+// (bg), until the returned cancel.
+func (d *Daemon) background(run func(ctx context.Context)) context.CancelFunc {
+	ctx, cancel := context.WithCancel(context.Background())
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		run(ctx)
+	}()
+	return cancel
 }
 
 // queryLog is the query log's logger, nil when -querylog is off.
@@ -550,6 +562,7 @@ var startLockWait = 20 * time.Second
 func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	d.stopping.Store(true)
 	d.ready.Store(false)
+	d.nodeStatusStopping(lameDuck)
 	exit := make(chan exitDecision, 1)
 	go func() { exit <- d.decideExit(ctx) }() // may ask the API server: during the lame duck
 	if lameDuck > 0 {
@@ -606,6 +619,7 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	case <-ctx.Done():
 		d.log.Warn("a configuration reload did not stop in time; exiting without it")
 	}
+	d.stopNodeStatus(ctx)
 	return errors.Join(errs...)
 }
 

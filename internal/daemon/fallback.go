@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -16,7 +17,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cluster"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
-	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 )
 
@@ -83,7 +84,7 @@ func newFallback(d *Daemon) *fallback {
 	})
 	f.targets = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nodelocaldns_fallback_targets",
-		Help: "kube-dns pods an address's fallback DNAT sends its queries to (UDP); 0 for a Service ClusterIP (kube-proxy's rules apply) or while none are known (no fallback for it).",
+		Help: "kube-dns pods an address's fallback DNAT sends its queries to (UDP), the node's resolvers for the node listener's (-node-listen); 0 for a Service ClusterIP (kube-proxy's rules apply) or while none are known (no fallback for it).",
 	}, []string{"address"})
 	d.Metrics.Registry.MustRegister(f.flows, f.serving, f.targets)
 	return f
@@ -154,12 +155,15 @@ func (f *fallback) changed() {
 // instance's targets serve meanwhile).
 func (f *fallback) updateTargets(ctx context.Context) {
 	fb, source, ok := f.targetsNow(ctx)
-	if !ok {
+	fb.Node = f.nodeTargets()
+	if !ok && (fb.Node == nil || !f.d.cfg.LocalMode) {
 		return
+	} else if !ok {
+		source = "resolv.conf (local mode: the node listener's alone)"
 	}
 	f.mu.Lock()
 	same := f.written != nil && slices.Equal(f.written.UDP, fb.UDP) && slices.Equal(f.written.TCP, fb.TCP) &&
-		slices.Equal(f.written.Services, fb.Services)
+		slices.Equal(f.written.Services, fb.Services) && maps.EqualFunc(f.written.Node, fb.Node, slices.Equal)
 	f.mu.Unlock()
 	if err := f.d.net.SetFallback(ctx, fb); err != nil {
 		f.d.log.Warn("fallback: DNAT chains not written; retrying every sync interval", "err", err)
@@ -170,7 +174,9 @@ func (f *fallback) updateTargets(ctx context.Context) {
 	f.mu.Unlock()
 	for _, a := range f.d.net.Addrs() {
 		n := 0
-		if !slices.Contains(fb.Services, a) {
+		if t, ok := fb.Node[a]; ok {
+			n = len(t)
+		} else if !slices.Contains(fb.Services, a) {
 			for _, ap := range fb.UDP {
 				if ap.Addr().Is6() == a.Is6() {
 					n++
@@ -184,10 +190,24 @@ func (f *fallback) updateTargets(ctx context.Context) {
 	}
 }
 
+// nodeTargets is the node listener's fallback (-node-listen): the node's
+// own resolvers, as the running configuration last read them; never
+// kube-dns, which may forward to the node listener.
+func (f *fallback) nodeTargets() map[netip.Addr][]netip.AddrPort {
+	if len(f.d.cfg.Node.Listen) == 0 {
+		return nil
+	}
+	out := make(map[netip.Addr][]netip.AddrPort, len(f.d.cfg.Node.Listen))
+	for _, a := range f.d.cfg.Node.Listen {
+		out[a] = f.d.run.NodeResolvers()
+	}
+	return out
+}
+
 // targetsNow is the Fallback to write and where it came from.
 func (f *fallback) targetsNow(ctx context.Context) (netsetup.Fallback, string, bool) {
 	services := f.serviceIPs(ctx)
-	if w := f.d.KubeEndpoints; w != nil && (w.State() == endpoints.Synced || w.State() == endpoints.Lost) {
+	if w := f.d.KubeEndpoints; w != nil && (w.State() == kubewatch.Synced || w.State() == kubewatch.Lost) {
 		v := w.View()
 		return netsetup.Fallback{UDP: v.UDP, TCP: v.InUse, Services: services}, "the API server (EndpointSlices)", true
 	}

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"net/netip"
 	"os"
 	"strings"
@@ -96,13 +95,7 @@ func (d *Daemon) startKubeEndpoints() {
 	d.Metrics.Registry.MustRegister(w.Collectors()...)
 	d.kubeEP, d.KubeEndpoints = k, w
 	d.run.SetKubeGroupHook(k.setGroup)
-	ctx, cancel := context.WithCancel(context.Background())
-	d.stopKubeEP = cancel
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		w.Run(ctx)
-	}()
+	d.stopKubeEP = d.background(w.Run)
 	d.log.Info("kube-dns: following the endpoints of its Service; its pods are asked directly once listed, the ClusterIP meanwhile and as fallback",
 		"service", ns+"/"+d.cfg.KubeDNSService)
 }

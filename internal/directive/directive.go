@@ -6,24 +6,24 @@
 // A directive's package registers itself (Register, from an init
 // function); the daemon builds a block's chain as one loop over the block's
 // directives in plugin.cfg order, wrapping each registered one around the
-// rest. Adding a directive touches its own package, its parsing in
-// internal/corefile, and the one value corefile.Server.Config returns for
-// it. CoreDNS's plugin.Register is the model: a name and a setup function,
-// looked up by the name the Corefile uses.
+// rest. Adding a directive touches its own package (its parsing registered
+// with corefile.Register beside its runtime registered here) and one line
+// in internal/plugins. CoreDNS's plugin.Register is the model: a name and
+// a setup function, looked up by the name the Corefile uses. The
+// answer-side directives (log, dnstap, ...) register with internal/answer
+// instead.
 package directive
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/registry"
 )
 
 // Next is the rest of a block's chain, after a directive: the directives
@@ -74,40 +74,16 @@ type Metrics interface {
 // returns for the directive's name.
 type Setup func(env Env, cfg any) (Handler, error)
 
-var (
-	mu       sync.RWMutex
-	registry = map[string]Setup{}
-)
+var registered = registry.New[Setup]("directive")
 
 // Register makes setup the fetch-side handler of the directive name. It
 // panics when name is registered twice (a programming error, found at
 // start).
-func Register(name string, setup Setup) {
-	mu.Lock()
-	defer mu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic(fmt.Sprintf("directive: %q registered twice", name))
-	}
-	registry[name] = setup
-}
+func Register(name string, setup Setup) { registered.Register(name, setup) }
 
 // Registered returns the setup of the directive name; false: name has no
 // fetch-side handler (cache, forward, bind, ... are done elsewhere).
-func Registered(name string) (Setup, bool) {
-	mu.RLock()
-	defer mu.RUnlock()
-	s, ok := registry[name]
-	return s, ok
-}
+func Registered(name string) (Setup, bool) { return registered.Get(name) }
 
 // Names are the registered directives, sorted.
-func Names() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	out := make([]string, 0, len(registry))
-	for n := range registry {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
+func Names() []string { return registered.Names() }

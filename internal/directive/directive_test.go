@@ -16,11 +16,7 @@ func (passOn) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, error
 
 func TestRegisterOnceAndLookUp(t *testing.T) {
 	Register("test-pass", func(Env, any) (Handler, error) { return passOn{}, nil })
-	t.Cleanup(func() {
-		mu.Lock()
-		delete(registry, "test-pass")
-		mu.Unlock()
-	})
+	t.Cleanup(func() { registered.Remove("test-pass") })
 	setup, ok := Registered("test-pass")
 	if !ok || !slices.Contains(Names(), "test-pass") {
 		t.Fatal("not registered")

@@ -10,9 +10,11 @@
 // CoreDNS runs dns64 before its cache and decides per client: without
 // allow_ipv4 a client that reached it over IPv4 gets the plain answer.
 // Here dns64 runs on the fetch side, where one fetch serves every client
-// asking the question, so the decision is per daemon: the daemon refuses
-// dns64 without allow_ipv4 when it listens on an IPv4 address (see
-// internal/daemon/chain.go); on an IPv6-only node every client is IPv6.
+// asking the question, so the decision is per listen family
+// (internal/config's checkDNS64): without allow_ipv4, a block whose
+// addresses are all IPv4 has no client CoreDNS translates for (the
+// directive is dropped, with a note), one whose addresses are all IPv6
+// translates as written, and one listening on both families is refused.
 // The synthesised answer is cached as one answer (CoreDNS caches the AAAA
 // and A answers it combines and synthesises on each query): the same
 // records, the TTLs counted from the synthesis.

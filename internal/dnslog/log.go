@@ -9,6 +9,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // Sink is where the blocks' log lines go: one writer shared by every
@@ -71,7 +72,7 @@ func (l *Log) Log(e *Entry) {
 			if name == "" {
 				name = strings.ToLower(wire.NameString(e.Q.Name))
 			}
-			if name != r.scope && !strings.HasSuffix(name, "."+r.scope) {
+			if !zone.Holds(r.scope, name) {
 				continue
 			}
 		}

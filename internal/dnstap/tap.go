@@ -27,7 +27,7 @@ const (
 	MaxQueueMultiple  = 4096
 	MaxWriteBufferMiB = 1024
 	// MaxQueueBytes bounds the bytes waiting in the queues of every tap
-	// of the process together, besides each queue's count (CoreDNS has
+	// of one owner together (Totals.Queued), besides each queue's count (CoreDNS has
 	// only the count): 10,000 `full` messages of large answers would
 	// otherwise hold hundreds of MiB while a collector is slow. A message
 	// past it is dropped and counted (docs/design.md, "The bounds add up").
@@ -101,15 +101,16 @@ func DefaultVersion() string {
 	return "nodelocaldns-" + v
 }
 
-var (
-	totalSent    atomic.Uint64
-	totalDropped atomic.Uint64
-)
-
-// Counts are the messages written to collectors and those dropped (a
-// full queue, no connection, a failed write), by every tap of the process
-// since it started.
-func Counts() (sent, dropped uint64) { return totalSent.Load(), totalDropped.Load() }
+// Totals are the messages of the taps one owner runs (the daemon's running
+// configuration, across its reloads: answer.Env.Stats): written to
+// collectors and dropped (a full queue, no connection, a failed write),
+// for nodelocaldns_dnstap_messages_total, and the bytes waiting in all
+// their queues (MaxQueueBytes). Not a package variable: two daemons in one
+// process (tests) count apart.
+type Totals struct {
+	Sent, Dropped atomic.Uint64
+	Queued        atomic.Int64
+}
 
 // Tap sends one directive's messages. Safe for concurrent use.
 type Tap struct {
@@ -122,13 +123,18 @@ type Tap struct {
 	done                     chan struct{}
 	closeOnce                sync.Once
 	sent, dropped            atomic.Uint64
+	totals                   *Totals // the owner's
 	connected                atomic.Bool
 	dial                     func() (net.Conn, error)
 }
 
 // New starts a tap: its writer connects in the background. log gets its
-// state changes (nil: slog.Default()).
-func New(cfg Config, log *slog.Logger) *Tap {
+// state changes (nil: slog.Default()); totals its owner's counts and
+// bound (nil: its own).
+func New(cfg Config, log *slog.Logger, totals *Totals) *Tap {
+	if totals == nil {
+		totals = &Totals{}
+	}
 	if log == nil {
 		log = slog.Default()
 	}
@@ -140,6 +146,7 @@ func New(cfg Config, log *slog.Logger) *Tap {
 		q:        make(chan []byte, cfg.QueueLen()),
 		quit:     make(chan struct{}),
 		done:     make(chan struct{}),
+		totals:   totals,
 	}
 	if cfg.Extra != "" {
 		t.extra = []byte(cfg.Extra)
@@ -171,7 +178,7 @@ func (t *Tap) Send(m *Message) {
 	if t.cfg.Full {
 		n += len(m.QueryMessage) + len(m.ResponseMessage)
 	}
-	if queued.Load()+int64(n) > MaxQueueBytes {
+	if t.totals.Queued.Load()+int64(n) > MaxQueueBytes {
 		t.drop(1)
 		return
 	}
@@ -185,18 +192,15 @@ func (t *Tap) Send(m *Message) {
 	}
 }
 
-// queued is the bytes waiting in every tap's queue (MaxQueueBytes).
-var queued atomic.Int64
-
 // queue counts n bytes into (or, negative, out of) the tap's queue.
 func (t *Tap) queue(n int64) {
 	t.qBytes.Add(n)
-	queued.Add(n)
+	t.totals.Queued.Add(n)
 }
 
 func (t *Tap) drop(n int) {
 	t.dropped.Add(uint64(n))
-	totalDropped.Add(uint64(n))
+	t.totals.Dropped.Add(uint64(n))
 }
 
 // Close stops the writer: what is queued is written if the collector
@@ -311,7 +315,7 @@ func (t *Tap) write(c net.Conn) error {
 			t.drop(pending)
 		} else {
 			t.sent.Add(uint64(pending))
-			totalSent.Add(uint64(pending))
+			t.totals.Sent.Add(uint64(pending))
 		}
 		pending = 0
 		return err
@@ -351,7 +355,7 @@ func (t *Tap) write(c net.Conn) error {
 		if bw.Buffered() < len(b)+4 {
 			// bufio wrote what came before this frame through.
 			t.sent.Add(uint64(pending - 1))
-			totalSent.Add(uint64(pending - 1))
+			t.totals.Sent.Add(uint64(pending - 1))
 			pending = 1
 		}
 	}
@@ -381,7 +385,7 @@ func (t *Tap) stop(c net.Conn, bw *bufio.Writer) error {
 		return nil
 	}
 	t.sent.Add(uint64(pending))
-	totalSent.Add(uint64(pending))
+	t.totals.Sent.Add(uint64(pending))
 	_, _, _ = readControl(c) // FINISH
 	return nil
 }

@@ -97,7 +97,7 @@ func TestRoundTripUnixAndTCP(t *testing.T) {
 				addr = filepath.Join(t.TempDir(), "tap.sock")
 			}
 			c := listen(t, network, addr)
-			tap := New(Config{Network: network, Address: c.ln.Addr().String(), Full: true, Identity: "node-a", Version: "v1", Extra: "x=1"}, nil)
+			tap := New(Config{Network: network, Address: c.ln.Addr().String(), Full: true, Identity: "node-a", Version: "v1", Extra: "x=1"}, nil, nil)
 			q := time.Unix(1700000000, 123456789)
 			r := q.Add(time.Millisecond)
 			ms := []Message{
@@ -130,7 +130,7 @@ func TestRoundTripUnixAndTCP(t *testing.T) {
 // TestNotFullLeavesMessagesOut: without full, no DNS message is sent.
 func TestNotFullLeavesMessagesOut(t *testing.T) {
 	c := listen(t, "unix", filepath.Join(t.TempDir(), "tap.sock"))
-	tap := New(Config{Network: "unix", Address: c.ln.Addr().String()}, nil)
+	tap := New(Config{Network: "unix", Address: c.ln.Addr().String()}, nil, nil)
 	defer tap.Close()
 	tap.Send(&Message{Type: ClientResponse, QueryMessage: []byte{1}, ResponseMessage: []byte{2}, QueryTime: time.Now()})
 	d := c.waitFor(t, 1)[0]
@@ -162,7 +162,7 @@ func TestCollectorThatStopsReadingBlocksNothing(t *testing.T) {
 			}()
 		}
 	}()
-	tap := New(Config{Network: "unix", Address: ln.Addr().String(), Full: true}, nil)
+	tap := New(Config{Network: "unix", Address: ln.Addr().String(), Full: true}, nil, nil)
 	defer tap.Close()
 	m := &Message{Type: ClientResponse, QueryTime: time.Now(), ResponseMessage: make([]byte, 1000)}
 	start := time.Now()
@@ -184,7 +184,7 @@ func TestCollectorThatStopsReadingBlocksNothing(t *testing.T) {
 func TestCollectorComesBack(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tap.sock")
 	c := listen(t, "unix", path)
-	tap := New(Config{Network: "unix", Address: path}, nil)
+	tap := New(Config{Network: "unix", Address: path}, nil, nil)
 	defer tap.Close()
 	m := &Message{Type: ClientQuery, QueryTime: time.Now()}
 	tap.Send(m)

@@ -24,18 +24,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// State is the watch's standing with the API server: Starting, Synced,
-// Lost (the last known endpoints stay in use) or Forbidden (no RBAC for
-// endpointslices: the watch stopped and the ClusterIP is used).
+// State is the watch's standing with the API server (kubewatch's):
+// Starting, Synced, Lost (the last known endpoints stay in use) or
+// Forbidden (no RBAC for endpointslices: the watch stopped and the
+// ClusterIP is used).
 type State = kubewatch.State
-
-// The watch's states.
-const (
-	Starting  = kubewatch.Starting
-	Synced    = kubewatch.Synced
-	Lost      = kubewatch.Lost
-	Forbidden = kubewatch.Forbidden
-)
 
 // Defaults.
 const (
@@ -212,18 +205,11 @@ func (w *Watch) Run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w.cancel.Store(&cancel)
-	kubewatch.Run(ctx, w.lw, &discoveryv1.EndpointSlice{}, cache.InformerOptions{
-		ResyncPeriod: w.cfg.Resync,
-		Transform:    trim,
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { w.update(obj) },
-			UpdateFunc: func(_, obj any) { w.update(obj) },
-			DeleteFunc: w.remove,
-		},
-	}, func() {
-		w.standing.FirstSync()
-		w.publish(true)
-	})
+	kubewatch.Run(ctx, kubewatch.Informer{LW: w.lw, Type: &discoveryv1.EndpointSlice{}, Resync: w.cfg.Resync, Transform: trim,
+		Update: w.update, Remove: w.remove, Synced: func() {
+			w.standing.FirstSync()
+			w.publish(true)
+		}})
 }
 
 // State is the watch's current state.
@@ -243,13 +229,13 @@ func (w *Watch) View() View {
 // changed logs a change of state, one line each.
 func (w *Watch) changed(old, now State, err error) {
 	switch now {
-	case Forbidden:
+	case kubewatch.Forbidden:
 		w.log.Warn("kube-dns endpoints: the API server forbids listing endpointslices (RBAC: deploy/daemonset.yaml's Role); asking the ClusterIP until restarted", "err", err)
-	case Lost:
+	case kubewatch.Lost:
 		w.log.Warn("kube-dns endpoint watch lost: keeping the last known endpoints, the ClusterIP as fallback", "err", err)
-	case Synced:
+	case kubewatch.Synced:
 		v := w.View()
-		if old == Starting {
+		if old == kubewatch.Starting {
 			w.log.Info("kube-dns endpoint watch synced", "in_use", fmt.Sprint(v.InUse), "not_ready", v.NotReady, "over_max", v.OverMax)
 		} else {
 			w.log.Info("kube-dns endpoint watch recovered", "in_use", fmt.Sprint(v.InUse))

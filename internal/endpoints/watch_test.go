@@ -17,6 +17,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 )
 
 // ep is one endpoint of a test slice.
@@ -166,7 +168,7 @@ func TestWatchFollowsTheSlices(t *testing.T) {
 
 	want := aps("10.244.0.2:5353", "10.244.0.3:5353")
 	eventually(t, 30*time.Second, "the first list", func() bool { return slices.Equal(ch.last(), want) })
-	if w.State() != Synced {
+	if w.State() != kubewatch.Synced {
 		t.Fatalf("state %v after the first list", w.State())
 	}
 	if v := w.View(); v.NotReady != 1 {
@@ -200,7 +202,7 @@ func TestWatchFollowsTheSlices(t *testing.T) {
 	// The API server goes away: the endpoints stay; back, the watch catches up.
 	n := ch.count()
 	s.Stop()
-	eventually(t, 30*time.Second, "the watch lost", func() bool { return w.State() == Lost })
+	eventually(t, 30*time.Second, "the watch lost", func() bool { return w.State() == kubewatch.Lost })
 	if got := ch.count(); got != n {
 		t.Errorf("the endpoints changed %d times while the API server was down", got-n)
 	}
@@ -210,7 +212,7 @@ func TestWatchFollowsTheSlices(t *testing.T) {
 	s.Restart()
 	putSlice(t, s, slice("up-a", "kube-dns-upstream", "IPv4", 5353, ep{ip: "10.244.0.2", ready: true}))
 	eventually(t, 60*time.Second, "caught up after the outage", func() bool {
-		return w.State() == Synced && slices.Equal(ch.last(), aps("10.244.0.2:5353"))
+		return w.State() == kubewatch.Synced && slices.Equal(ch.last(), aps("10.244.0.2:5353"))
 	})
 	if strings.Contains(logs.String(), "forbids") {
 		t.Errorf("the manifest's RBAC was refused:\n%s", logs.String())
@@ -237,7 +239,7 @@ func TestWatchForbidden(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the watch did not stop when forbidden")
 	}
-	if w.State() != Forbidden {
+	if w.State() != kubewatch.Forbidden {
 		t.Errorf("state %v, want forbidden", w.State())
 	}
 	if got := strings.Count(logs.String(), "forbids"); got != 1 {

@@ -80,7 +80,7 @@ type tcpPool struct {
 
 	// timers recycles the try timers (on clk) of exchange: a query's try is bounded by one
 	// of them instead of a context and timer of its own (5 allocations per miss).
-	timers sync.Pool
+	timers timerPool
 }
 
 // tcpConn is one pipelined connection. It has one reader goroutine; writers take wmu.
@@ -173,16 +173,8 @@ func newTCPPool(addr netip.AddrPort, cfg *GroupConfig, clk clock.Clock, obs Obse
 // comes first. When the connection closed before answering (by the peer, or by us because it
 // stalled), the query is sent once more on another connection, within the same try.
 func (p *tcpPool) exchange(ctx context.Context, query []byte, q question) ([]byte, error) {
-	t, _ := p.timers.Get().(clock.Timer)
-	if t == nil {
-		t = p.clk.NewTimer(p.try)
-	} else {
-		t.Reset(p.try) // no stale value after Reset (Go 1.23 timers; clock.Fake alike)
-	}
-	defer func() {
-		t.Stop()
-		p.timers.Put(t)
-	}()
+	t := p.timers.get(p.clk, p.try)
+	defer p.timers.put(t)
 	ans, err := p.exchangeOnce(ctx, t.C(), query, q)
 	if err != nil && (errors.Is(err, errPeerClosed) || errors.Is(err, errStalled)) && ctx.Err() == nil {
 		p.obs.Failure(p.group, p.upstream, KindClosed)

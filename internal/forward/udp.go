@@ -93,7 +93,7 @@ type udpMux struct {
 	wg      sync.WaitGroup // readers
 
 	// timers recycles the try timers (on clk): a waiting query is bounded by one of them.
-	timers sync.Pool
+	timers timerPool
 }
 
 // udpSock is one connected socket and its reader.
@@ -173,20 +173,31 @@ func newUDPMux(cfg *GroupConfig, upstream string, clk clock.Clock, obs Observer,
 	return &udpMux{group: cfg.Name, upstream: upstream, try: cfg.TryTimeout, life: udpSocketLife, clk: clk, obs: obs, log: log, bufSize: udpBufSize}
 }
 
+// timerPool recycles the try timers of a transport's exchanges.
+type timerPool struct{ sync.Pool }
+
+// get is a timer of d on clk, started.
+func (p *timerPool) get(clk clock.Clock, d time.Duration) clock.Timer {
+	t, _ := p.Get().(clock.Timer)
+	if t == nil {
+		return clk.NewTimer(d)
+	}
+	t.Reset(d) // no stale value after Reset (Go 1.23 timers; clock.Fake alike)
+	return t
+}
+
+// put stops t and keeps it for the next exchange.
+func (p *timerPool) put(t clock.Timer) {
+	t.Stop()
+	p.Put(t)
+}
+
 // exchange sends query (whose parsed question is q) and returns its answer with the wire ID
 // still in it, matched (ID and question) but not yet checked inside. The try ends at ctx's end
 // or after the try timeout, whichever comes first.
 func (m *udpMux) exchange(ctx context.Context, query []byte, q question) ([]byte, error) {
-	t, _ := m.timers.Get().(clock.Timer)
-	if t == nil {
-		t = m.clk.NewTimer(m.try)
-	} else {
-		t.Reset(m.try) // no stale value after Reset (Go 1.23 timers; clock.Fake alike)
-	}
-	defer func() {
-		t.Stop()
-		m.timers.Put(t)
-	}()
+	t := m.timers.get(m.clk, m.try)
+	defer m.timers.put(t)
 	s, id, w, err := m.acquire(ctx, q, nil)
 	if err != nil {
 		return nil, err

@@ -37,6 +37,8 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // Defaults as CoreDNS's hosts plugin.
@@ -279,7 +281,7 @@ func (h *Handler) parse(r io.Reader) *entries {
 				continue
 			}
 			name := strings.ToLower(dns.Fqdn(n))
-			if matchZone(h.cfg.Zones, name) == "" {
+			if zone.Longest(h.cfg.Zones, name) == "" {
 				continue
 			}
 			wild := len(name) >= 2 && name[:2] == "*."
@@ -356,7 +358,7 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 	}
 	q := r.Question[0]
 	name := strings.ToLower(q.Name)
-	inZone := matchZone(h.cfg.Zones, name) != ""
+	inZone := zone.Longest(h.cfg.Zones, name) != ""
 	if !inZone && q.Qtype != dns.TypePTR {
 		return next(ctx, r)
 	}
@@ -407,7 +409,7 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 }
 
 func (h *Handler) through(name string) bool {
-	return h.cfg.Fallthrough != nil && matchZone(h.cfg.Fallthrough, name) != ""
+	return h.cfg.Fallthrough != nil && zone.Longest(h.cfg.Fallthrough, name) != ""
 }
 
 // fromReverse reads the address of an in-addr.arpa or ip6.arpa name.
@@ -439,15 +441,4 @@ func fromReverse(name string) (netip.Addr, bool) {
 		return ip, err == nil
 	}
 	return netip.Addr{}, false
-}
-
-// matchZone returns the longest of zones that is name or an ancestor of it.
-func matchZone(zones []string, name string) string {
-	best := ""
-	for _, z := range zones {
-		if (z == "." || name == z || strings.HasSuffix(name, "."+z)) && len(z) > len(best) {
-			best = z
-		}
-	}
-	return best
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -105,17 +106,42 @@ func NoLoss(err error) bool {
 	return errors.Is(err, context.Canceled) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
 }
 
-// Run runs an informer over lw for objects of typ until ctx ends: opts
-// gives its handler, transform and resync period (its ListerWatcher and
-// ObjectType are set here). synced is called once, when the first list
-// has been delivered. client-go's own lines (each failed list or watch,
-// with its backoff) are not logged: the watches log their state changes,
-// one line each.
-func Run(ctx context.Context, lw cache.ListerWatcher, typ runtime.Object, opts cache.InformerOptions, synced func()) {
+// Informer is what Run runs: a list-watch of objects of Type, each
+// changed by Transform (nil: kept as delivered) before it is stored,
+// re-delivered every Resync (0: never).
+type Informer struct {
+	LW        cache.ListerWatcher
+	Type      runtime.Object
+	Resync    time.Duration
+	Transform cache.TransformFunc
+	// Update gets each object added or changed, Remove each deleted (or
+	// its cache.DeletedFinalStateUnknown).
+	Update, Remove func(obj any)
+	// Synced is called once, when the first list has been delivered.
+	Synced func()
+}
+
+// Run runs the informer in until ctx ends. client-go's own lines (each
+// failed list or watch, with its backoff) are not logged: the watches log
+// their state changes, one line each.
+func Run(ctx context.Context, in Informer) {
+	opts := cache.InformerOptions{
+		ListerWatcher: in.LW,
+		ObjectType:    in.Type,
+		ResyncPeriod:  in.Resync,
+		Transform:     in.Transform,
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { in.Update(obj) },
+			UpdateFunc: func(_, obj any) { in.Update(obj) },
+			DeleteFunc: func(obj any) {
+				if in.Remove != nil {
+					in.Remove(obj)
+				}
+			},
+		},
+	}
 	quiet := logr.Discard()
 	opts.Logger = &quiet
-	opts.ListerWatcher = lw
-	opts.ObjectType = typ
 	_, ctrl := cache.NewInformerWithOptions(opts)
 	done := make(chan struct{})
 	go func() {
@@ -123,7 +149,7 @@ func Run(ctx context.Context, lw cache.ListerWatcher, typ runtime.Object, opts c
 		ctrl.RunWithContext(ctx)
 	}()
 	if cache.WaitForCacheSync(ctx.Done(), ctrl.HasSynced) {
-		synced()
+		in.Synced()
 	}
 	<-done
 }

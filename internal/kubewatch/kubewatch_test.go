@@ -71,9 +71,8 @@ func TestWatchNamespacesThroughRealAPIServer(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Run(ctx, lw, &corev1.Namespace{}, cache.InformerOptions{
-			Handler: cache.ResourceEventHandlerFuncs{AddFunc: func(o any) { seen <- o.(*corev1.Namespace).Name }},
-		}, func() { close(synced) })
+		Run(ctx, Informer{LW: lw, Type: &corev1.Namespace{},
+			Update: func(o any) { seen <- o.(*corev1.Namespace).Name }, Synced: func() { close(synced) }})
 	}()
 	select {
 	case <-synced:

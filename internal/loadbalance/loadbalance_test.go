@@ -11,7 +11,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-func answer(t testing.TB, qtype uint16, rcode int, answers, extra []string) []byte {
+func packAnswer(t testing.TB, qtype uint16, rcode int, answers, extra []string) []byte {
 	t.Helper()
 	m := new(dns.Msg)
 	m.SetQuestion("www.example.org.", qtype)
@@ -74,7 +74,7 @@ func TestShuffle(t *testing.T) {
 			[]string{"mx1.example.org. 30 IN A 192.0.2.25", "mx2.example.org. 30 IN A 192.0.2.26"}, 6, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			orig := answer(t, tc.qtype, dns.RcodeSuccess, tc.answers, tc.extra)
+			orig := packAnswer(t, tc.qtype, dns.RcodeSuccess, tc.answers, tc.extra)
 			wantAns, wantExtra := sections(t, orig)
 			seen := map[string]bool{}
 			for range 400 {
@@ -99,7 +99,7 @@ func TestShuffle(t *testing.T) {
 			}
 		})
 	}
-	nx := answer(t, dns.TypeA, dns.RcodeNameError, nil, nil)
+	nx := packAnswer(t, dns.TypeA, dns.RcodeNameError, nil, nil)
 	if got := Shuffle(slices.Clone(nx)); !slices.Equal(got, nx) {
 		t.Error("NXDOMAIN changed")
 	}
@@ -113,7 +113,7 @@ func sorted(s []string) []string {
 
 // BenchmarkShuffleInPlace: the common answer, four A records.
 func BenchmarkShuffleInPlace(b *testing.B) {
-	orig := answer(b, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2", "www.example.org. 30 IN A 192.0.2.3", "www.example.org. 30 IN A 192.0.2.4"}, nil)
+	orig := packAnswer(b, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2", "www.example.org. 30 IN A 192.0.2.3", "www.example.org. 30 IN A 192.0.2.4"}, nil)
 	b.ReportAllocs()
 	for b.Loop() {
 		Shuffle(orig)
@@ -151,8 +151,8 @@ func unpackMsg(t *testing.T, b []byte) *dns.Msg {
 // one) is left as it is, without a panic: the in-place shuffle checks each
 // record's length, and the repack refuses what does not unpack.
 func TestShuffleLeavesMalformedAddressRecords(t *testing.T) {
-	a := answer(t, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2"}, nil)
-	aaaa := answer(t, dns.TypeAAAA, dns.RcodeSuccess, []string{"www.example.org. 30 IN AAAA 2001:db8::1", "www.example.org. 30 IN AAAA 2001:db8::2"}, nil)
+	a := packAnswer(t, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2"}, nil)
+	aaaa := packAnswer(t, dns.TypeAAAA, dns.RcodeSuccess, []string{"www.example.org. 30 IN AAAA 2001:db8::1", "www.example.org. 30 IN AAAA 2001:db8::2"}, nil)
 	for _, tc := range []struct {
 		name string
 		msg  []byte
@@ -177,9 +177,9 @@ func TestShuffleLeavesMalformedAddressRecords(t *testing.T) {
 // wire.CheckMessage accepts comes out with the same records, still
 // accepted.
 func FuzzShuffle(f *testing.F) {
-	f.Add(answer(f, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2", "www.example.org. 30 IN A 192.0.2.3"}, nil))
-	f.Add(answer(f, dns.TypeAAAA, dns.RcodeSuccess, []string{"www.example.org. 30 IN CNAME web.example.net.", "web.example.net. 30 IN AAAA 2001:db8::1", "web.example.net. 30 IN AAAA 2001:db8::2"}, nil))
-	f.Add(answer(f, dns.TypeMX, dns.RcodeSuccess, []string{"www.example.org. 30 IN MX 10 mx1.example.org.", "www.example.org. 30 IN MX 20 mx2.example.org."},
+	f.Add(packAnswer(f, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2", "www.example.org. 30 IN A 192.0.2.3"}, nil))
+	f.Add(packAnswer(f, dns.TypeAAAA, dns.RcodeSuccess, []string{"www.example.org. 30 IN CNAME web.example.net.", "web.example.net. 30 IN AAAA 2001:db8::1", "web.example.net. 30 IN AAAA 2001:db8::2"}, nil))
+	f.Add(packAnswer(f, dns.TypeMX, dns.RcodeSuccess, []string{"www.example.org. 30 IN MX 10 mx1.example.org.", "www.example.org. 30 IN MX 20 mx2.example.org."},
 		[]string{"mx1.example.org. 30 IN A 192.0.2.25", "mx2.example.org. 30 IN A 192.0.2.26"}))
 	f.Add(pointedInto(f))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -209,7 +209,7 @@ func FuzzShuffle(f *testing.F) {
 // wire.CheckMessage accepts.
 func pointedInto(t testing.TB) []byte {
 	t.Helper()
-	b := answer(t, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2"}, nil)
+	b := packAnswer(t, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2"}, nil)
 	first := 12 + len("www.example.org.") + 1 + 4
 	rdlen := first + 2 + 8
 	binary.BigEndian.PutUint16(b[first+16:], uint16(0xC000|rdlen))

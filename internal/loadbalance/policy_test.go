@@ -13,7 +13,7 @@ import (
 )
 
 func fourA(t testing.TB, qtype uint16) []byte {
-	return answer(t, qtype, dns.RcodeSuccess, []string{
+	return packAnswer(t, qtype, dns.RcodeSuccess, []string{
 		"www.example.org. 30 IN A 192.0.2.1", "www.example.org. 30 IN A 192.0.2.2",
 		"www.example.org. 30 IN A 192.0.2.3", "www.example.org. 30 IN A 192.0.2.4",
 	}, nil)
@@ -144,7 +144,7 @@ func TestPrefer(t *testing.T) {
 	if len(seen) != 2 {
 		t.Errorf("orders %v, want the two of .2 and .4", seen)
 	}
-	mixed := answer(t, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN TXT \"t\"", "www.example.org. 30 IN MX 10 mx.example.org.", "www.example.org. 30 IN A 192.0.2.9", "www.example.org. 30 IN CNAME x.example.org."}, nil)
+	mixed := packAnswer(t, dns.TypeA, dns.RcodeSuccess, []string{"www.example.org. 30 IN TXT \"t\"", "www.example.org. 30 IN MX 10 mx.example.org.", "www.example.org. 30 IN A 192.0.2.9", "www.example.org. 30 IN CNAME x.example.org."}, nil)
 	ans, _ := sections(t, p.Apply(mixed))
 	var types []string
 	for _, r := range ans {
@@ -153,7 +153,7 @@ func TestPrefer(t *testing.T) {
 	if strings.Join(types, " ") != "CNAME A MX TXT" {
 		t.Errorf("types in order %v, want CNAME A MX TXT", types)
 	}
-	nx := answer(t, dns.TypeA, dns.RcodeNameError, nil, nil)
+	nx := packAnswer(t, dns.TypeA, dns.RcodeNameError, nil, nil)
 	if got := p.Apply(nx); &got[0] != &nx[0] {
 		t.Error("NXDOMAIN repacked")
 	}

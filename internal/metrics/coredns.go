@@ -330,13 +330,27 @@ func (c *cdCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *cdCollector) Collect(ch chan<- prometheus.Metric) {
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
 	var servers []string
 	if c.cfg.Servers != nil {
 		servers = c.cfg.Servers()
 	}
+	c.collectPlugins(ch, servers)
+	if c.cfg.Snapshot != nil {
+		for _, b := range c.cfg.Snapshot() {
+			collectBlock(ch, &b)
+		}
+	}
+	c.collectCache(ch, servers)
+	c.dir.collect(ch, servers)
+}
+
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v uint64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+}
+
+// collectPlugins is coredns_plugin_enabled of every block with prometheus,
+// on every server.
+func (c *cdCollector) collectPlugins(ch chan<- prometheus.Metric, servers []string) {
 	for _, srv := range servers {
 		for _, b := range c.cfg.Blocks {
 			if !b.Prometheus {
@@ -351,98 +365,110 @@ func (c *cdCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	if c.cfg.Snapshot != nil {
-		for _, b := range c.cfg.Snapshot() {
-			var n uint64
-			for p, proto := range [2]string{"udp", "tcp"} {
-				for f, fam := range [2]string{"1", "2"} {
-					for t, typ := range server.CDTypes {
-						if v := b.Requests[p][f][t]; v > 0 {
-							counter(descCDRequests, v, b.Server, b.Zone, "", proto, fam, typ)
-							n += v
-						}
-					}
+}
+
+// collectBlock is the coredns_dns_* and coredns_cache_* series of one
+// (server, zone) block's cells.
+func collectBlock(ch chan<- prometheus.Metric, b *server.CDBlock) {
+	var n uint64
+	for p, proto := range [2]string{"udp", "tcp"} {
+		for f, fam := range [2]string{"1", "2"} {
+			for t, typ := range server.CDTypes {
+				if v := b.Requests[p][f][t]; v > 0 {
+					counter(ch, descCDRequests, v, b.Server, b.Zone, "", proto, fam, typ)
+					n += v
 				}
-				if cnt := sumU(b.ReqSize[p][:]); cnt > 0 {
-					ch <- prometheus.MustNewConstHistogram(descCDReqSize, cnt, float64(b.ReqSizeSum[p]), cumulative(b.ReqSize[p][:], server.CDSizeBuckets[:]), b.Server, b.Zone, "", proto)
-				}
-				if cnt := sumU(b.RespSize[p][:]); cnt > 0 {
-					ch <- prometheus.MustNewConstHistogram(descCDRespSize, cnt, float64(b.RespSizeSum[p]), cumulative(b.RespSize[p][:], server.CDSizeBuckets[:]), b.Server, b.Zone, "", proto)
-				}
-			}
-			if cnt := sumU(b.Duration[:]); cnt > 0 {
-				ch <- prometheus.MustNewConstHistogram(descCDDuration, cnt, float64(b.DurationSum)/1e9, cumulative(b.Duration[:], server.CDTimeBuckets[:]), b.Server, b.Zone, "")
-			}
-			if b.DO > 0 {
-				counter(descCDDo, b.DO, b.Server, b.Zone, "")
-			}
-			for rc, v := range b.Responses {
-				if v[0] > 0 {
-					counter(descCDResponses, v[0], b.Server, b.Zone, "", cdRcode(rc), b.Plugin)
-				}
-				if v[1] > 0 {
-					counter(descCDResponses, v[1], b.Server, b.Zone, "", cdRcode(rc), "")
-				}
-			}
-			if b.Zone == server.CDDropped || n == 0 {
-				continue
-			}
-			if req := b.HitsSuccess + b.HitsDenial + b.CacheMisses; req > 0 {
-				counter(descCDRequestsC, req, b.Server, b.Zone, "")
-				counter(descCDMisses, b.CacheMisses, b.Server, b.Zone, "")
-				if b.HitsSuccess > 0 {
-					counter(descCDHits, b.HitsSuccess, b.Server, "success", b.Zone, "")
-				}
-				if b.HitsDenial > 0 {
-					counter(descCDHits, b.HitsDenial, b.Server, "denial", b.Zone, "")
-				}
-			}
-			if b.ServedStale > 0 {
-				counter(descCDStale, b.ServedStale, b.Server, b.Zone, "")
 			}
 		}
+		if cnt := sumU(b.ReqSize[p][:]); cnt > 0 {
+			ch <- prometheus.MustNewConstHistogram(descCDReqSize, cnt, float64(b.ReqSizeSum[p]), cumulative(b.ReqSize[p][:], server.CDSizeBuckets[:]), b.Server, b.Zone, "", proto)
+		}
+		if cnt := sumU(b.RespSize[p][:]); cnt > 0 {
+			ch <- prometheus.MustNewConstHistogram(descCDRespSize, cnt, float64(b.RespSizeSum[p]), cumulative(b.RespSize[p][:], server.CDSizeBuckets[:]), b.Server, b.Zone, "", proto)
+		}
 	}
+	if cnt := sumU(b.Duration[:]); cnt > 0 {
+		ch <- prometheus.MustNewConstHistogram(descCDDuration, cnt, float64(b.DurationSum)/1e9, cumulative(b.Duration[:], server.CDTimeBuckets[:]), b.Server, b.Zone, "")
+	}
+	if b.DO > 0 {
+		counter(ch, descCDDo, b.DO, b.Server, b.Zone, "")
+	}
+	for rc, v := range b.Responses {
+		if v[0] > 0 {
+			counter(ch, descCDResponses, v[0], b.Server, b.Zone, "", cdRcode(rc), b.Plugin)
+		}
+		if v[1] > 0 {
+			counter(ch, descCDResponses, v[1], b.Server, b.Zone, "", cdRcode(rc), "")
+		}
+	}
+	if b.Zone == server.CDDropped || n == 0 {
+		return
+	}
+	if req := b.HitsSuccess + b.HitsDenial + b.CacheMisses; req > 0 {
+		counter(ch, descCDRequestsC, req, b.Server, b.Zone, "")
+		counter(ch, descCDMisses, b.CacheMisses, b.Server, b.Zone, "")
+		if b.HitsSuccess > 0 {
+			counter(ch, descCDHits, b.HitsSuccess, b.Server, "success", b.Zone, "")
+		}
+		if b.HitsDenial > 0 {
+			counter(ch, descCDHits, b.HitsDenial, b.Server, "denial", b.Zone, "")
+		}
+	}
+	if b.ServedStale > 0 {
+		counter(ch, descCDStale, b.ServedStale, b.Server, b.Zone, "")
+	}
+}
+
+// collectCache is coredns_cache_entries, _prefetch_total and
+// _evictions_total: per Corefile block with a cache (by its tag), or one
+// series for the one cache.
+func (c *cdCollector) collectCache(ch chan<- prometheus.Metric, servers []string) {
 	var blocks []CacheBlock
 	if c.cfg.CacheBlocks != nil {
 		blocks = c.cfg.CacheBlocks()
 	}
-	if c.cfg.Cache != nil && blocks != nil {
-		tags := c.cfg.Cache.TagStats()
-		for i, b := range blocks {
-			if !b.Cache || b.Server < 0 || b.Server >= len(servers) {
-				continue
-			}
-			var ts cache.TagStats
-			if i+1 < len(tags) {
-				ts = tags[i+1]
-			}
-			srv := servers[b.Server]
-			// CoreDNS keeps SERVFAIL in its denial cache.
-			ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(ts.Entries[cache.Success]), srv, "success", b.Zones, "")
-			ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(ts.Entries[cache.Denial]+ts.Entries[cache.ServFail]), srv, "denial", b.Zones, "")
-			// Counters from their first event, as CoreDNS's.
-			if ts.Prefetches > 0 {
-				counter(descCDPrefetch, ts.Prefetches, srv, b.Zones, "")
-			}
-			if v := ts.Evictions[cache.Success]; v > 0 {
-				counter(descCDEvictions, v, srv, "success", b.Zones, "")
-			}
-			if v := ts.Evictions[cache.Denial] + ts.Evictions[cache.ServFail]; v > 0 {
-				counter(descCDEvictions, v, srv, "denial", b.Zones, "")
-			}
+	if c.cfg.Cache == nil {
+		return
+	}
+	if blocks == nil {
+		if len(servers) == 0 {
+			return
 		}
-	} else if c.cfg.Cache != nil && len(servers) > 0 {
 		st := c.cfg.Cache.Stats()
 		srv, z := servers[0], c.cfg.CacheZones
 		// CoreDNS keeps SERVFAIL in its denial cache.
 		denial := st.Entries[cache.Denial] + st.Entries[cache.ServFail]
 		ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(st.Entries[cache.Success]), srv, "success", z, "")
 		ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(denial), srv, "denial", z, "")
-		counter(descCDPrefetch, st.Prefetches, srv, z, "")
+		counter(ch, descCDPrefetch, st.Prefetches, srv, z, "")
 		// One budget for both kinds: every eviction shows as "success".
-		counter(descCDEvictions, st.Evictions, srv, "success", z, "")
+		counter(ch, descCDEvictions, st.Evictions, srv, "success", z, "")
+		return
 	}
-	c.dir.collect(ch, servers)
+	tags := c.cfg.Cache.TagStats()
+	for i, b := range blocks {
+		if !b.Cache || b.Server < 0 || b.Server >= len(servers) {
+			continue
+		}
+		var ts cache.TagStats
+		if i+1 < len(tags) {
+			ts = tags[i+1]
+		}
+		srv := servers[b.Server]
+		// CoreDNS keeps SERVFAIL in its denial cache.
+		ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(ts.Entries[cache.Success]), srv, "success", b.Zones, "")
+		ch <- prometheus.MustNewConstMetric(descCDEntries, prometheus.GaugeValue, float64(ts.Entries[cache.Denial]+ts.Entries[cache.ServFail]), srv, "denial", b.Zones, "")
+		// Counters from their first event, as CoreDNS's.
+		if ts.Prefetches > 0 {
+			counter(ch, descCDPrefetch, ts.Prefetches, srv, b.Zones, "")
+		}
+		if v := ts.Evictions[cache.Success]; v > 0 {
+			counter(ch, descCDEvictions, v, srv, "success", b.Zones, "")
+		}
+		if v := ts.Evictions[cache.Denial] + ts.Evictions[cache.ServFail]; v > 0 {
+			counter(ch, descCDEvictions, v, srv, "denial", b.Zones, "")
+		}
+	}
 }
 
 // cumulative turns per-bucket counts (the last one +Inf) into the

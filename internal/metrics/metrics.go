@@ -51,6 +51,24 @@ type Metrics struct {
 	// directives' counters (directives.go).
 	cd         *cdMetrics
 	Directives *Directives
+	// stats gives the answer-side handlers' counters (SetHandlerStats).
+	stats atomic.Pointer[func(key string) any]
+}
+
+// SetHandlerStats makes f where the answer-side handlers' counters are
+// read (internal/running's State.Stats: trace's and dnstap's, kept for the
+// daemon's life); before it is set they read 0.
+func (m *Metrics) SetHandlerStats(f func(key string) any) { m.stats.Store(&f) }
+
+// handlerStats is the handlers' value for key, nil when none.
+func (m *Metrics) handlerStats(key string) any {
+	if m == nil {
+		return nil
+	}
+	if f := m.stats.Load(); f != nil {
+		return (*f)(key)
+	}
+	return nil
 }
 
 // New registers every collector. srv and c may be nil (their metrics are
@@ -119,20 +137,29 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	}, []string{"group"})
 	r.MustRegister(m.upstreamDuration, m.upstreamFailures, m.upstreamHealthy, m.upstreamConns, m.upstreamInflight)
 
-	// The Corefile's trace (internal/trace): its exporters' counts, read
-	// at scrape time.
+	// The Corefile's trace (internal/trace): its exporters' counts, their
+	// owner's (SetHandlerStats), read at scrape time.
 	for _, rc := range []struct {
 		result string
-		n      *atomic.Uint64
-	}{{"sent", &trace.Counters.Sent}, {"dropped_backlog", &trace.Counters.DroppedBacklog}, {"dropped_send", &trace.Counters.DroppedSend}} {
+		n      func(*trace.Stats) *atomic.Uint64
+	}{
+		{"sent", func(s *trace.Stats) *atomic.Uint64 { return &s.Sent }},
+		{"dropped_backlog", func(s *trace.Stats) *atomic.Uint64 { return &s.DroppedBacklog }},
+		{"dropped_send", func(s *trace.Stats) *atomic.Uint64 { return &s.DroppedSend }},
+	} {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Name: "trace_spans_total", ConstLabels: prometheus.Labels{"result": rc.result},
 			Help: "Spans of the Corefile's trace, by result: sent (the collector accepted them), dropped_backlog (the backlog was full: the collector slower than the traced queries, or gone), dropped_send (the collector refused them or could not be reached).",
-		}, func() float64 { return float64(rc.n.Load()) }))
+		}, func() float64 {
+			if st, _ := m.handlerStats("trace").(*trace.Stats); st != nil {
+				return float64(rc.n(st).Load())
+			}
+			return 0
+		}))
 	}
 
 	if srv != nil || c != nil {
-		r.MustRegister(&snapshotCollector{srv: srv, cache: c})
+		r.MustRegister(&snapshotCollector{m: m, srv: srv, cache: c})
 	}
 	return m
 }
@@ -229,6 +256,7 @@ func (m *Metrics) Inflight(group string, delta int) {
 // snapshotCollector reads the server's and the cache's counters at scrape
 // time, so the serving path only increments plain atomics.
 type snapshotCollector struct {
+	m     *Metrics
 	srv   func() server.Counters
 	cache *cache.Cache
 }
@@ -305,7 +333,10 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descHealth, c.HealthChecks)
 		counter(descReflector, c.ReflectorDrops)
 	}
-	sent, dropped := dnstap.Counts()
+	var sent, dropped uint64
+	if t, _ := s.m.handlerStats("dnstap").(*dnstap.Totals); t != nil {
+		sent, dropped = t.Sent.Load(), t.Dropped.Load()
+	}
 	counter(descTapSent, sent)
 	counter(descTapDrop, dropped)
 	for i, n := range panics.Counts() {

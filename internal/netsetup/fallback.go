@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -166,6 +167,10 @@ type Fallback struct {
 	// Services are addresses known to be a Service's ClusterIP: kube-proxy
 	// translates them, so their chain stays empty.
 	Services []netip.Addr
+	// Node are addresses whose queries go elsewhere than kube-dns: the
+	// node listener's (-node-listen), to the node's own resolvers, UDP and
+	// TCP alike (never kube-dns: kube-dns may forward to that address).
+	Node map[netip.Addr][]netip.AddrPort
 }
 
 // chainTargets is what an address's chain holds: DNAT targets per protocol.
@@ -175,16 +180,21 @@ func (f *Fallback) targets(a netip.Addr) chainTargets {
 	if slices.Contains(f.Services, a) {
 		return chainTargets{}
 	}
-	same := func(in []netip.AddrPort) []netip.AddrPort {
-		var out []netip.AddrPort
-		for _, ap := range in {
-			if ap.Addr().Is6() == a.Is6() && !slices.Contains(out, ap) {
-				out = append(out, ap)
-			}
-		}
-		return out
+	if n, ok := f.Node[a]; ok {
+		return chainTargets{udp: sameFamily(a, n), tcp: sameFamily(a, n)}
 	}
-	return chainTargets{udp: same(f.UDP), tcp: same(f.TCP)}
+	return chainTargets{udp: sameFamily(a, f.UDP), tcp: sameFamily(a, f.TCP)}
+}
+
+// sameFamily are the targets of in of a's family, each once.
+func sameFamily(a netip.Addr, in []netip.AddrPort) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, ap := range in {
+		if ap.Addr().Is6() == a.Is6() && !slices.Contains(out, ap) {
+			out = append(out, ap)
+		}
+	}
+	return out
 }
 
 // Fallback says where each address's queries go while no instance serves
@@ -201,6 +211,8 @@ func (s *Setup) FallbackTargets() map[netip.Addr]string {
 		switch t := s.fbWant.targets(a); {
 		case slices.Contains(s.fbWant.Services, a):
 			out[a] = "kube-proxy"
+		case s.fbWant.Node[a] != nil && len(t.udp) > 0:
+			out[a] = fmt.Sprint(t.udp) + " (the node's resolvers)"
 		case len(t.udp)+len(t.tcp) > 0:
 			out[a] = fmt.Sprint(t.udp)
 		default:
@@ -226,7 +238,7 @@ func (s *Setup) SetFallback(ctx context.Context, f Fallback) error {
 	if s.closed {
 		return ErrClosed
 	}
-	f.UDP, f.TCP, f.Services = slices.Clone(f.UDP), slices.Clone(f.TCP), slices.Clone(f.Services)
+	f.UDP, f.TCP, f.Services, f.Node = slices.Clone(f.UDP), slices.Clone(f.TCP), slices.Clone(f.Services), maps.Clone(f.Node)
 	s.fbWant = &f
 	if !s.rulesWanted || s.tables == nil {
 		return nil // EnsureRules writes them
@@ -299,7 +311,8 @@ func (s *Setup) ensureChainContentsLocked(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		s.log.Info("fallback chains written", "family", fam.String(), "chains", n, "targets", fmt.Sprint(s.fbWant.UDP), "services", fmt.Sprint(s.fbWant.Services))
+		s.log.Info("fallback chains written", "family", fam.String(), "chains", n, "targets", fmt.Sprint(s.fbWant.UDP), "services", fmt.Sprint(s.fbWant.Services),
+			"node_listener", fmt.Sprint(s.fbWant.Node))
 	}
 	return errors.Join(errs...)
 }

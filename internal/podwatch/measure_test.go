@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 )
 
 // TestMeasureWatchMemory reports the heap the watch holds for a node's
@@ -48,7 +50,7 @@ func TestMeasureWatchMemory(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	eventually(t, 60*time.Second, "all pods", func() bool { return w.State() == Synced && w.Pods() == pods })
+	eventually(t, 60*time.Second, "all pods", func() bool { return w.State() == kubewatch.Synced && w.Pods() == pods })
 	after := heap()
 	t.Logf("watch of %d pods (of %d in the cluster): heap +%d KiB (%d bytes per pod, informer store, view and client included)",
 		pods, 2*pods, (after-before)/1024, (after-before)/pods)

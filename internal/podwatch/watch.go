@@ -23,16 +23,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// State is the watch's standing with the API server: Starting, Synced or
-// Lost (the view may be stale: autopath is off until it recovers).
+// State is the watch's standing with the API server (kubewatch's):
+// Starting, Synced or Lost (the view may be stale: autopath is off until
+// it recovers).
 type State = kubewatch.State
-
-// The watch's states.
-const (
-	Starting = kubewatch.Starting
-	Synced   = kubewatch.Synced
-	Lost     = kubewatch.Lost
-)
 
 // DefaultResync is how often the informer re-delivers every pod to the
 // handler, recomputing its view from the stored objects (10 min: a safety
@@ -112,15 +106,8 @@ func New(cfg Config) (*Watch, error) {
 
 // Run watches until ctx ends.
 func (w *Watch) Run(ctx context.Context) {
-	kubewatch.Run(ctx, w.lw, &corev1.Pod{}, cache.InformerOptions{
-		ResyncPeriod: w.cfg.Resync,
-		Transform:    trim,
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { w.update(obj) },
-			UpdateFunc: func(_, obj any) { w.update(obj) },
-			DeleteFunc: w.remove,
-		},
-	}, w.standing.FirstSync)
+	kubewatch.Run(ctx, kubewatch.Informer{LW: w.lw, Type: &corev1.Pod{}, Resync: w.cfg.Resync, Transform: trim,
+		Update: w.update, Remove: w.remove, Synced: w.standing.FirstSync})
 }
 
 // Lookup returns the pod holding ip and the watch state. A pod is returned
@@ -139,11 +126,11 @@ func (w *Watch) Pods() int { return w.view.Load().pods }
 // changed logs a change of state, one line each.
 func (w *Watch) changed(old, now State, err error) {
 	switch {
-	case now == Lost && apierrors.IsForbidden(err):
+	case now == kubewatch.Lost && apierrors.IsForbidden(err):
 		w.log.Warn("pod watch forbidden: autopath off until the service account may list and watch pods (kubectl apply -f deploy/autopath/rbac.yaml)", "node", w.cfg.NodeName, "err", err)
-	case now == Lost:
+	case now == kubewatch.Lost:
 		w.log.Warn("pod watch lost: autopath off until it recovers", "node", w.cfg.NodeName, "err", err)
-	case old == Starting:
+	case old == kubewatch.Starting:
 		w.log.Info("pod watch synced", "node", w.cfg.NodeName, "pods", w.Pods())
 	default:
 		w.log.Info("pod watch recovered: autopath on", "node", w.cfg.NodeName, "pods", w.Pods())

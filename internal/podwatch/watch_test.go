@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nodelocaldns/nodelocaldns/test/apiserver"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 )
 
 // followWithin: the bound on how fast the view follows the API.
@@ -77,7 +79,7 @@ func TestWatchFollowsTheAPIServer(t *testing.T) {
 	go func() { defer close(done); w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	eventually(t, 30*time.Second, "first sync", func() bool { return w.State() == Synced })
+	eventually(t, 30*time.Second, "first sync", func() bool { return w.State() == kubewatch.Synced })
 	ip := func(s string) netip.Addr { return netip.MustParseAddr(s) }
 	if p, _ := w.Lookup(ip("10.244.1.2")); p == nil || p.Name != "early" {
 		t.Fatalf("pod listed at start: %+v", p)
@@ -123,7 +125,7 @@ func TestWatchFollowsTheAPIServer(t *testing.T) {
 	// The API server goes away: lost; it comes back: synced, and a change
 	// made while the watch was away arrives.
 	s.Stop()
-	eventually(t, 30*time.Second, "state lost", func() bool { return w.State() == Lost })
+	eventually(t, 30*time.Second, "state lost", func() bool { return w.State() == kubewatch.Lost })
 	if p, _ := w.Lookup(ip("10.244.1.2")); p == nil {
 		t.Error("the view was dropped when the API server went away")
 	}
@@ -131,7 +133,7 @@ func TestWatchFollowsTheAPIServer(t *testing.T) {
 	createPod(t, s, "shop", "late", "node1", nil)
 	s.SetPodIP("shop", "late", "10.244.1.9")
 	// The reflector backs off up to 30 s between tries, more under load.
-	eventually(t, 60*time.Second, "synced again", func() bool { return w.State() == Synced })
+	eventually(t, 60*time.Second, "synced again", func() bool { return w.State() == kubewatch.Synced })
 	eventually(t, 30*time.Second, "pod made after the restart", func() bool {
 		p, _ := w.Lookup(ip("10.244.1.9"))
 		return p != nil
@@ -161,7 +163,7 @@ func TestWatchNeedsItsRights(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	eventually(t, 30*time.Second, "list refused", func() bool { return w.State() == Lost })
+	eventually(t, 30*time.Second, "list refused", func() bool { return w.State() == kubewatch.Lost })
 	if l := logs.String(); !strings.Contains(l, "pod watch forbidden") || !strings.Contains(l, "deploy/autopath/rbac.yaml") {
 		t.Errorf("log:\n%s", l)
 	}
@@ -169,7 +171,7 @@ func TestWatchNeedsItsRights(t *testing.T) {
 	s.ApplyManifest(t, "../../deploy/autopath/rbac.yaml", "ClusterRole", "ClusterRoleBinding")
 	// RBAC changes reach the authorizer within a second or so; the
 	// reflector retries with backoff.
-	eventually(t, 60*time.Second, "synced with deploy/autopath/rbac.yaml's ClusterRole", func() bool { return w.State() == Synced })
+	eventually(t, 60*time.Second, "synced with deploy/autopath/rbac.yaml's ClusterRole", func() bool { return w.State() == kubewatch.Synced })
 }
 
 // logSink is a log destination safe for concurrent writes.

@@ -85,8 +85,10 @@ type call struct {
 	w0   Waiter
 	more []Waiter
 	r    *Resolver
-	pol  *Policy
 	uq   []byte
+	// blk is the block of the question, as its first asker's lookup found
+	// it: its policy builds the entry, its fetch asks upstream.
+	blk *Block
 }
 
 // upstreamQueryExtra is what an upstream query holds beside its name: header (12), type and
@@ -95,8 +97,8 @@ const upstreamQueryExtra = 12 + 4 + 11
 
 // joinAsync is join for a Waiter: w counts against the question's waiter cap and is called at
 // finish.
-func (f *flights) joinAsync(q *wire.Query, w Waiter) (c *call, joined, ok bool) {
-	return f.joinWith(q, true, false, w)
+func (f *flights) joinAsync(q *wire.Query, b *Block, w Waiter) (c *call, joined, ok bool) {
+	return f.joinWith(q, b, true, false, w)
 }
 
 // addWaiter registers w on c; f.mu is held.
@@ -109,19 +111,20 @@ func (c *call) addWaiter(w Waiter) {
 }
 
 // join returns the call in flight for q's question, or registers a new one
-// (joined false) owned by q.From (the zero address: the daemon's own work).
+// (joined false) owned by q.From (the zero address: the daemon's own work)
+// for the question's block b.
 // A waiting client (wait) counts against the question's waiter cap until
 // it calls leave. A call returned joined, or new with needDone, has its
 // done channel. ok is false when the call cannot be had: a new question
 // over the flight bound or its asker's share of it (the latter counted in
 // overShare), or a client over the waiter cap.
-func (f *flights) join(q *wire.Query, wait, needDone bool) (c *call, joined, ok bool) {
-	return f.joinWith(q, wait, needDone, nil)
+func (f *flights) join(q *wire.Query, b *Block, wait, needDone bool) (c *call, joined, ok bool) {
+	return f.joinWith(q, b, wait, needDone, nil)
 }
 
 // joinWith is join, registering w (when not nil) as a waiter under the same lock: a waiter
 // needs no done channel.
-func (f *flights) joinWith(q *wire.Query, wait, needDone bool, w Waiter) (c *call, joined, ok bool) {
+func (f *flights) joinWith(q *wire.Query, b *Block, wait, needDone bool, w Waiter) (c *call, joined, ok bool) {
 	var kb [maxFlightKey]byte
 	k := kb[:0]
 	if len(q.Name) > 255 {
@@ -159,7 +162,7 @@ func (f *flights) joinWith(q *wire.Query, wait, needDone bool, w Waiter) (c *cal
 	// buffer; the key string is those bytes, which nothing changes.
 	buf := make([]byte, len(k), len(k)+len(k)+upstreamQueryExtra)
 	copy(buf, k)
-	c = &call{key: unsafe.String(&buf[0], len(k)), q: *q, buf: buf, owner: q.From}
+	c = &call{key: unsafe.String(&buf[0], len(k)), q: *q, buf: buf, owner: q.From, blk: b}
 	c.q.Name = buf[:len(q.Name):len(q.Name)] // the lower-cased name starts the key
 	if needDone {
 		c.done = make(chan struct{})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -37,19 +38,19 @@ func TestPanicFinishesTheFlight(t *testing.T) {
 		var late FetchDone // the fetch that was under way when the start panicked
 		e, s := newStartEnv(t, func(c *Config) {
 			start := c.Start
-			c.Start = func(pol *Policy, qname, query []byte, timeout time.Duration, done FetchDone) bool {
+			c.Start = func(b *Block, qname, query []byte, asker netip.AddrPort, timeout time.Duration, done FetchDone) bool {
 				if boom {
 					late = done
 					panic("test: a panic injected in starting a fetch")
 				}
-				return start(pol, qname, query, timeout, done)
+				return start(b, qname, query, asker, timeout, done)
 			}
 		})
 		boom = true
 		q := question(t, "start.example.")
 		w := newWaiter()
 		before := panics.Count(panics.Resolve)
-		if _, how, _ := e.r.Start(q, w); how != Later {
+		if _, how, _ := e.r.Start(q, nil, w); how != Later {
 			t.Fatalf("Start: %v, want Later", how)
 		}
 		w.wait(t)
@@ -65,7 +66,7 @@ func TestPanicFinishesTheFlight(t *testing.T) {
 		}
 		boom = false
 		w2 := newWaiter()
-		if _, how, _ := e.r.Start(q, w2); how != Later || s.count() != 1 {
+		if _, how, _ := e.r.Start(q, nil, w2); how != Later || s.count() != 1 {
 			t.Fatalf("a new flight: %v, %d starts", how, s.count())
 		}
 		s.answer(0)
@@ -78,8 +79,8 @@ func TestPanicFinishesTheFlight(t *testing.T) {
 		e, s := newStartEnv(t, nil)
 		q := question(t, "waiters.example.")
 		bad, good := newWaiter(), newWaiter()
-		e.r.Start(q, panickyWaiter{bad})
-		e.r.Start(q, good)
+		e.r.Start(q, nil, panickyWaiter{bad})
+		e.r.Start(q, nil, good)
 		s.answer(0)
 		bad.wait(t)
 		good.wait(t)
@@ -94,7 +95,7 @@ func TestPanicFinishesTheFlight(t *testing.T) {
 			}
 		})
 		q := question(t, "fetch.example.")
-		if _, _, err := e.r.Resolve(t.Context(), q); !errors.Is(err, errRecovered) {
+		if _, _, err := e.r.Resolve(t.Context(), q, nil); !errors.Is(err, errRecovered) {
 			t.Fatalf("Resolve: %v, want errRecovered", err)
 		}
 		if e.r.InFlight() != 0 {
@@ -105,12 +106,12 @@ func TestPanicFinishesTheFlight(t *testing.T) {
 		e, s := newStartEnv(t, nil)
 		q := question(t, "store.example.")
 		w := newWaiter()
-		e.r.Start(q, w)
+		e.r.Start(q, nil, w)
 		s.mu.Lock()
 		st := s.started[0]
 		s.mu.Unlock()
 		resp, err := s.up.fetch(context.Background(), wire.NameString(st.qname), st.query)
-		st.done.(*call).pol = nil // building the answer dereferences it: a panic
+		st.done.(*call).blk = nil // building the answer dereferences it: a panic
 		st.done.Fetched(resp, err)
 		w.wait(t)
 		if !errors.Is(w.err, errRecovered) || e.r.InFlight() != 0 {

@@ -105,7 +105,7 @@ func lkgEnv(t *testing.T, prefer bool, log *bytes.Buffer, prefetch ...int) (*env
 		if len(prefetch) > 0 {
 			pol.TTL.PrefetchSet, pol.TTL.PrefetchHits, pol.TTL.PrefetchPercent = true, prefetch[0], 10
 		}
-		c.Policy, _ = Zones(pol)
+		c.Blocks, _ = Zones(pol)
 		c.Fetch = f.fetch
 		c.Logger = slog.New(slog.NewTextHandler(log, nil))
 	})
@@ -125,13 +125,13 @@ func TestPreferPositiveKeepsLastGoodAnswer(t *testing.T) {
 				e, f, ctr := lkgEnv(t, prefer, &log)
 				q := question(t, "svc.example.")
 				f.set(positive("192.0.2.1"))
-				if en, _, err := e.r.Resolve(context.Background(), q); err != nil || aOf(t, en, q) != "192.0.2.1" {
+				if en, _, err := e.r.Resolve(context.Background(), q, nil); err != nil || aOf(t, en, q) != "192.0.2.1" {
 					t.Fatalf("warm: %v", err)
 				}
 				e.clk.Advance(31 * time.Second)
 				f.set(reply)
 				// The refresh answers (immediate: the client got stale or the refresh).
-				en, stale, err := e.r.Resolve(context.Background(), q)
+				en, stale, err := e.r.Resolve(context.Background(), q, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -140,7 +140,7 @@ func TestPreferPositiveKeepsLastGoodAnswer(t *testing.T) {
 				if !kept {
 					// The next question gets the upstream's word.
 					e.clk.Advance(time.Millisecond)
-					en, stale, err = e.r.Resolve(context.Background(), q)
+					en, stale, err = e.r.Resolve(context.Background(), q, nil)
 					if err != nil || aOf(t, en, q) == "192.0.2.1" && !stale {
 						t.Fatalf("without the policy: %v stale=%v err=%v, want the non-answer", aOf(t, en, q), stale, err)
 					}
@@ -152,7 +152,7 @@ func TestPreferPositiveKeepsLastGoodAnswer(t *testing.T) {
 				// Later clients, within the window: still the last good answer.
 				for i := 0; i < 3; i++ {
 					e.clk.Advance(time.Minute)
-					en, stale, err := e.r.Resolve(context.Background(), q)
+					en, stale, err := e.r.Resolve(context.Background(), q, nil)
 					if err != nil || !stale || aOf(t, en, q) != "192.0.2.1" {
 						t.Fatalf("round %d: %s stale=%v err=%v", i, aOf(t, en, q), stale, err)
 					}
@@ -172,7 +172,7 @@ func TestPreferPositiveKeepsLastGoodAnswer(t *testing.T) {
 				f.set(positive("192.0.2.2"))
 				waitFor(t, "the new answer", func() bool {
 					e.clk.Advance(time.Second)
-					en, _, err := e.r.Resolve(context.Background(), q)
+					en, _, err := e.r.Resolve(context.Background(), q, nil)
 					return err == nil && aOf(t, en, q) == "192.0.2.2"
 				})
 				if !strings.Contains(log.String(), "answers again") {
@@ -181,7 +181,7 @@ func TestPreferPositiveKeepsLastGoodAnswer(t *testing.T) {
 				// The stale window bounds it: past it, the non-answer.
 				f.set(reply)
 				e.clk.Advance(31*time.Second + time.Hour)
-				en, stale, err = e.r.Resolve(context.Background(), q)
+				en, stale, err = e.r.Resolve(context.Background(), q, nil)
 				if name == "SERVFAIL" {
 					if err == nil && en.Rcode() != dns.RcodeServerFailure {
 						t.Fatalf("past the window: %s", aOf(t, en, q))
@@ -206,7 +206,7 @@ func TestPreferPositivePrefetchKeepsFreshAnswer(t *testing.T) {
 	kept0, served0 := ctr.Kept.Load(), ctr.Served.Load()
 	q := question(t, "pf.example.")
 	f.set(positive("192.0.2.1"))
-	if _, _, err := e.r.Resolve(context.Background(), q); err != nil {
+	if _, _, err := e.r.Resolve(context.Background(), q, nil); err != nil {
 		t.Fatal(err)
 	}
 	f.set(nonAnswers(t)["NXDOMAIN"])
@@ -214,11 +214,11 @@ func TestPreferPositivePrefetchKeepsFreshAnswer(t *testing.T) {
 	// Exactly the prefetch's 2 hits: a third could land after the prefetch
 	// kept the answer and count as served by the policy (seen 1 run in 6).
 	for i := 0; i < 2; i++ {
-		e.r.Hit(q, e.clk.Now().UnixNano())
+		e.r.Hit(q, nil, e.clk.Now().UnixNano())
 	}
 	waitFor(t, "the prefetch", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.calls == 2 })
 	waitFor(t, "the prefetch to finish", func() bool { return e.r.InFlight() == 0 })
-	h := e.r.Hit(q, e.clk.Now().UnixNano())
+	h := e.r.Hit(q, nil, e.clk.Now().UnixNano())
 	if h == nil || aOf(t, h, q) != "192.0.2.1" {
 		t.Fatalf("hit after the prefetch: %v", h)
 	}
@@ -239,17 +239,17 @@ func TestStaleRecheckNegativeAsksEachTime(t *testing.T) {
 			pol := testPolicy
 			pol.StaleClientTimeout = time.Millisecond
 			pol.StaleRecheck = tc.recheck
-			c.Policy, _ = Zones(pol)
+			c.Blocks, _ = Zones(pol)
 			c.Fetch = f.fetch
 		})
 		q := question(t, "rc.example.")
 		f.set(positive("192.0.2.1"))
-		e.r.Resolve(context.Background(), q)
+		e.r.Resolve(context.Background(), q, nil)
 		e.clk.Advance(31 * time.Second)
 		f.set(nonAnswers(t)["SERVFAIL"])
 		for i := 0; i < 3; i++ {
 			e.clk.Advance(time.Second)
-			if en, stale, err := e.r.Resolve(context.Background(), q); err != nil || !stale || aOf(t, en, q) != "192.0.2.1" {
+			if en, stale, err := e.r.Resolve(context.Background(), q, nil); err != nil || !stale || aOf(t, en, q) != "192.0.2.1" {
 				t.Fatalf("stale: %v %v", stale, err)
 			}
 			waitFor(t, "refresh", func() bool { return e.r.InFlight() == 0 })
@@ -286,20 +286,20 @@ func TestImmediateServesStaleWithoutWaiting(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		pol := testPolicy
 		pol.StaleClientTimeout = -1
-		c.Policy, _ = Zones(pol)
+		c.Blocks, _ = Zones(pol)
 		c.Fetch = f.fetch
 	})
 	q := question(t, "imm.example.")
 	f.set(positive("192.0.2.1"))
-	e.r.Resolve(context.Background(), q)
+	e.r.Resolve(context.Background(), q, nil)
 	e.clk.Advance(31 * time.Second)
 	f.set(positive("192.0.2.2"))
-	en, stale, err := e.r.Resolve(context.Background(), q)
+	en, stale, err := e.r.Resolve(context.Background(), q, nil)
 	if err != nil || !stale || aOf(t, en, q) != "192.0.2.1" {
 		t.Fatalf("got %s stale=%v err=%v, want the stale answer at once", aOf(t, en, q), stale, err)
 	}
 	waitFor(t, "the refresh", func() bool { return e.r.InFlight() == 0 })
-	if h := e.r.Hit(q, e.clk.Now().UnixNano()); h == nil || aOf(t, h, q) != "192.0.2.2" {
+	if h := e.r.Hit(q, nil, e.clk.Now().UnixNano()); h == nil || aOf(t, h, q) != "192.0.2.2" {
 		t.Fatal("the refresh did not replace the entry")
 	}
 }

@@ -3,8 +3,10 @@
 // and a clock, a Resolver answers "give me the entry for this question"
 // with coalescing (one upstream query per question however many clients
 // ask), serve-stale (RFC 8767), a recheck interval after a failed refresh,
-// prefetch of popular entries and SERVFAIL caching, all under a per-name
-// Policy.
+// prefetch of popular entries and SERVFAIL caching, all under the Policy
+// of the question's Block (zones.go), which the server looks up once when
+// the query arrives and hands to Hit, Start and Resolve; the flight
+// carries it to the fetch.
 //
 // It is also the admission of misses: a bound on distinct questions being
 // fetched (flights) and on the clients waiting for one question. It knows
@@ -32,14 +34,9 @@ import (
 // fetch's deadline (Config.FetchTimeout).
 type FetchFunc func(ctx context.Context, qname string, query []byte) ([]byte, error)
 
-// StartFunc starts fetching query (wire format, ID chosen by the transport) for the wire-format,
-// lower-case question name without blocking, as FetchFunc would fetch it, and reports true; the
-// answer or the error then goes to done.Fetched exactly once, within timeout, from whichever
-// goroutine learnt it (possibly before StartFunc returns). It reports false, having started
-// nothing, when this question must be fetched by FetchFunc (its fetch is not a plain forward).
-// query stays unchanged until done is called. pol is the question's policy, as the PolicyFunc
-// gave it for this miss (its Route: how to fetch, from the same lookup).
-type StartFunc func(pol *Policy, qname []byte, query []byte, timeout time.Duration, done FetchDone) bool
+// StartFunc is the Resolver's Fetcher.Start for the blocks without a
+// Fetch of their own (Config.Start).
+type StartFunc func(b *Block, name, query []byte, asker netip.AddrPort, timeout time.Duration, done FetchDone) bool
 
 // FetchDone receives the result of a StartFunc. resp may be the transport's buffer: it is
 // valid only until Fetched returns.
@@ -69,16 +66,6 @@ func AskerPort(ctx context.Context) netip.AddrPort {
 	return a
 }
 
-// AskerOf is AskerPort of a fetch started through StartFunc: the first
-// asker of the flight done is the result of; the zero AddrPort for a
-// prefetch or a done that is not a flight's.
-func AskerOf(done FetchDone) netip.AddrPort {
-	if c, ok := done.(*call); ok && c.q.From.IsValid() {
-		return netip.AddrPortFrom(c.q.From, c.q.FromPort)
-	}
-	return netip.AddrPort{}
-}
-
 // WithAsker returns ctx carrying a as the asker, for a caller that resolves
 // on a client's behalf through Resolve with a query it built itself
 // (autopath's candidates): it sets the query's From from Asker(ctx).
@@ -86,24 +73,8 @@ func WithAsker(ctx context.Context, a netip.Addr) context.Context {
 	return context.WithValue(ctx, askerKey{}, netip.AddrPortFrom(a, 0))
 }
 
-// policyKey is the context key of the policy of the question a fetch asks.
-type policyKey struct{}
-
-// PolicyOf returns the policy of the question ctx's fetch asks, as the
-// PolicyFunc gave it for this fetch (nil outside a fetch): a FetchFunc
-// finds its Route there instead of looking the name up again.
-func PolicyOf(ctx context.Context) *Policy {
-	p, _ := ctx.Value(policyKey{}).(*Policy)
-	return p
-}
-
 // Policy is the cache policy of one part of the name space.
 type Policy struct {
-	// Route is what the fetch side needs for the names under this policy
-	// (the daemon's block: its directive chain, forward group, refusal),
-	// found by the same lookup; resolve hands it on untouched, to
-	// StartFunc and, through PolicyOf, to FetchFunc. nil: none.
-	Route any
 	// TTL caps and floors the lifetime of answers.
 	TTL cache.Policy
 	// ServFailTTL is how long an upstream SERVFAIL is cached (0: not).
@@ -131,20 +102,18 @@ type Policy struct {
 // answers replaces it.
 func (p *Policy) PreferPositive() bool { return p.TTL.PreferPositive && p.StaleWindow > 0 }
 
-// PolicyFunc returns the policy for a question name (wire format, any
-// case). It is called once or twice per miss, never on a hit, and must not
-// return nil.
-type PolicyFunc func(name []byte) *Policy
-
 // Config configures a Resolver.
 type Config struct {
 	Cache *cache.Cache
+	// Fetch and Start fetch the misses of the blocks without a Fetch of
+	// their own (Block.Fetcher). Start, if set, fetches without a goroutine
+	// waiting (Resolver.Start); nil: Start reports Blocking for them.
 	Fetch FetchFunc
-	// Start, if set, fetches without a goroutine waiting (Resolver.Start); nil: Start always
-	// reports Blocking.
 	Start StartFunc
-	// Policy picks the policy of a question name (see Zones).
-	Policy PolicyFunc
+	// Blocks finds the block of a question name (see Zones) for a
+	// caller that has none (Resolve of a question built apart: autopath's
+	// candidates).
+	Blocks BlockFunc
 	// Clock is the time source (nil: clock.Real).
 	Clock clock.Clock
 	// FetchTimeout bounds one upstream fetch (0:
@@ -202,8 +171,8 @@ type Resolver struct {
 
 // New checks cfg and returns a Resolver.
 func New(cfg Config) (*Resolver, error) {
-	if cfg.Cache == nil || cfg.Fetch == nil || cfg.Policy == nil {
-		return nil, errors.New("resolve: Cache, Fetch and Policy are required")
+	if cfg.Cache == nil || cfg.Fetch == nil || cfg.Blocks == nil {
+		return nil, errors.New("resolve: Cache, Fetch and Blocks are required")
 	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = DefaultFetchTimeout
@@ -231,14 +200,22 @@ func (r *Resolver) Stats() *Stats { return &r.stats }
 // InFlight reports how many distinct questions are being fetched.
 func (r *Resolver) InFlight() int { return r.flights.inFlight() }
 
+// Block is the block serving a question name (Config.Blocks): the
+// server asks it once per query and hands it to Hit, Start or Resolve.
+func (r *Resolver) Block(name []byte) *Block { return r.cfg.Blocks(name) }
+
 // Hit returns the fresh entry answering q at now (unix ns), or nil for a
-// miss, which the caller then gives to Resolve. A hit on a popular entry
-// near its expiry starts its refresh in the background (once per entry).
-// It allocates nothing unless it starts a prefetch.
-func (r *Resolver) Hit(q *wire.Query, now int64) *cache.Entry {
+// miss, which the caller then gives to Start or Resolve. b is q's block
+// (nil: looked up). A hit on a popular entry near its expiry starts its
+// refresh in the background (once per entry). It allocates nothing
+// unless it starts a prefetch.
+func (r *Resolver) Hit(q *wire.Query, b *Block, now int64) *cache.Entry {
 	e, prefetch := r.cfg.Cache.Get(q, now)
 	if prefetch {
-		r.prefetch(q)
+		if b == nil {
+			b = r.cfg.Blocks(q.Name)
+		}
+		r.prefetch(q, b)
 	}
 	return e
 }
@@ -255,9 +232,12 @@ func (r *Resolver) Hit(q *wire.Query, now int64) *cache.Entry {
 // upstream answers anything but NOERROR or NXDOMAIN (SERVFAIL, REFUSED,
 // ...: RFC 8767 §4). Without a stale entry, a failed fetch is an error
 // (the client gets SERVFAIL) and ErrOverloaded means it was not admitted.
-func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, stale bool, err error) {
+func (r *Resolver) Resolve(ctx context.Context, q *wire.Query, b *Block) (e *cache.Entry, stale bool, err error) {
+	if b == nil {
+		b = r.cfg.Blocks(q.Name)
+	}
 	now := r.clk.Now().UnixNano()
-	if e := r.Hit(q, now); e != nil {
+	if e := r.Hit(q, b, now); e != nil {
 		return e, false, nil // inserted since the caller looked
 	}
 	e, status, refresh := r.cfg.Cache.Lookup(q, now)
@@ -267,7 +247,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	if status != cache.Stale {
 		e = nil
 	}
-	c, joined, ok := r.flights.join(q, true, status == cache.Stale)
+	c, joined, ok := r.flights.join(q, b, true, status == cache.Stale)
 	if !ok {
 		if e != nil {
 			return r.stale(e), true, nil
@@ -306,7 +286,7 @@ func (r *Resolver) Resolve(ctx context.Context, q *wire.Query) (e *cache.Entry, 
 	if !joined {
 		go r.runMiss(c)
 	}
-	timeout := r.policy(q.Name).StaleClientTimeout
+	timeout := b.Policy.StaleClientTimeout
 	if timeout < 0 {
 		return r.stale(e), true, nil // immediate: the refresh goes on behind
 	}
@@ -347,24 +327,27 @@ const (
 // Start resolves a miss without blocking the caller and without a goroutine waiting for it:
 // the question joins the flight for it, or starts one whose fetch (Config.Start) hands the
 // answer to the goroutine that reads it from the upstream, which caches it and calls every
-// Waiter of the flight. Coalescing, admission (MaxFlights, MaxWaiters) and caching are
-// Resolve's. A question with a stale entry is Resolve's alone (Blocking): its client may get
+// Waiter of the flight. b is q's block (nil: looked up); its Fetcher, or Config.Start, starts
+// the fetch. Coalescing, admission (MaxFlights, MaxWaiters) and caching are Resolve's. A question with a stale entry is Resolve's alone (Blocking): its client may get
 // the stale entry when the refresh is slow, which needs a timer per client.
 //
 // w may be called before Start returns (Later): the caller must not touch what w's call
 // gives away.
-func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error) {
-	if r.cfg.Start == nil {
+func (r *Resolver) Start(q *wire.Query, b *Block, w Waiter) (*cache.Entry, Started, error) {
+	if b == nil {
+		b = r.cfg.Blocks(q.Name)
+	}
+	if b.Fetcher == nil && r.cfg.Start == nil {
 		return nil, Blocking, nil
 	}
 	now := r.clk.Now().UnixNano()
-	if e := r.Hit(q, now); e != nil {
+	if e := r.Hit(q, b, now); e != nil {
 		return e, Now, nil // inserted since the caller looked
 	}
 	if _, status, _ := r.cfg.Cache.Lookup(q, now); status == cache.Stale {
 		return nil, Blocking, nil
 	}
-	c, joined, ok := r.flights.joinAsync(q, w)
+	c, joined, ok := r.flights.joinAsync(q, b, w)
 	r.stats.Misses.Add(1)
 	if !ok {
 		r.stats.Rejected.Add(1)
@@ -386,9 +369,18 @@ func (r *Resolver) Start(q *wire.Query, w Waiter) (*cache.Entry, Started, error)
 func (r *Resolver) startFetch(c *call) {
 	defer r.recoverFlight(c)
 	c.r = r
-	c.pol = r.policy(c.q.Name)
 	c.uq = wire.AppendUpstreamQuery(c.buf[len(c.buf):], &c.q, r.cfg.UDPSize)
-	if !r.cfg.Start(c.pol, c.q.Name, c.uq, r.cfg.FetchTimeout, c) {
+	var asker netip.AddrPort
+	if c.q.From.IsValid() {
+		asker = netip.AddrPortFrom(c.q.From, c.q.FromPort)
+	}
+	started, b := false, c.blk
+	if b.Fetcher != nil {
+		started = b.Fetcher.Start(b, c.q.Name, c.uq, asker, r.cfg.FetchTimeout, c)
+	} else {
+		started = r.cfg.Start(b, c.q.Name, c.uq, asker, r.cfg.FetchTimeout, c)
+	}
+	if !started {
 		go r.run(c) // not a plain forward: the fetch blocks, in a goroutine of its own
 	}
 }
@@ -397,7 +389,7 @@ func (r *Resolver) startFetch(c *call) {
 func (c *call) Fetched(resp []byte, err error) {
 	r := c.r
 	defer r.recoverFlight(c)
-	e, kept, err := r.store(&c.q, c.pol, resp, err)
+	e, kept, err := r.store(&c.q, &c.blk.Policy, resp, err)
 	c.kept = kept
 	r.flights.finish(c, e, err)
 }
@@ -431,18 +423,13 @@ func refreshed(e *cache.Entry) bool {
 // prefetch refreshes a popular entry near its expiry in the background,
 // through the flights so a concurrent miss shares it. Over the flight bound
 // it is skipped: the entry is then fetched on its first miss.
-func (r *Resolver) prefetch(q *wire.Query) {
+func (r *Resolver) prefetch(q *wire.Query, b *Block) {
 	pq := *q
 	pq.From = netip.Addr{} // the daemon's own work, not the client's share
-	if c, joined, ok := r.flights.join(&pq, false, false); ok && !joined {
+	if c, joined, ok := r.flights.join(&pq, b, false, false); ok && !joined {
 		go r.run(c)
 	}
 }
-
-func (r *Resolver) policy(name []byte) *Policy { return r.cfg.Policy(name) }
-
-// Policy is the policy of a question name (wire format).
-func (r *Resolver) Policy(name []byte) *Policy { return r.policy(name) }
 
 // run fetches the question of c and finishes it.
 // runMiss is run for a client's miss. A flight for the same question that
@@ -473,7 +460,7 @@ func (r *Resolver) finishedMeanwhile(c *call) bool {
 
 func (r *Resolver) run(c *call) {
 	defer r.recoverFlight(c)
-	e, kept, err := r.fetch(&c.q)
+	e, kept, err := r.fetch(&c.q, c.blk)
 	c.kept = kept
 	r.flights.finish(c, e, err)
 }
@@ -481,16 +468,21 @@ func (r *Resolver) run(c *call) {
 // fetch asks the upstream for q, builds the entry and caches it when it may
 // be cached. A failed refresh of a stale entry (an error, or an answer
 // that is not NOERROR or NXDOMAIN) starts its recheck interval.
-func (r *Resolver) fetch(q *wire.Query) (*cache.Entry, bool, error) {
-	pol := r.policy(q.Name)
-	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), policyKey{}, pol), r.cfg.FetchTimeout)
+func (r *Resolver) fetch(q *wire.Query, b *Block) (*cache.Entry, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
 	defer cancel()
 	if q.From.IsValid() {
 		ctx = context.WithValue(ctx, askerKey{}, netip.AddrPortFrom(q.From, q.FromPort))
 	}
 	uq := wire.AppendUpstreamQuery(make([]byte, 0, 64+len(q.Name)), q, r.cfg.UDPSize)
-	resp, err := r.cfg.Fetch(ctx, wire.NameString(q.Name), uq)
-	return r.store(q, pol, resp, err)
+	var resp []byte
+	var err error
+	if b.Fetcher != nil {
+		resp, err = b.Fetcher.Fetch(ctx, b, wire.NameString(q.Name), uq)
+	} else {
+		resp, err = r.cfg.Fetch(ctx, wire.NameString(q.Name), uq)
+	}
+	return r.store(q, &b.Policy, resp, err)
 }
 
 // store builds the entry from a fetch's result and caches it when it may be cached, as fetch

@@ -110,7 +110,7 @@ func newEnv(t *testing.T, mutate func(*Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Cache: e.c, Fetch: e.up.fetch, Policy: pol, Clock: e.clk}
+	cfg := Config{Cache: e.c, Fetch: e.up.fetch, Blocks: pol, Clock: e.clk}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -167,7 +167,7 @@ type result struct {
 func (e *env) resolveAsync(q *wire.Query) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
-		en, stale, err := e.r.Resolve(context.Background(), q)
+		en, stale, err := e.r.Resolve(context.Background(), q, nil)
 		ch <- result{en, stale, err}
 	}()
 	return ch
@@ -178,7 +178,7 @@ func (e *env) resolveAsync(q *wire.Query) <-chan result {
 func (e *env) warmAndExpire(t *testing.T, q *wire.Query, addr string) {
 	t.Helper()
 	e.up.set(dns.RcodeSuccess, addr, nil)
-	if en, stale, err := e.r.Resolve(context.Background(), q); err != nil || stale || addrOf(t, en, q) != addr {
+	if en, stale, err := e.r.Resolve(context.Background(), q, nil); err != nil || stale || addrOf(t, en, q) != addr {
 		t.Fatalf("warm: %v %v %v", en, stale, err)
 	}
 	e.clk.Advance(31 * time.Second)
@@ -234,7 +234,7 @@ func TestLateAskerTakesTheFinishedFlightsAnswer(t *testing.T) {
 		t.Fatalf("%d upstream queries for the first asker", c)
 	}
 	// The late client looked before the answer was put, then joined.
-	c, joined, ok := e.r.flights.join(q, true, false)
+	c, joined, ok := e.r.flights.join(q, e.r.Block(q.Name), true, false)
 	if joined || !ok {
 		t.Fatalf("join: joined %v ok %v", joined, ok)
 	}
@@ -270,7 +270,7 @@ func TestStaleServedAfterClientTimeout(t *testing.T) {
 	// The refresh goes on and replaces the entry when it comes.
 	release()
 	waitFor(t, "the refresh", func() bool { return e.r.InFlight() == 0 })
-	if h := e.r.Hit(q, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.2" {
+	if h := e.r.Hit(q, nil, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.2" {
 		t.Fatalf("after the refresh: %v", h)
 	}
 }
@@ -280,7 +280,7 @@ func TestStaleServedAtOnceDuringRecheck(t *testing.T) {
 	q := question(t, "down.example.")
 	e.warmAndExpire(t, q, "192.0.2.1")
 	e.up.set(0, "", errors.New("upstream down"))
-	en, stale, err := e.r.Resolve(context.Background(), q)
+	en, stale, err := e.r.Resolve(context.Background(), q, nil)
 	if err != nil || !stale || addrOf(t, en, q) != "192.0.2.1" {
 		t.Fatalf("failed refresh: %v %v %v", en, stale, err)
 	}
@@ -289,7 +289,7 @@ func TestStaleServedAtOnceDuringRecheck(t *testing.T) {
 	// timer.
 	for i := 0; i < 3; i++ {
 		e.clk.Advance(5 * time.Second)
-		en, stale, err := e.r.Resolve(context.Background(), q)
+		en, stale, err := e.r.Resolve(context.Background(), q, nil)
 		if err != nil || !stale || addrOf(t, en, q) != "192.0.2.1" {
 			t.Fatalf("during recheck: %v %v %v", en, stale, err)
 		}
@@ -300,7 +300,7 @@ func TestStaleServedAtOnceDuringRecheck(t *testing.T) {
 	// After it, the upstream is asked again.
 	e.clk.Advance(testPolicy.StaleRecheck)
 	e.up.set(dns.RcodeSuccess, "192.0.2.3", nil)
-	en, stale, err = e.r.Resolve(context.Background(), q)
+	en, stale, err = e.r.Resolve(context.Background(), q, nil)
 	if err != nil || stale || addrOf(t, en, q) != "192.0.2.3" {
 		t.Fatalf("after recheck: %v %v %v", en, stale, err)
 	}
@@ -311,11 +311,11 @@ func TestRefreshSuccessReplacesStale(t *testing.T) {
 	q := question(t, "moved.example.")
 	e.warmAndExpire(t, q, "192.0.2.1")
 	e.up.set(dns.RcodeSuccess, "192.0.2.9", nil)
-	en, stale, err := e.r.Resolve(context.Background(), q)
+	en, stale, err := e.r.Resolve(context.Background(), q, nil)
 	if err != nil || stale || addrOf(t, en, q) != "192.0.2.9" {
 		t.Fatalf("refresh: %v %v %v", en, stale, err)
 	}
-	if h := e.r.Hit(q, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.9" {
+	if h := e.r.Hit(q, nil, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.9" {
 		t.Fatalf("cache after refresh: %v", h)
 	}
 }
@@ -329,7 +329,7 @@ func TestErrorAfterExpiryServesStale(t *testing.T) {
 			q := question(t, "flaky.example.")
 			e.warmAndExpire(t, q, "192.0.2.1")
 			e.up.set(rcode, "", nil)
-			en, stale, err := e.r.Resolve(context.Background(), q)
+			en, stale, err := e.r.Resolve(context.Background(), q, nil)
 			if err != nil || !stale || addrOf(t, en, q) != "192.0.2.1" {
 				t.Fatalf("got %v %v %v, want the stale answer", en, stale, err)
 			}
@@ -345,16 +345,16 @@ func TestServFailCachedForItsTTL(t *testing.T) {
 	e := newEnv(t, nil)
 	q := question(t, "broken.example.")
 	e.up.set(dns.RcodeServerFailure, "", nil)
-	en, stale, err := e.r.Resolve(context.Background(), q)
+	en, stale, err := e.r.Resolve(context.Background(), q, nil)
 	if err != nil || stale || en.Rcode() != dns.RcodeServerFailure {
 		t.Fatalf("got %v %v %v", en, stale, err)
 	}
 	e.clk.Advance(testPolicy.ServFailTTL - time.Millisecond)
-	if h := e.r.Hit(q, e.clk.Now().UnixNano()); h == nil || h.Rcode() != dns.RcodeServerFailure {
+	if h := e.r.Hit(q, nil, e.clk.Now().UnixNano()); h == nil || h.Rcode() != dns.RcodeServerFailure {
 		t.Fatalf("SERVFAIL not cached: %v", h)
 	}
 	e.clk.Advance(time.Millisecond)
-	if h := e.r.Hit(q, e.clk.Now().UnixNano()); h != nil {
+	if h := e.r.Hit(q, nil, e.clk.Now().UnixNano()); h != nil {
 		t.Fatalf("SERVFAIL cached past its TTL")
 	}
 	if c := e.up.calls.Load(); c != 1 {
@@ -367,21 +367,21 @@ func TestPrefetchOncePerEntry(t *testing.T) {
 	e.c = cache.New(cache.Config{PrefetchHits: 2})
 	e.r.cfg.Cache = e.c
 	q := question(t, "popular.example.")
-	if _, _, err := e.r.Resolve(context.Background(), q); err != nil {
+	if _, _, err := e.r.Resolve(context.Background(), q, nil); err != nil {
 		t.Fatal(err)
 	}
 	release := e.up.block()
 	e.up.set(dns.RcodeSuccess, "192.0.2.5", nil)
 	e.clk.Advance(28 * time.Second) // the last tenth of 30 s
 	for i := 0; i < 10; i++ {
-		if h := e.r.Hit(q, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.1" {
+		if h := e.r.Hit(q, nil, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.1" {
 			t.Fatalf("hit %d: %v", i, h)
 		}
 	}
 	waitFor(t, "the prefetch", func() bool { return e.up.calls.Load() == 2 })
 	release()
 	waitFor(t, "the prefetch to finish", func() bool { return e.r.InFlight() == 0 })
-	if h := e.r.Hit(q, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.5" {
+	if h := e.r.Hit(q, nil, e.clk.Now().UnixNano()); h == nil || addrOf(t, h, q) != "192.0.2.5" {
 		t.Fatalf("after prefetch: %v", h)
 	}
 	if c := e.up.calls.Load(); c != 2 {
@@ -409,14 +409,14 @@ func TestAdmissionCountsQuestions(t *testing.T) {
 		return false
 	})
 	// A fourth client for the same name is over the waiter cap.
-	if _, _, err := e.r.Resolve(context.Background(), stuck); !errors.Is(err, ErrOverloaded) {
+	if _, _, err := e.r.Resolve(context.Background(), stuck, nil); !errors.Is(err, ErrOverloaded) {
 		t.Fatalf("fourth waiter: %v, want ErrOverloaded", err)
 	}
 	// Another name is a second flight: admitted.
 	other := e.resolveAsync(question(t, "other.example."))
 	waitFor(t, "the second flight", func() bool { return e.r.InFlight() == 2 })
 	// A third distinct name is over the flight bound.
-	if _, _, err := e.r.Resolve(context.Background(), question(t, "third.example.")); !errors.Is(err, ErrOverloaded) {
+	if _, _, err := e.r.Resolve(context.Background(), question(t, "third.example."), nil); !errors.Is(err, ErrOverloaded) {
 		t.Fatalf("third question: %v, want ErrOverloaded", err)
 	}
 	release()
@@ -440,7 +440,7 @@ func TestOverloadServesStale(t *testing.T) {
 	defer release()
 	busy := e.resolveAsync(question(t, "busy.example."))
 	waitFor(t, "the flight", func() bool { return e.r.InFlight() == 1 })
-	en, stale, err := e.r.Resolve(context.Background(), q)
+	en, stale, err := e.r.Resolve(context.Background(), q, nil)
 	if err != nil || !stale || addrOf(t, en, q) != "192.0.2.1" {
 		t.Fatalf("got %v %v %v", en, stale, err)
 	}
@@ -464,7 +464,7 @@ func TestZonesLongestMatch(t *testing.T) {
 		"x.default.SVC.cluster.local.": 3,
 		"notcluster.local.":            1,
 	} {
-		if got := pol(question(t, name).Name).StaleWindow; got != want {
+		if got := pol(question(t, name).Name).Policy.StaleWindow; got != want {
 			t.Errorf("%s: policy %d, want %d", name, got, want)
 		}
 	}
@@ -478,16 +478,16 @@ func BenchmarkHit(b *testing.B) {
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
 	up := &upstream{addr: "192.0.2.1"}
 	pol, _ := Zones(testPolicy)
-	r, _ := New(Config{Cache: c, Fetch: up.fetch, Policy: pol, Clock: clk})
+	r, _ := New(Config{Cache: c, Fetch: up.fetch, Blocks: pol, Clock: clk})
 	q := question(b, "bench.example.")
-	if _, _, err := r.Resolve(context.Background(), q); err != nil {
+	if _, _, err := r.Resolve(context.Background(), q, nil); err != nil {
 		b.Fatal(err)
 	}
 	now := clk.Now().UnixNano()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if r.Hit(q, now) == nil {
+		if r.Hit(q, nil, now) == nil {
 			b.Fatal("miss")
 		}
 	}
@@ -499,7 +499,7 @@ func TestFlightsAllocs(t *testing.T) {
 	f := newFlights(10, 10, new(atomic.Uint64))
 	q := question(t, "Alloc.Example.com.")
 	allocs := testing.AllocsPerRun(100, func() {
-		c, joined, ok := f.join(q, true, false)
+		c, joined, ok := f.join(q, flightBlock, true, false)
 		if joined || !ok || c.done != nil {
 			t.Fatalf("join: joined %v ok %v", joined, ok)
 		}
@@ -509,11 +509,11 @@ func TestFlightsAllocs(t *testing.T) {
 	if allocs > 2 {
 		t.Fatalf("%v allocations per unjoined flight, want <= 2", allocs)
 	}
-	c, _, _ := f.join(q, true, false)
+	c, _, _ := f.join(q, flightBlock, true, false)
 	if string(c.q.Name) != "\x05alloc\x07example\x03com\x00" {
 		t.Fatalf("call name %q, want it lower-cased", c.q.Name)
 	}
-	c2, joined, ok := f.join(q, true, false)
+	c2, joined, ok := f.join(q, flightBlock, true, false)
 	if c2 != c || !joined || !ok || c.done == nil {
 		t.Fatal("a second asker must join the call and get its done channel")
 	}
@@ -564,3 +564,6 @@ func TestFetchSeesTheFirstAsker(t *testing.T) {
 		t.Fatalf("fetches saw askers %v, want %v", seen, want)
 	}
 }
+
+// flightBlock is the block the flights tests join with.
+var flightBlock = &Block{Policy: testPolicy, Metric: -1}

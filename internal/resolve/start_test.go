@@ -3,6 +3,7 @@ package resolve
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,7 +31,7 @@ type started struct {
 	done  FetchDone
 }
 
-func (s *starter) start(_ *Policy, qname []byte, query []byte, _ time.Duration, done FetchDone) bool {
+func (s *starter) start(_ *Block, qname []byte, query []byte, _ netip.AddrPort, _ time.Duration, done FetchDone) bool {
 	if s.decline.Load() {
 		return false
 	}
@@ -84,8 +85,8 @@ func newStartEnv(t *testing.T, mutate func(*Config)) (*env, *starter) {
 	t.Helper()
 	var s *starter
 	e := newEnv(t, func(c *Config) {
-		c.Start = func(pol *Policy, qname []byte, query []byte, timeout time.Duration, done FetchDone) bool {
-			return s.start(pol, qname, query, timeout, done)
+		c.Start = func(b *Block, qname []byte, query []byte, asker netip.AddrPort, timeout time.Duration, done FetchDone) bool {
+			return s.start(b, qname, query, asker, timeout, done)
 		}
 		if mutate != nil {
 			mutate(c)
@@ -105,7 +106,7 @@ func TestStartCoalescesWaitersAndBlockingAskers(t *testing.T) {
 	for i := 0; i < n; i++ {
 		w := newWaiter()
 		ws = append(ws, w)
-		if _, how, err := e.r.Start(q, w); how != Later || err != nil {
+		if _, how, err := e.r.Start(q, nil, w); how != Later || err != nil {
 			t.Fatalf("Start %d: %v %v", i, how, err)
 		}
 	}
@@ -147,7 +148,7 @@ func TestStartCoalescesWaitersAndBlockingAskers(t *testing.T) {
 		t.Fatalf("misses %d coalesced %d in flight %d", st.Misses.Load(), st.Coalesced.Load(), e.r.InFlight())
 	}
 	// Cached: the next asker hits.
-	if en, how, _ := e.r.Start(q, newWaiter()); how != Now || en == nil {
+	if en, how, _ := e.r.Start(q, nil, newWaiter()); how != Now || en == nil {
 		t.Fatalf("after the answer: %v %v", how, en)
 	}
 }
@@ -161,7 +162,7 @@ func TestStartJoinsABlockingFlight(t *testing.T) {
 	first := e.resolveAsync(q)
 	waitFor(t, "the blocking fetch", func() bool { return e.up.calls.Load() == 1 })
 	w := newWaiter()
-	if _, how, _ := e.r.Start(q, w); how != Later {
+	if _, how, _ := e.r.Start(q, nil, w); how != Later {
 		t.Fatalf("Start: %v", how)
 	}
 	release()
@@ -180,14 +181,14 @@ func TestStartLeavesStaleToResolve(t *testing.T) {
 	s.decline.Store(true) // warm through the blocking fetch
 	e.warmAndExpire(t, q, "192.0.2.7")
 	s.decline.Store(false)
-	if _, how, _ := e.r.Start(q, newWaiter()); how != Blocking {
+	if _, how, _ := e.r.Start(q, nil, newWaiter()); how != Blocking {
 		t.Fatalf("stale: %v, want Blocking", how)
 	}
 	if s.count() != 0 || e.r.InFlight() != 0 {
 		t.Fatal("Start left something behind for a stale question")
 	}
 	plain := newEnv(t, nil)
-	if _, how, _ := plain.r.Start(question(t, "x.example."), newWaiter()); how != Blocking {
+	if _, how, _ := plain.r.Start(question(t, "x.example."), nil, newWaiter()); how != Blocking {
 		t.Fatalf("no StartFunc: %v, want Blocking", how)
 	}
 }
@@ -199,7 +200,7 @@ func TestStartDeclinedFetchesWithFetch(t *testing.T) {
 	s.decline.Store(true)
 	q := question(t, "c.example.")
 	w := newWaiter()
-	if _, how, _ := e.r.Start(q, w); how != Later {
+	if _, how, _ := e.r.Start(q, nil, w); how != Later {
 		t.Fatalf("Start: %v", how)
 	}
 	w.wait(t)
@@ -216,8 +217,8 @@ func TestStartFailures(t *testing.T) {
 	boom := errors.New("boom")
 	e.up.set(dns.RcodeSuccess, "", boom)
 	w1, w2 := newWaiter(), newWaiter()
-	e.r.Start(q, w1)
-	e.r.Start(q, w2)
+	e.r.Start(q, nil, w1)
+	e.r.Start(q, nil, w2)
 	s.answer(0)
 	w1.wait(t)
 	w2.wait(t)
@@ -229,13 +230,13 @@ func TestStartFailures(t *testing.T) {
 	}
 	e.up.set(dns.RcodeServerFailure, "", nil)
 	w3 := newWaiter()
-	e.r.Start(q, w3)
+	e.r.Start(q, nil, w3)
 	s.answer(1)
 	w3.wait(t)
 	if w3.err != nil || w3.e.Rcode() != dns.RcodeServerFailure {
 		t.Fatalf("SERVFAIL: %v %v", w3.e, w3.err)
 	}
-	if en, how, _ := e.r.Start(q, newWaiter()); how != Now || en.Rcode() != dns.RcodeServerFailure {
+	if en, how, _ := e.r.Start(q, nil, newWaiter()); how != Now || en.Rcode() != dns.RcodeServerFailure {
 		t.Fatalf("SERVFAIL not cached: %v %v", how, en)
 	}
 }
@@ -246,15 +247,15 @@ func TestStartAdmission(t *testing.T) {
 	e, s := newStartEnv(t, func(c *Config) { c.MaxFlights, c.MaxWaiters = 2, 2 })
 	a, b, c := question(t, "a.example."), question(t, "b.example."), question(t, "c.example.")
 	for _, q := range []*wire.Query{a, a, b} {
-		if _, how, _ := e.r.Start(q, newWaiter()); how != Later {
+		if _, how, _ := e.r.Start(q, nil, newWaiter()); how != Later {
 			t.Fatalf("Start %s: %v", wire.NameString(q.Name), how)
 		}
 	}
 	w := newWaiter()
-	if _, how, err := e.r.Start(a, w); how != Now || !errors.Is(err, ErrOverloaded) {
+	if _, how, err := e.r.Start(a, nil, w); how != Now || !errors.Is(err, ErrOverloaded) {
 		t.Fatalf("third waiter: %v %v", how, err)
 	}
-	if _, how, err := e.r.Start(c, w); how != Now || !errors.Is(err, ErrOverloaded) {
+	if _, how, err := e.r.Start(c, nil, w); how != Now || !errors.Is(err, ErrOverloaded) {
 		t.Fatalf("third question: %v %v", how, err)
 	}
 	if w.calls.Load() != 0 || s.count() != 2 || e.r.Stats().Rejected.Load() != 2 {
@@ -273,17 +274,17 @@ func TestStartLateAskerTakesTheCachedAnswer(t *testing.T) {
 	e, s := newStartEnv(t, nil)
 	q := question(t, "late.example.")
 	w := newWaiter()
-	e.r.Start(q, w)
+	e.r.Start(q, nil, w)
 	s.answer(0)
 	w.wait(t)
 	// Forge the interleaving: a new flight for a question now in the cache.
-	c, joined, ok := e.r.flights.joinAsync(q, newWaiter())
+	c, joined, ok := e.r.flights.joinAsync(q, e.r.Block(q.Name), newWaiter())
 	if joined || !ok {
 		t.Fatal("join")
 	}
 	e.r.flights.finish(c, nil, nil)
 	w2 := newWaiter()
-	if en, how, _ := e.r.Start(q, w2); how != Now || en == nil {
+	if en, how, _ := e.r.Start(q, nil, w2); how != Now || en == nil {
 		t.Fatalf("Start: %v", how)
 	}
 	if s.count() != 1 || e.up.calls.Load() != 1 {
@@ -308,7 +309,7 @@ func TestStartConcurrent(t *testing.T) {
 				mu.Lock()
 				ws = append(ws, w)
 				mu.Unlock()
-				if _, how, err := e.r.Start(qs[(g+i)%len(qs)], w); how == Now {
+				if _, how, err := e.r.Start(qs[(g+i)%len(qs)], nil, w); how == Now {
 					w.Resolved(nil, err) // a hit or a rejection: answered here
 				}
 			}

@@ -80,33 +80,8 @@ func parseEdns0(args []string) (*edns0Rule, error) {
 		if err := r.parseCode(args[2]); err != nil {
 			return nil, err
 		}
-		v := args[3]
-		if strings.HasPrefix(v, "{") && strings.HasSuffix(v, "}") {
-			switch v {
-			case varQName, varQType, varClientIP:
-				r.variable, r.Variable = v, true
-				return r, nil
-			case "{client_port}", "{server_ip}", "{server_port}", "{protocol}":
-				return nil, fmt.Errorf("variable %s is not supported: the fetch a query starts is shared by every client asking it at once, and it knows the first one's address only", v)
-			}
-			if p := strings.Index(v[1:len(v)-1], "/"); p > 0 && p < len(v)-3 {
-				// A metadata label: CoreDNS takes it and applies the
-				// rule when the label has a value. Of the stock
-				// node-cache's plugins only log and forward set labels,
-				// after rewrite has run: the rule never applies there,
-				// nor here.
-				r.variable, r.Variable, r.Unavailable = v, true, true
-				return r, nil
-			}
-			return nil, fmt.Errorf("unsupported variable name %q", v)
-		}
-		r.data = []byte(v)
-		if strings.HasPrefix(v, "0x") {
-			d, err := hex.DecodeString(v[2:])
-			if err != nil {
-				return nil, err
-			}
-			r.data = d
+		if err := r.parseLocalValue(args[3]); err != nil {
+			return nil, err
 		}
 		return r, nil
 	case "nsid":
@@ -118,24 +93,65 @@ func parseEdns0(args []string) (*edns0Rule, error) {
 		if len(args) != 4 {
 			return nil, errors.New("EDNS0 subnet rules require three or four args")
 		}
-		v4, err := strconv.ParseUint(args[2], 0, 16)
-		if err != nil {
+		if err := r.parseSubnet(args[2], args[3]); err != nil {
 			return nil, err
 		}
-		if v4 > 32 {
-			return nil, fmt.Errorf("invalid IPv4 bit mask length %d", v4)
-		}
-		v6, err := strconv.ParseUint(args[3], 0, 16)
-		if err != nil {
-			return nil, err
-		}
-		if v6 > 128 {
-			return nil, fmt.Errorf("invalid IPv6 bit mask length %d", v6)
-		}
-		r.v4, r.v6 = uint8(v4), uint8(v6)
 		return r, nil
 	}
 	return nil, fmt.Errorf("invalid rule type %q", typ)
+}
+
+// parseLocalValue reads an edns0 local rule's VALUE: a {variable}, a
+// metadata {label}, hex (0x...) or the text itself.
+func (r *edns0Rule) parseLocalValue(v string) error {
+	if strings.HasPrefix(v, "{") && strings.HasSuffix(v, "}") {
+		switch v {
+		case varQName, varQType, varClientIP:
+			r.variable, r.Variable = v, true
+			return nil
+		case "{client_port}", "{server_ip}", "{server_port}", "{protocol}":
+			return fmt.Errorf("variable %s is not supported: the fetch a query starts is shared by every client asking it at once, and it knows the first one's address only", v)
+		}
+		if p := strings.Index(v[1:len(v)-1], "/"); p > 0 && p < len(v)-3 {
+			// A metadata label: CoreDNS takes it and applies the
+			// rule when the label has a value. Of the stock
+			// node-cache's plugins only log and forward set labels,
+			// after rewrite has run: the rule never applies there,
+			// nor here.
+			r.variable, r.Variable, r.Unavailable = v, true, true
+			return nil
+		}
+		return fmt.Errorf("unsupported variable name %q", v)
+	}
+	r.data = []byte(v)
+	if strings.HasPrefix(v, "0x") {
+		d, err := hex.DecodeString(v[2:])
+		if err != nil {
+			return err
+		}
+		r.data = d
+	}
+	return nil
+}
+
+// parseSubnet reads an edns0 subnet rule's IPv4 and IPv6 mask lengths.
+func (r *edns0Rule) parseSubnet(a4, a6 string) error {
+	v4, err := strconv.ParseUint(a4, 0, 16)
+	if err != nil {
+		return err
+	}
+	if v4 > 32 {
+		return fmt.Errorf("invalid IPv4 bit mask length %d", v4)
+	}
+	v6, err := strconv.ParseUint(a6, 0, 16)
+	if err != nil {
+		return err
+	}
+	if v6 > 128 {
+		return fmt.Errorf("invalid IPv6 bit mask length %d", v6)
+	}
+	r.v4, r.v6 = uint8(v4), uint8(v6)
+	return nil
 }
 
 func (r *edns0Rule) parseCode(s string) error {

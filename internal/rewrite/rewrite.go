@@ -225,24 +225,9 @@ func ParseRule(args []string) (*Rule, error) {
 	case "answer":
 		return nil, errors.New("response rewrites must begin with a name rule")
 	case "type", "class":
-		// CoreDNS's typeRule and classRule: the question's type (class)
-		// FROM becomes TO; nothing of the answer is rewritten back.
-		if len(args) != 3 {
-			return nil, fmt.Errorf("%s rules must have exactly two arguments", t)
+		if err := r.parseTypeRule(t, args); err != nil {
+			return nil, err
 		}
-		names := dns.StringToType
-		if t == "class" {
-			names = dns.StringToClass
-		}
-		from, ok1 := names[strings.ToUpper(args[1])]
-		to, ok2 := names[strings.ToUpper(args[2])]
-		switch {
-		case !ok1:
-			return nil, fmt.Errorf("invalid %s %q", t, strings.ToUpper(args[1]))
-		case !ok2:
-			return nil, fmt.Errorf("invalid %s %q", t, strings.ToUpper(args[2]))
-		}
-		r.kind, r.fromType, r.toType = t, from, to
 		return r, nil
 	case "ttl", "rcode":
 		a, err := parseAnswerRule(t, args[1:])
@@ -269,9 +254,40 @@ func ParseRule(args []string) (*Rule, error) {
 	default:
 		return nil, fmt.Errorf("invalid rule type %q", args[0])
 	}
-	args = args[1:]
+	if err := r.parseNameRule(args[1:]); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// parseTypeRule reads a type or class rule (CoreDNS's typeRule and
+// classRule): the question's type (class) FROM becomes TO; nothing of the
+// answer is rewritten back.
+func (r *Rule) parseTypeRule(t string, args []string) error {
+	if len(args) != 3 {
+		return fmt.Errorf("%s rules must have exactly two arguments", t)
+	}
+	names := dns.StringToType
+	if t == "class" {
+		names = dns.StringToClass
+	}
+	from, ok1 := names[strings.ToUpper(args[1])]
+	to, ok2 := names[strings.ToUpper(args[2])]
+	switch {
+	case !ok1:
+		return fmt.Errorf("invalid %s %q", t, strings.ToUpper(args[1]))
+	case !ok2:
+		return fmt.Errorf("invalid %s %q", t, strings.ToUpper(args[2]))
+	}
+	r.kind, r.fromType, r.toType = t, from, to
+	return nil
+}
+
+// parseNameRule reads a name rule's arguments (after `name`): [MATCH]
+// FROM TO and its answer rewrites.
+func (r *Rule) parseNameRule(args []string) error {
 	if len(args) < 2 {
-		return nil, errors.New("too few arguments for a name rule")
+		return errors.New("too few arguments for a name rule")
 	}
 	if len(args) == 2 {
 		r.match, r.from, r.to = Exact, normalize(args[0]), normalize(args[1])
@@ -288,18 +304,18 @@ func ParseRule(args []string) (*Rule, error) {
 		answerStart = 2
 	}
 	if len(args) > answerStart && args[answerStart] == "metadata" {
-		return nil, errors.New("the metadata form is not supported")
+		return errors.New("the metadata form is not supported")
 	}
 	if len(args) > answerStart {
 		var err error
 		if r.auto, r.static, err = parseAnswers(r.match, args[answerStart:]); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	switch r.match {
 	case Exact:
 		if _, err := validRegex(r.to, r.from); err != nil {
-			return nil, err
+			return err
 		}
 		r.auto = true // CoreDNS: exact rules always rewrite the answer back
 	case Prefix, Substring:
@@ -314,13 +330,13 @@ func ParseRule(args []string) (*Rule, error) {
 	case Regex:
 		p, err := validRegex(r.from, r.to)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		r.pattern, r.to = p, normalize(r.to)
 	default:
-		return nil, fmt.Errorf("name rule supports only exact, prefix, suffix, substring, and regex name matching, received: %s", r.match)
+		return fmt.Errorf("name rule supports only exact, prefix, suffix, substring, and regex name matching, received: %s", r.match)
 	}
-	return r, nil
+	return nil
 }
 
 func parseAnswers(match string, args []string) (bool, []responseRule, error) {
@@ -521,21 +537,28 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 	}
 	m = m.Copy()
 	m.Question = []dns.Question{orig}
-	if len(back) > 0 {
-		for _, sec := range [][]dns.RR{m.Ns, m.Answer, m.Extra} {
-			for _, rr := range sec {
-				if rr.Header().Rrtype == dns.TypeOPT {
+	h.rewriteBack(ctx, back, m, asked.Qtype)
+	return m, nil
+}
+
+// rewriteBack applies the response rules back (the last first) to every
+// record of the answer m to a question of type qtype.
+func (h *Handler) rewriteBack(ctx context.Context, back []responseRule, m *dns.Msg, qtype uint16) {
+	if len(back) == 0 {
+		return
+	}
+	for _, sec := range [][]dns.RR{m.Ns, m.Answer, m.Extra} {
+		for _, rr := range sec {
+			if rr.Header().Rrtype == dns.TypeOPT {
+				continue
+			}
+			for i := len(back) - 1; i >= 0; i-- {
+				if back[i].cname != nil {
+					h.rewriteCNAME(ctx, back[i].cname, m, rr, qtype)
 					continue
 				}
-				for i := len(back) - 1; i >= 0; i-- {
-					if back[i].cname != nil {
-						h.rewriteCNAME(ctx, back[i].cname, m, rr, asked.Qtype)
-						continue
-					}
-					back[i].apply(rr)
-				}
+				back[i].apply(rr)
 			}
 		}
 	}
-	return m, nil
 }

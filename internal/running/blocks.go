@@ -3,51 +3,71 @@ package running
 import (
 	"context"
 	"errors"
+	"io"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
-	"github.com/nodelocaldns/nodelocaldns/internal/rewrite"
-	"github.com/nodelocaldns/nodelocaldns/internal/server"
-	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-// The block tables (internal/blocks): every resolver's PolicyFunc is its
-// view's table's blocks.View.Policy, so a query finds its block once: the
-// server reads the block's CoreDNS metric zone from it (CoreDNSZone), and
-// a miss carries the block as the policy's Route to startIn (resolve's
-// StartFunc) and fetchIn (its FetchFunc, through resolve.PolicyOf), which
-// match nothing again. The block's group is the view's own or the shared
+// The block tables (internal/blocks): every view's resolver finds a
+// query's block in its view's table of the snapshot published now
+// (d.pub), once per query (the server asks it); the block carries its
+// cache policy, CoreDNS metric zone and answer-side handlers to the
+// server, and its Route to the fetch (the view's forwarder, below), which
+// matches nothing again. A block's group is the view's own or the shared
 // route table's (reload.go), so the shared routes are compiled into every
-// table too: apply recompiles them all when the routes change. The shared
-// view (the one-view case's, and autopath's resolver) is d.shared,
-// compiled from the blocks' cache policies and chains and swapped whole by
-// a Corefile reload; each view of several has its table in its viewTable
-// (views.go).
+// table too. A reload compiles every table anew, from the sources that
+// changed and those that did not, and publishes them with one pointer
+// store (publish): a query sees the old configuration or the new one.
+
+// snapshot is the configuration serving now: the shared view's blocks
+// (the one-view case's, and autopath's resolver) and each view's, with
+// several views; all compiled over the same routes; and the node
+// listener's (node.go), over its own.
+type snapshot struct {
+	shared *blocks.View
+	views  []*blocks.View // by view index; nil: one view
+	node   *blocks.View   // nil without -node-listen
+}
+
+// view is view vi's table (the shared one when there is no such view;
+// nodeVI: the node listener's).
+func (p *snapshot) view(vi int) *blocks.View {
+	if vi == nodeVI {
+		return p.node
+	}
+	if vi >= 0 && vi < len(p.views) {
+		return p.views[vi]
+	}
+	return p.shared
+}
 
 // sharedPolicy is what a view's blocks are compiled from besides the
-// chains and routes: the cache policies (over zones) and what each block
-// does to every answer it sends (its log, its loadbalance).
+// chains and routes: the cache policies (over zones) and the answer-side
+// handlers of the blocks (by zone).
 type sharedPolicy struct {
 	pol     resolve.PolicyFunc
 	zones   []string
 	answers []blocks.Answers
 }
 
-// blockAnswers are the log, loadbalance and whoami of the blocks of srv, by their
+// blockAnswers are the answer-side chains of the blocks of srv, by their
 // zones, as one view sees them: pick gives the block serving a zone's
-// names there (-1: none, the zone is refused). nil when no block logs,
-// shuffles or answers whoami.
-func (d *State) blockAnswers(srv []*corefile.Server, pick func(zone string) int, tracers func(int) *trace.Tracer) []blocks.Answers {
+// names there (-1: none, the zone is refused). nil when no block has a
+// handler.
+func blockAnswers(srv []*corefile.Server, chains map[*corefile.Server]*answer.Chain, pick func(zone string) int) []blocks.Answers {
 	var out []blocks.Answers
 	seen := map[string]bool{}
 	acts := false
@@ -61,13 +81,9 @@ func (d *State) blockAnswers(srv []*corefile.Server, pick func(zone string) int,
 			if p < 0 {
 				continue
 			}
-			a := blocks.Answers{Zone: strings.ToLower(z), Log: srv[p].LogRules, Shuffle: srv[p].Loadbalance, Balance: srv[p].Balance, Whoami: srv[p].WhoamiAnswers(),
-				Rewrite: rewrite.Answers(srv[p].Rewrites), Taps: d.tapsFor(srv[p].Dnstap)}
-			if tracers != nil {
-				a.Trace = tracers(p)
-			}
-			acts = acts || len(a.Log) > 0 || a.Shuffle || a.Whoami || a.Trace != nil || a.Rewrite != nil || len(a.Taps) > 0
-			out = append(out, a)
+			c := chains[srv[p]]
+			acts = acts || c != nil
+			out = append(out, blocks.Answers{Zone: strings.ToLower(z), Chain: c})
 		}
 	}
 	if !acts {
@@ -76,171 +92,190 @@ func (d *State) blockAnswers(srv []*corefile.Server, pick func(zone string) int,
 	return out
 }
 
-// tracers returns the trace of block p of srv (nil: the block has no
-// trace): one Tracer per block, shared by every view that sees it (one
+// answerChains sets up the answer-side handlers of every block of srv
+// (the directives registered with internal/answer, in plugin.cfg order):
+// one chain per block, shared by every view that sees it (one trace
 // sampling count per block, as CoreDNS's one plugin instance per server
-// block), made anew for each Corefile loaded (CoreDNS's count restarts
-// on reload too). Its exporter is the process's one for the endpoint.
-func (d *State) tracers(srv []*corefile.Server) func(int) *trace.Tracer {
-	return func(p int) *trace.Tracer {
-		s := srv[p]
-		if s.Trace == nil {
-			return nil
-		}
-		d.traceMu.Lock()
-		defer d.traceMu.Unlock()
-		if len(d.traceFor) == 0 || d.traceFor[0] != srv[0] {
-			// Another Corefile: forget the last one's tracers.
-			d.traceFor, d.traceOf = srv, map[*corefile.Server]*trace.Tracer{}
-		}
-		if t := d.traceOf[s]; t != nil {
-			return t
-		}
-		exp, err := trace.ExporterFor(*s.Trace, d.log.With("component", "trace"))
+// block), made anew for each Corefile loaded. What they open (dnstap's
+// taps, trace's exporters) is asked of d.res for round.
+func (d *State) answerChains(srv []*corefile.Server, round *round) (map[*corefile.Server]*answer.Chain, error) {
+	out := map[*corefile.Server]*answer.Chain{}
+	for _, s := range srv {
+		c, err := d.answerChain(s, round)
 		if err != nil {
-			d.log.Warn("trace: the block's queries are not traced", "block", strings.Join(s.Keys, " "), "err", err)
-			return nil
+			return nil, err
 		}
-		var local netip.AddrPort
-		if len(s.Bind) > 0 {
-			local = netip.AddrPortFrom(s.Bind[0], uint16(s.Port))
+		if c != nil {
+			out[s] = c
 		}
-		t := trace.NewTracer(*s.Trace, trace.Chain(func(n string) bool {
-			return slices.ContainsFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == n })
-		}), local, exp)
-		d.traceOf[s] = t
-		return t
 	}
+	return out, nil
+}
+
+func (d *State) answerChain(s *corefile.Server, round *round) (*answer.Chain, error) {
+	env := answer.Env{
+		Log: d.log, // what the handlers open is shared by blocks: Block.Pos names the block
+		Out: d.queryLogOut,
+		Shared: func(key string, open func() (io.Closer, error)) (io.Closer, error) {
+			return d.res.get(round, key, open)
+		},
+		Stats: d.res.stats,
+	}
+	for _, p := range s.Plugins {
+		env.Block.Plugins = append(env.Block.Plugins, p.Name)
+	}
+	if len(s.Bind) > 0 {
+		env.Block.Local = netip.AddrPortFrom(s.Bind[0], uint16(s.Port))
+	}
+	env.Block.Pos = s.Pos.String()
+	var names []string
+	var hs []answer.Handler
+	for _, name := range env.Block.Plugins {
+		setup, ok := answer.Registered(name)
+		if !ok || slices.Contains(names, name) {
+			continue
+		}
+		h, err := setup(env, s.Config(name))
+		if err != nil {
+			return nil, errors.New(s.Pos.String() + ": " + name + ": " + err.Error())
+		}
+		if h != nil {
+			names, hs = append(names, name), append(hs, h)
+		}
+	}
+	return answer.NewChain(names, hs), nil
 }
 
 // firstBlock is the shared view's pick: the first block of a zone (where
 // every listen address sees a block answering alike: config.View).
 func firstBlock(srv []*corefile.Server) func(zone string) int {
-	return func(z string) int {
-		return slices.IndexFunc(srv, func(s *corefile.Server) bool { return slices.Contains(s.Zones, z) })
-	}
-}
-
-// BlockAnswers is what the block of a policy does to every answer it sends
-// (server.Config.BlockAnswers): its log (nil: none), its loadbalance, and
-// whether whoami answers it.
-func BlockAnswers(p *resolve.Policy) server.Answers {
-	if b := blocks.Of(p); b != nil {
-		return server.Answers{Log: b.Log, Shuffle: b.Shuffle, Balance: b.Balance, Whoami: b.Whoami, Trace: b.Trace, Rewrite: b.Rewrite, Taps: b.Taps}
-	}
-	return server.Answers{}
-}
-
-// noteActs tells the server whether some block of the tables serving now
-// logs, shuffles or answers whoami (server.SetBlockActs); called after
-// every swap.
-func (d *State) noteActs() {
-	if d.Server == nil {
-		return
-	}
-	logs, shuffles, whoami := d.shared.Load().Acts()
-	traces := d.shared.Load().Traces()
-	rewrites := d.shared.Load().Rewrites()
-	taps := d.shared.Load().Taps()
-	if d.views != nil {
-		for _, t := range d.views.tables {
-			l, s, w := t.v.Load().Acts()
-			logs, shuffles, whoami = logs || l, shuffles || s, whoami || w
-			traces = traces || t.v.Load().Traces()
-			rewrites = rewrites || t.v.Load().Rewrites()
-			taps = taps || t.v.Load().Taps()
+	first := map[string]int{}
+	for i, s := range srv {
+		for _, z := range s.Zones {
+			if _, ok := first[z]; !ok {
+				first[z] = i
+			}
 		}
 	}
-	d.Server.SetBlockActs(server.BlockActs{Log: logs, Shuffle: shuffles, Whoami: whoami, Trace: traces, Rewrite: rewrites, Tap: taps})
+	return func(z string) int {
+		if i, ok := first[z]; ok {
+			return i
+		}
+		return -1
+	}
 }
 
 // compileView compiles a view from its policies, its chains (nil: none)
-// and, with several views, its own routes (nil: none), over the shared
-// route table and the CoreDNS metric zones: metrics, the view's (nil: all).
-func (d *State) compileView(sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes, metrics []string) (*blocks.View, error) {
+// and, with several views, its own routes (nil: none), over routes and
+// the CoreDNS metric zones: metrics, the view's (nil: all). vi is the
+// view's index (-1: the shared view), whose table the forwarder finds
+// the current blocks in.
+func (d *State) compileView(vi int, sp sharedPolicy, c *blocks.Chains, vr *blocks.Routes, metrics []string, routes []forward.Route) (*blocks.View, error) {
 	if metrics == nil {
 		metrics = d.metricZones
 	}
 	return blocks.CompileView(blocks.Sources{
 		Default: d.policyDefault, Policy: sp.pol, PolicyZones: sp.zones,
-		Chains: c, Own: vr, Shared: d.routes, Metrics: metrics,
-		Answers: sp.answers, Sink: d.sink,
+		Chains: c, Own: vr, Shared: routes, Metrics: metrics,
+		Answers: sp.answers, Forwarder: forwarder{d: d, vi: vi},
 	})
 }
 
-// sharedView is the shared view's compiled blocks now.
-func (d *State) sharedView(name []byte) *resolve.Policy { return d.shared.Load().Policy(name) }
-
-// CoreDNSZone is the CoreDNS metric zone of a policy's block
-// (server.Config.CoreDNSZone): the index in CoreDNSZones, -1 for none.
-func CoreDNSZone(p *resolve.Policy) int {
-	if b := blocks.Of(p); b != nil {
-		if b.Refused {
-			// No block here (another bind or port): CoreDNS refuses it
-			// before any zone and counts it as "dropped".
-			return server.CDDroppedZone
-		}
-		return b.Metric
-	}
-	return -1
+// blocksIn is the BlockFunc of view vi's resolver (-1: the shared view's):
+// the block of a name in the snapshot published now.
+func (d *State) blocksIn(vi int) resolve.BlockFunc {
+	return func(name []byte) *resolve.Block { return &d.lookup(vi, name).Block }
 }
 
-// startIn is the StartFunc of the resolver serving by table
-// (resolve.Resolver.Start): a miss whose block's fetch is a plain forward
-// goes to the block's group with ExchangeAsync, and the group's reader
-// hands the answer on (startforward.go). It declines (the fetch then runs
-// through fetchIn, blocking) when the block runs directives, refuses the
-// zone or has no group.
-func (d *State) startIn(table func() *blocks.View) resolve.StartFunc {
-	return func(pol *resolve.Policy, qname []byte, query []byte, timeout time.Duration, done resolve.FetchDone) bool {
-		b := blocks.Of(pol)
-		if b == nil || b.Run != nil || b.Refused || b.Group == nil {
-			return false
-		}
-		d.startAsync(table, b, qname, query, timeout, done)
-		return true
+// lookup is the block of name in view vi of the snapshot published now:
+// the one matcher a query's block is found by (the server's, once per
+// query, through the resolvers' BlockFunc; a fetch's second look when a
+// reload routed its name elsewhere).
+func (d *State) lookup(vi int, name []byte) *blocks.Block {
+	if n := d.lookups.Load(); n != nil {
+		n.Add(1)
 	}
+	return d.pub.Load().view(vi).Lookup(name)
 }
 
-// fetchIn is the FetchFunc of the resolver serving by table: the block's
-// chain when it runs directives (ending in forwardIn), REFUSED when the
-// view serves no block for the name (as CoreDNS answers), else the block's
-// group.
-func (d *State) fetchIn(table func() *blocks.View) resolve.FetchFunc {
-	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
-		name, ok := wireName(qname)           // nil when it does not pack: no second ask
-		b := blocks.Of(resolve.PolicyOf(ctx)) // every resolver's policies are a table's
-		if b == nil {
-			if !ok {
-				return nil, errors.New("invalid name " + qname)
-			}
-			b = table().Lookup(name)
-		}
-		switch {
-		case b.Run != nil:
-			return blocks.RunChain(ctx, b.Run, qname, query)
-		case b.Refused:
-			return blocks.RefusedAnswer(query)
-		}
-		return d.exchange(tapping(ctx, b), table, name, b.Group, query)
-	}
+// CountLookupsForTest counts every lookup of a query's block in n (nil:
+// none counted).
+func (d *State) CountLookupsForTest(n *atomic.Int64) { d.lookups.Store(n) }
+
+// forwarder fetches the misses of view vi's blocks (blocks.Forwarder):
+// a block whose fetch is a plain forward goes to its group with
+// ExchangeAsync, and the group's reader hands the answer on
+// (startforward.go); one that runs directives, refuses its zone or has no
+// group is fetched blocking (Fetch).
+type forwarder struct {
+	d  *State
+	vi int
 }
 
-// forwardIn is the end of the chains of the view table serves: the
-// forward of the block holding qname (the name the client asked, before
-// any rewrite), or REFUSED; never the block's chain again.
-func (d *State) forwardIn(table func() *blocks.View) resolve.FetchFunc {
+// table is the view's table published now.
+func (f forwarder) table() *blocks.View { return f.d.pub.Load().view(f.vi) }
+
+func (f forwarder) Start(b *blocks.Block, name, query []byte, asker netip.AddrPort, timeout time.Duration, done resolve.FetchDone) bool {
+	if b.Run != nil || b.Refused || b.Group == nil {
+		return false
+	}
+	f.d.startAsync(f, b, name, query, asker, timeout, done)
+	return true
+}
+
+// Fetch runs the block's chain when it runs directives (ending in
+// forwardIn), answers REFUSED when the view serves no block for the name
+// (as CoreDNS answers), else asks the block's group.
+func (f forwarder) Fetch(ctx context.Context, b *blocks.Block, qname string, query []byte) ([]byte, error) {
+	switch {
+	case b.Run != nil:
+		// The chain's end forwards qname by b (forwardIn), unless a
+		// directive asks for another name.
+		return blocks.RunChain(context.WithValue(ctx, routedKey{}, routed{qname, b}), b.Run, qname, query)
+	case b.Refused:
+		return blocks.RefusedAnswer(query)
+	}
+	name, _ := wireName(qname) // nil when it does not pack: no second ask
+	return f.d.exchange(tapping(ctx, b), f, name, b.Group, query)
+}
+
+// forwardIn is the end of the chains of view vi: the forward of the block
+// holding qname (the name the client asked, before any rewrite), or
+// REFUSED; never the block's chain again.
+func (d *State) forwardIn(vi int) resolve.FetchFunc {
+	f := forwarder{d: d, vi: vi}
 	return func(ctx context.Context, qname string, query []byte) ([]byte, error) {
 		name, ok := wireName(qname)
 		if !ok {
 			return nil, errors.New("invalid name " + qname)
 		}
-		b := table().Lookup(name)
+		b := routedBlock(ctx, qname)
+		if b == nil {
+			b = d.lookup(vi, name) // a name a directive asked (a CNAME target), not the miss's
+		}
 		if b.Refused {
 			return blocks.RefusedAnswer(query)
 		}
-		return d.exchange(tapping(ctx, b), table, name, b.Group, query)
+		return d.exchange(tapping(ctx, b), f, name, b.Group, query)
 	}
+}
+
+// routedKey is the context key of the block a chain runs for (routed):
+// its end forwards the miss's name by it, without looking it up again.
+type routedKey struct{}
+
+type routed struct {
+	name string // lower-case FQDN
+	b    *blocks.Block
+}
+
+// routedBlock is the block the chain runs for when qname is its miss's
+// name; nil otherwise.
+func routedBlock(ctx context.Context, qname string) *blocks.Block {
+	if r, ok := ctx.Value(routedKey{}).(routed); ok && r.name == qname {
+		return r.b
+	}
+	return nil
 }
 
 // wireName is the wire form of a presentation name as the resolver and
@@ -258,16 +293,17 @@ func wireName(s string) ([]byte, bool) {
 // query was out, the answer (or the ErrClosed of a retired group) reflects
 // the old configuration: the new group is asked, three times at most (nil
 // name: not known, no second ask).
-func (d *State) exchange(ctx context.Context, table func() *blocks.View, name []byte, g *forward.Group, query []byte) ([]byte, error) {
+func (d *State) exchange(ctx context.Context, f forwarder, name []byte, g *forward.Group, query []byte) ([]byte, error) {
 	for try := 1; ; try++ {
 		if g == nil {
 			return nil, errors.New("no route for " + wire.NameString(name))
 		}
+		view := f.table()
 		ans, err := g.Exchange(ctx, query)
-		if name == nil {
-			return ans, err
+		if name == nil || f.table() == view {
+			return ans, err // no reload meanwhile: the common case, without a second lookup
 		}
-		now := table().Lookup(name).Group
+		now := d.lookup(f.vi, name).Group
 		if now == g || now == nil || try == 3 || ctx.Err() != nil {
 			return ans, err
 		}
@@ -275,61 +311,93 @@ func (d *State) exchange(ctx context.Context, table func() *blocks.View, name []
 	}
 }
 
-// tapping is ctx telling the forward of b's dnstap (forwardTap), when b
-// has one.
+// tapping is ctx telling the forward of b's forward observers (dnstap:
+// forwardTap), when b has some.
 func tapping(ctx context.Context, b *blocks.Block) context.Context {
-	if len(b.Taps) == 0 {
+	fo := b.Answer.Forwarders()
+	if len(fo) == 0 {
 		return ctx
 	}
-	return forward.WithTapper(ctx, forwardTap{taps: b.Taps, client: resolve.AskerPort(ctx)})
+	return forward.WithTapper(ctx, forwardTap{obs: fo, client: resolve.AskerPort(ctx)})
 }
 
-// tapsFor are the taps of a block's dnstap directives: one Tap per
-// distinct configuration, shared by every block and view that has it and
-// kept across reloads that keep it (closeUnusedTaps closes the others).
-func (d *State) tapsFor(cfgs []dnstap.Config) []*dnstap.Tap {
-	if len(cfgs) == 0 {
-		return nil
-	}
-	d.tapMu.Lock()
-	defer d.tapMu.Unlock()
-	if d.taps == nil {
-		d.taps = map[string]*dnstap.Tap{}
-	}
-	out := make([]*dnstap.Tap, 0, len(cfgs))
-	for _, c := range cfgs {
-		k := c.Key()
-		t := d.taps[k]
-		if t == nil {
-			t = dnstap.New(c, d.log)
-			d.taps[k] = t
-		}
-		out = append(out, t)
-	}
-	return out
+// round is the shared resources (answer.Env.Shared) one Corefile's
+// handlers asked for, by key.
+type round struct {
+	keys map[string]bool
 }
 
-// closeUnusedTaps closes the taps no block of srv has (nil: all), once
-// the tables that held them are no longer served.
-func (d *State) closeUnusedTaps(srv []*corefile.Server) {
-	used := map[string]bool{}
-	{
-		for _, s := range srv {
-			for _, c := range s.Dnstap {
-				used[c.Key()] = true
-			}
+// resources are the answer-side handlers' shared resources (dnstap's
+// taps, trace's exporters): opened when a Corefile first asks for one,
+// kept while the Corefile serving asks for it, closed once it no longer
+// does (a reload's commit, or Close).
+type resources struct {
+	mu   sync.Mutex
+	open map[string]io.Closer
+	// kept are the handlers' counters and bounds (answer.Env.Stats),
+	// kept for the State's life.
+	kept map[string]any
+}
+
+// stats is answer.Env.Stats: the value of key, made the first time.
+func (r *resources) stats(key string, make func() any) any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if v, ok := r.kept[key]; ok {
+		return v
+	}
+	if r.kept == nil {
+		r.kept = map[string]any{}
+	}
+	v := make()
+	r.kept[key] = v
+	return v
+}
+
+// stat is the value of key, nil when no handler made it.
+func (r *resources) stat(key string) any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kept[key]
+}
+
+// get returns the resource key, opening it with open when none is, and
+// notes that round asked for it.
+func (r *resources) get(rd *round, key string, open func() (io.Closer, error)) (io.Closer, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rd.keys == nil {
+		rd.keys = map[string]bool{}
+	}
+	rd.keys[key] = true
+	if c, ok := r.open[key]; ok {
+		return c, nil
+	}
+	c, err := open()
+	if err != nil {
+		return nil, err
+	}
+	if r.open == nil {
+		r.open = map[string]io.Closer{}
+	}
+	r.open[key] = c
+	return c, nil
+}
+
+// keepOnly closes the resources rd did not ask for (nil: all), in the
+// background: a query still holding one finds it closed (a tap's queue
+// drops what it is sent).
+func (r *resources) keepOnly(rd *round) {
+	r.mu.Lock()
+	var gone []io.Closer
+	for k, c := range r.open {
+		if rd == nil || !rd.keys[k] {
+			gone = append(gone, c)
+			delete(r.open, k)
 		}
 	}
-	d.tapMu.Lock()
-	var gone []*dnstap.Tap
-	for k, t := range d.taps {
-		if !used[k] {
-			gone = append(gone, t)
-			delete(d.taps, k)
-		}
-	}
-	d.tapMu.Unlock()
-	for _, t := range gone {
-		go t.Close() // a query still holding it sends into a closed queue's drops
+	r.mu.Unlock()
+	for _, c := range gone {
+		go c.Close()
 	}
 }

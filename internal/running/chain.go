@@ -15,6 +15,17 @@ import (
 // The Corefile's fetch-side directives run in chains built by
 // internal/blocks (BuildChains) and compiled into the views' blocks.
 
+// tableIn is view vi's table published now (-1: the shared view's), for
+// the directives' own lookups; nil before the first publish.
+func (d *State) tableIn(vi int) func() *blocks.View {
+	return func() *blocks.View {
+		if p := d.pub.Load(); p != nil {
+			return p.view(vi)
+		}
+		return nil
+	}
+}
+
 // chainEnv is what the daemon gives the chains: its clock, its log, the
 // CoreDNS series of the directives, the table of the view they serve in.
 func (d *State) chainEnv(table func() *blocks.View) blocks.ChainEnv {
@@ -85,7 +96,7 @@ func (d *State) initChain(next resolve.FetchFunc) error {
 	if cc == nil {
 		return nil
 	}
-	c, err := d.buildChains(cc, nil, next, d.shared.Load)
+	c, err := d.buildChains(cc, nil, next, d.tableIn(-1))
 	if err != nil {
 		return err
 	}
@@ -103,7 +114,7 @@ func (d *State) prepareChain(n *config.Config) (*blocks.Chains, []string, error)
 	if n.DropIn.Corefile == nil || d.chainNext == nil {
 		return nil, nil, nil
 	}
-	c, err := d.buildChains(n.DropIn.Corefile, nil, d.chainNext, d.shared.Load)
+	c, err := d.buildChains(n.DropIn.Corefile, nil, d.chainNext, d.tableIn(-1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("directives: %w", err)
 	}

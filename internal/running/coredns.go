@@ -1,7 +1,6 @@
 package running
 
 import (
-	"slices"
 	"strings"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
@@ -57,10 +56,12 @@ func coreDNSCacheBlocks(cfg *config.Config) []metrics.CacheBlock {
 	out := make([]metrics.CacheBlock, len(cc.Servers))
 	for i, s := range cc.Servers {
 		out[i] = metrics.CacheBlock{Server: -1, Zones: strings.Join(s.Zones, ","), Cache: s.Cache != nil}
-		for j, a := range cfg.Sockets() {
-			if slices.Contains(config.BlocksSeenFrom(cc.Servers, a), i) {
+	}
+	// Each block's server label is the first listen socket that sees it.
+	for j, a := range cfg.Sockets() {
+		for _, i := range config.BlocksSeenFrom(cc.Servers, a) {
+			if out[i].Server < 0 {
 				out[i].Server = j
-				break
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
@@ -115,7 +116,7 @@ func (d *State) readCorefile() bool {
 	}
 	r.cf.err = ""
 	d.reportSkipped(n.DropIn.Corefile)
-	return e.changed
+	return true // apply publishes the edit, with the routes, in one store
 }
 
 // corefileFailed logs and counts a rejected Corefile edit, once per
@@ -133,19 +134,25 @@ func (d *State) corefileFailed(cc *config.CorefileConfig, msg string, err error)
 
 // corefileEdit is a Corefile edit built but not yet in use.
 type corefileEdit struct {
-	views      *viewSet       // nil: the views did not change
-	policy     *sharedPolicy  // nil: the cache policies did not change
+	views  *viewSet      // nil: the views did not change
+	policy *sharedPolicy // the shared view's policies and answer-side handlers
+	// policyChanged: the cache policies differ from the running ones.
+	policyChanged bool
+	// answers are the blocks' answer-side chains; round the shared
+	// resources they asked for.
+	answers    map[*corefile.Server]*answer.Chain
+	round      *round
 	chain      *blocks.Chains // nil: no chain to replace
 	chainZones []string       // zones whose directives changed
-	shared     *blocks.View   // the shared view compiled anew; nil: unchanged
 	kube       *forward.Group // nil: kube-dns' address did not change
 	routes     map[string]config.ZoneRoute
 	groups     map[string]*forward.Group // new groups of the zone routes that changed
-	changed    bool                      // set by commitCorefile: apply must run
+	changed    bool                      // set by commitCorefile: a route changed
 }
 
-// abandon closes the groups e built.
-func (e *corefileEdit) abandon() {
+// abandon closes the groups e built, and the shared resources only its
+// handlers asked for.
+func (d *State) abandon(e *corefileEdit) {
 	if e.views != nil {
 		for _, g := range e.views.groups {
 			_ = g.Close()
@@ -160,6 +167,9 @@ func (e *corefileEdit) abandon() {
 	for _, g := range e.chain.Groups() {
 		_ = g.Close()
 	}
+	if e.round != nil {
+		d.res.keepOnly(d.round)
+	}
 }
 
 // prepareCorefile builds what the reloaded configuration n needs and the
@@ -170,16 +180,22 @@ func (d *State) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
 	e = &corefileEdit{routes: map[string]config.ZoneRoute{}, groups: map[string]*forward.Group{}}
 	defer func() {
 		if err != nil {
-			e.abandon()
+			d.abandon(e)
 			e = nil
 		}
 	}()
+	if cc := n.DropIn.Corefile; cc != nil {
+		e.round = &round{}
+		if e.answers, err = d.answerChains(cc.Servers, e.round); err != nil {
+			return e, err
+		}
+	}
 	if d.viewsChanged(n) { // views.go: which blocks each address sees
-		if e.views, err = d.prepareViews(n); err != nil {
+		if e.views, err = d.prepareViews(n, e.answers); err != nil {
 			return e, fmt.Errorf("views: %w", err)
 		}
 	}
-	if e.policy, err = d.preparePolicies(n); err != nil { // the blocks' cache settings
+	if e.policy, e.policyChanged, err = d.preparePolicies(n, e.answers); err != nil { // the blocks' cache settings
 		return e, err
 	}
 	if e.chain, e.chainZones, err = d.prepareChain(n); err != nil { // chain.go: template, hosts, rewrite, dns64
@@ -193,7 +209,7 @@ func (d *State) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
 		if e.chain != nil {
 			c = e.chain
 		}
-		if e.shared, err = d.compileView(sp, c, nil, nil); err != nil {
+		if _, err = d.compileView(-1, sp, c, nil, nil, d.routes); err != nil { // refused here, before anything is in use
 			return e, fmt.Errorf("blocks: %w", err)
 		}
 	}
@@ -224,19 +240,18 @@ func (d *State) prepareCorefile(n *config.Config) (e *corefileEdit, err error) {
 	return e, nil
 }
 
-// commitCorefile puts a prepared edit in use. Only the first step, the
-// server taking new views, can fail; then nothing is applied and e is
-// abandoned.
+// commitCorefile puts a prepared edit's sources in place; apply (which
+// readCorefile's caller runs next) compiles them with the routes and
+// publishes the result in one store. It cannot fail.
 func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 	cc := d.corefile()
 	r := &d.reload
 	if e.views != nil {
-		old, err := d.useViews(e.views)
-		if err != nil {
-			e.abandon()
-			return fmt.Errorf("views: %w", err)
+		old := d.views
+		d.views, r.viewsPending = e.views, true // the server takes them once they are published (apply)
+		if old != nil {
+			r.retireLater = append(r.retireLater, old.groups...)
 		}
-		r.retireLater = append(r.retireLater, old.groups...)
 		r.changedZones = append(r.changedZones, ".")
 		e.changed = true
 		d.log.Info("Corefile changed the views; applied", "views", describeViews(e.views.cc))
@@ -247,18 +262,21 @@ func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 			d.log.Warn("Corefile changed settings that apply at the next restart; routes are updated now", "file", cc.Source(), "settings", s)
 		}
 	}
-	if e.shared != nil {
-		d.shared.Store(e.shared) // the blocks the shared resolver serves by: one pointer
-	}
 	if e.policy != nil {
 		d.sharedPol = *e.policy
-		r.cf.zonePolicies = n.DropIn.Corefile.ZonePolicies
-		d.log.Info("Corefile changed; the blocks' cache policies, log and loadbalance updated", "zones", len(r.cf.zonePolicies))
+		if e.policyChanged {
+			r.cf.zonePolicies = n.DropIn.Corefile.ZonePolicies
+			d.log.Info("Corefile changed; the blocks' cache policies updated", "zones", len(r.cf.zonePolicies))
+		}
 	}
-	if e.views != nil || e.shared != nil {
-		d.noteActs() // the new tables' log and loadbalance
+	if e.round != nil {
+		// The new Corefile's handlers serve from the next publish: the
+		// resources only the old ones asked for close now (a query still
+		// holding one finds it closed: a tap drops what it is sent).
+		d.answers, d.round = e.answers, e.round
+		d.res.keepOnly(d.round)
 	}
-	if e.views != nil || e.policy != nil {
+	if e.views != nil || e.policyChanged {
 		cb := coreDNSCacheBlocks(n) // the tags of the new policies and views name n's blocks
 		d.cacheBlocks.Store(&cb)
 	}
@@ -315,9 +333,6 @@ func (d *State) commitCorefile(n *config.Config, e *corefileEdit) error {
 			r.static = append(r.static, r.cf.static[z])
 		}
 		d.log.Info("Corefile changed; routes updated", "file", cc.Source(), "kube_dns_zones", fmt.Sprint(r.cf.kubeZones), "zone_routes", len(r.static))
-	}
-	if n.DropIn.Corefile != nil {
-		d.closeUnusedTaps(n.DropIn.Corefile.Servers) // the tables serving now hold only n's
 	}
 	return nil
 }

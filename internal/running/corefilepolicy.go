@@ -4,29 +4,20 @@ import (
 	"fmt"
 	"reflect"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/forward"
-
-	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
-// corefileZones turns the Corefile blocks' cache policies into the
-// resolver's zones (the longest zone wins, as CoreDNS picks the block).
-func corefileZones(cfg *config.Config, zps []config.ZonePolicy) []resolve.Zone {
+// corefileZones are the Corefile blocks' cache policies as the resolver's
+// zones (the longest zone wins, as CoreDNS picks the block): config made
+// them resolve.Policy already.
+func corefileZones(zps []config.ZonePolicy) []resolve.Zone {
 	out := make([]resolve.Zone, 0, len(zps))
 	for _, zp := range zps {
-		recheck := zp.StaleRecheck // serve_stale's FAILURE_RECHECK
-		if recheck == 0 {
-			recheck = cfg.Cache.StaleRecheck
-		}
-		out = append(out, resolve.Zone{Name: zp.Zone, Policy: resolve.Policy{
-			TTL:                zp.TTL,
-			ServFailTTL:        zp.ServFailTTL,
-			StaleWindow:        zp.StaleWindow,
-			StaleClientTimeout: zp.StaleClientTimeout,
-			StaleRecheck:       recheck,
-		}})
+		out = append(out, resolve.Zone{Name: zp.Zone, Policy: zp.Policy})
 	}
 	return out
 }
@@ -41,27 +32,25 @@ func zonePolicyZones(zps []config.ZonePolicy) []string {
 }
 
 // preparePolicies builds the shared view's policy lookup and its blocks'
-// log and loadbalance of a reloaded Corefile; nil when neither changed.
-func (d *State) preparePolicies(n *config.Config) (*sharedPolicy, error) {
+// answer-side handlers of a reloaded Corefile (the handlers' shared
+// resources asked for in rd); nil when not in Corefile mode. changed says
+// whether the cache policies differ from the running ones.
+func (d *State) preparePolicies(n *config.Config, chains map[*corefile.Server]*answer.Chain) (sp *sharedPolicy, changed bool, err error) {
 	cur, next := d.corefile(), n.DropIn.Corefile
 	if cur == nil || next == nil {
-		return nil, nil
+		return nil, false, nil
 	}
-	answers := d.blockAnswers(next.Servers, firstBlock(next.Servers), d.tracers(next.Servers))
-	samePol := reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies)
-	if samePol && answersAlike(d.sharedPol.answers, answers) {
-		return nil, nil
+	p := d.sharedPol
+	p.answers = blockAnswers(next.Servers, chains, firstBlock(next.Servers))
+	if reflect.DeepEqual(d.reload.cf.zonePolicies, next.ZonePolicies) {
+		return &p, false, nil
 	}
-	sp := d.sharedPol
-	sp.answers = answers
-	if !samePol {
-		f, err := resolve.Zones(d.policyDefault, corefileZones(n, next.ZonePolicies)...)
-		if err != nil {
-			return nil, fmt.Errorf("cache policies: %w", err)
-		}
-		sp.pol, sp.zones = f, zonePolicyZones(next.ZonePolicies)
+	f, err := resolve.Zones(d.policyDefault, corefileZones(next.ZonePolicies)...)
+	if err != nil {
+		return nil, false, fmt.Errorf("cache policies: %w", err)
 	}
-	return &sp, nil
+	p.pol, p.zones = f.Policies(), zonePolicyZones(next.ZonePolicies)
+	return &p, true, nil
 }
 
 // stubConflict refuses a kube-dns ConfigMap whose stub domain duplicates a
@@ -121,24 +110,4 @@ func withOptions(cfg *forward.GroupConfig, o *config.ForwardOptions) error {
 		cfg.IdleTimeout = o.IdleTimeout
 	}
 	return nil
-}
-
-// answersAlike is reflect.DeepEqual of two blocks' answers but for their
-// tracers, compared by what they were made from (trace.Tracer.Same): a
-// tracer's count moves under the serving goroutines.
-func answersAlike(a, b []blocks.Answers) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if !x.Trace.Same(y.Trace) {
-			return false
-		}
-		x.Trace, y.Trace = nil, nil
-		if !reflect.DeepEqual(x, y) {
-			return false
-		}
-	}
-	return true
 }

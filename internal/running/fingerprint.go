@@ -17,7 +17,7 @@ import (
 func (d *State) PolicyFingerprint() cache.Fingerprint {
 	memo := map[*resolve.Policy]uint64{}
 	return func(name []byte, view uint8) (uint64, uint16) {
-		p := d.Server.Resolver(view).Policy(name)
+		p := &d.Server.Resolver(view).Block(name).Policy
 		if v, ok := memo[p]; ok {
 			return v, p.TTL.Tag
 		}

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
@@ -59,6 +58,9 @@ type reloader struct {
 	kube        *forward.Group // nil in local mode
 	node        *forward.Group
 	nodeServers []netip.AddrPort
+	host        *forward.Group // -node-listen's: node, or a group of its own (node.go)
+	hostServers []netip.AddrPort
+	unusedNoted string               // the upstreamNameservers last logged as unused (node.go)
 	stubs       map[string]stubGroup // by zone
 	static      []staticRoute        // the Corefile's zone routes (corefile.go)
 	cf          corefileState        // the Corefile as last applied (corefile.go)
@@ -66,6 +68,9 @@ type reloader struct {
 	// Groups and zones a Corefile change replaced: apply retires them.
 	retireLater  []*forward.Group
 	changedZones []string
+	// viewsPending: a Corefile change built new views (State.views);
+	// publish hands their resolvers to the server.
+	viewsPending bool
 
 	resolv    []netip.AddrPort // last good resolv.conf list
 	resolvErr string           // last resolv.conf error logged
@@ -191,7 +196,7 @@ func (d *State) reread() {
 // readResolvConf reports whether resolv.conf now lists other good servers.
 func (d *State) readResolvConf() bool {
 	r := &d.reload
-	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.LocalIPs, d.cfg.Port)
+	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.OwnAddrs(), d.cfg.Port)
 	if err != nil {
 		if err.Error() != r.resolvErr {
 			r.resolvErr = err.Error()
@@ -291,6 +296,11 @@ func (d *State) apply() error {
 		}
 		node = g
 	}
+	host, hostMade, hostOld, err := d.hostGroup(node, servers, r.resolv) // node.go: -node-listen's
+	if err != nil {
+		return fail(err)
+	}
+	created, retired = appendGroup(created, hostMade), appendGroup(retired, hostOld)
 	stubs := make(map[string]stubGroup, len(r.cm.StubDomains))
 	for _, zone := range r.cm.Zones() {
 		want := r.cm.StubDomains[zone]
@@ -315,8 +325,42 @@ func (d *State) apply() error {
 		}
 	}
 
-	routes := []forward.Route{{Zone: ".", Group: node}}
-	live := []*forward.Group{node}
+	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil { // -external-upstream=kube-dns
+		d.noteUnusedUpstreams(source, servers)
+	}
+	routes, live := d.routeTable(node, host, stubs)
+	if err := d.recompile(routes, host); err != nil {
+		return fail(fmt.Errorf("block tables: %w", err))
+	}
+	r.node, r.nodeServers, r.stubs, r.host, r.hostServers = node, servers, stubs, host, r.resolv
+	d.nodeResolvers.Store(&r.hostServers)
+	d.groups = live
+
+	dropped := d.dropZones(changedZones)
+	if len(retired) > 0 || len(changedZones) > 0 {
+		d.retire(retired, changedZones)
+	}
+	if len(created) > 0 || len(retired) > 0 {
+		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
+			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
+	}
+	return nil
+}
+
+// routeTable is the shared route table over the groups apply chose: "."
+// (the node's resolvers, or kube-dns with -external-upstream=kube-dns),
+// kube-dns' zones, the Corefile's zone routes and the stub domains; and
+// the groups live with it.
+func (d *State) routeTable(node, host *forward.Group, stubs map[string]stubGroup) (routes []forward.Route, live []*forward.Group) {
+	r := &d.reload
+	routes = []forward.Route{{Zone: ".", Group: node}}
+	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil {
+		routes[0].Group = r.kube
+	}
+	live = []*forward.Group{node}
+	if host != nil && host != node {
+		live = append(live, host)
+	}
 	if r.kube != nil {
 		live = append(live, r.kube)
 		zones := append([]string{d.cfg.ClusterDomain}, reverseZones...)
@@ -335,26 +379,14 @@ func (d *State) apply() error {
 		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})
 		live = append(live, stubs[zone].g)
 	}
-	if err := d.recompile(routes); err != nil {
-		return fail(fmt.Errorf("block tables: %w", err))
-	}
-	r.node, r.nodeServers, r.stubs = node, servers, stubs
-	d.groups = live
-
-	dropped := d.dropZones(changedZones)
-	if len(retired) > 0 || len(changedZones) > 0 {
-		d.retire(retired, changedZones)
-	}
-	if len(created) > 0 || len(retired) > 0 {
-		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
-			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
-	}
-	return nil
+	return routes, live
 }
 
-// recompile compiles every view's blocks over routes and swaps them all
-// in; before New has compiled the first ones it only records routes.
-func (d *State) recompile(routes []forward.Route) error {
+// recompile makes routes the shared route table (lower-case FQDN zones),
+// host the node listener's group (nil without -node-listen), and publishes
+// every view's blocks over them; before New has the rest of the sources
+// it only records them. On error nothing changes.
+func (d *State) recompile(routes []forward.Route, host *forward.Group) error {
 	for i := range routes { // lower-case FQDNs, as the blocks' zones
 		if z := strings.ToLower(routes[i].Zone); strings.HasSuffix(z, ".") {
 			routes[i].Zone = z
@@ -362,32 +394,50 @@ func (d *State) recompile(routes []forward.Route) error {
 			routes[i].Zone = z + "."
 		}
 	}
-	old := d.routes
-	d.routes = routes
-	if d.shared.Load() == nil {
-		return nil
+	old, oldHost := d.routes, d.nodeRoute
+	d.routes, d.nodeRoute = routes, host
+	if d.res0 == nil {
+		return nil // New publishes once it has every source
 	}
-	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil, nil)
-	if err != nil {
-		d.routes = old
+	if err := d.publish(); err != nil {
+		d.routes, d.nodeRoute = old, oldHost
 		return err
 	}
-	var views []*blocks.View
+	return nil
+}
+
+// publish compiles every view's blocks from their sources (the shared
+// view's policies, handlers and chains; each view's own) over the route
+// table, and the node listener's over its group, and publishes them with one store: the snapshot every view's
+// resolver finds a query's block in. Views a Corefile edit replaced go to
+// the server after (useViews). On error nothing changes.
+func (d *State) publish() error {
+	p := &snapshot{}
+	var err error
+	if p.shared, err = d.compileView(-1, d.sharedPol, d.chain.Load(), nil, nil, d.routes); err != nil {
+		return err
+	}
 	if d.views != nil {
-		for _, t := range d.views.tables {
-			v, err := d.compileView(t.sp, t.c, t.vr, t.metrics)
+		for i, t := range d.views.tables {
+			v, err := d.compileView(i, t.sp, t.c, t.vr, t.metrics, d.routes)
 			if err != nil {
-				d.routes = old
 				return err
 			}
-			views = append(views, v)
+			p.views = append(p.views, v)
 		}
 	}
-	d.shared.Store(shared)
-	for i, v := range views {
-		d.views.tables[i].v.Store(v)
+	if p.node, err = d.compileNodeView(); err != nil {
+		return fmt.Errorf("the node listener's table: %w", err)
 	}
-	d.noteActs()
+	d.pub.Store(p)
+	if d.reload.viewsPending && d.Server != nil {
+		d.reload.viewsPending = false
+		if _, err := d.useViews(d.views); err != nil {
+			// Checked when the views were built (one view per address,
+			// at most MaxViews): not reached.
+			d.log.Error("views not applied", "err", err)
+		}
+	}
 	return nil
 }
 
@@ -449,6 +499,14 @@ func (d *State) dropZones(zones []string) int {
 		}
 	}
 	return n
+}
+
+// appendGroup appends g unless it is nil.
+func appendGroup(list []*forward.Group, g *forward.Group) []*forward.Group {
+	if g == nil {
+		return list
+	}
+	return append(list, g)
 }
 
 func stubList(stubs map[string]stubGroup) []string {

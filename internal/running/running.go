@@ -7,14 +7,17 @@
 // resolv.conf, the ConfigMap or the Corefile changes (reload.go,
 // corefile.go: an edit applies whole or not at all).
 //
-// It decides no name's fate on the hot path itself: a miss looks its block
-// up once in internal/blocks' table and the block carries the rest. It
+// It decides no name's fate on the hot path itself: a query's block is
+// looked up once, when it arrives, in its view's internal/blocks table
+// (the resolver's BlockFunc), and the block carries the rest. It
 // opens no listening socket (internal/server does, and is handed the
 // resolvers with Attach) and knows nothing of the node, twins or HTTP
 // (internal/daemon's lifecycle).
 //
 // One writer: New until the daemon starts, then the watch goroutine Start
-// runs; the serving loops read only the tables, through atomics.
+// runs; the serving loops read only the tables, through one pointer: a
+// reload publishes one snapshot (its views, routes and tables) in one
+// store (publish), so no query sees half of an edit.
 package running
 
 import (
@@ -22,21 +25,18 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"sync"
 	"sync/atomic"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
-	"github.com/nodelocaldns/nodelocaldns/internal/dnstap"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
-	"github.com/nodelocaldns/nodelocaldns/internal/trace"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -69,34 +69,39 @@ type State struct {
 	// server's CoreDNSZones), fixed at start. Owned like reload's state.
 	routes      []forward.Route
 	metricZones []string
-	// traceOf is the trace of each block of the Corefile traceFor
-	// (blocks.go's tracers), under traceMu.
-	traceMu  sync.Mutex
-	traceFor []*corefile.Server
-	traceOf  map[*corefile.Server]*trace.Tracer
 
-	// The shared view's block table (blocks.go): what its resolver serves
-	// by, compiled from sharedPol and chain and swapped whole when a
-	// Corefile reload changes a block's cache settings or directives.
-	shared        atomic.Pointer[blocks.View]
-	sharedPol     sharedPolicy // owned like reload's state
+	// pub is the snapshot serving now (blocks.go): every view's blocks,
+	// published whole with one store by publish. lookups counts the
+	// lookups in it (tests: CountLookupsForTest).
+	pub     atomic.Pointer[snapshot]
+	lookups atomic.Pointer[atomic.Int64]
+	// The shared view's sources (blocks.go), owned like reload's state.
+	sharedPol     sharedPolicy
 	policyDefault resolve.Policy
 	// The Corefile's fetch-side directives (chain.go): nil without them.
 	chain     atomic.Pointer[blocks.Chains]
 	chainNext resolve.FetchFunc
 	// The Corefile's views (views.go), owned like reload's state; res0 is
-	// the resolver of the one-view case (d.shared), also autopath's.
+	// the resolver of the one-view case (the shared view), also
+	// autopath's.
 	views     *viewSet
 	viewChain atomic.Pointer[blocks.Chains]
 	res0      *resolve.Resolver
+	// nodeV is -node-listen's resolver (node.go), nil without it;
+	// nodeRoute its group, compiled into its table (owned like routes).
+	nodeV         *nodeView
+	nodeRoute     *forward.Group
+	nodeResolvers atomic.Pointer[[]netip.AddrPort] // resolv.conf's servers as applied
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
-	// sink is where the blocks' log lines go (Env.QueryLogOut).
-	sink *dnslog.Sink
-	// taps are the blocks' dnstap writers, by configuration (tapsFor).
-	tapMu sync.Mutex
-	taps  map[string]*dnstap.Tap
+	// The answer-side handlers of the Corefile serving (blocks.go): its
+	// blocks' chains, the shared resources they asked for (round), all
+	// resources open (res), and where log lines go (Env.QueryLogOut).
+	answers     map[*corefile.Server]*answer.Chain
+	round       *round
+	res         resources
+	queryLogOut io.Writer
 	// reloadFault, when set (tests), fails a Corefile edit half-way through
 	// its rebuild: after views, policies and chains are built, before the
 	// groups (corefile.go).
@@ -118,12 +123,10 @@ func (d *State) SetKubeGroupHook(f func(g *forward.Group, addr netip.AddrPort)) 
 // New builds the groups, the block tables and the resolvers from cfg. It
 // opens upstream sockets only (the groups'); on error it closes them.
 func New(cfg *config.Config, env Env) (d *State, err error) {
-	d = &State{cfg: cfg, log: env.Log, clock: clock.Or(env.Clock), Metrics: env.Metrics, Cache: env.Cache}
-	out := env.QueryLogOut
-	if out == nil {
-		out = os.Stdout
+	d = &State{cfg: cfg, log: env.Log, clock: clock.Or(env.Clock), Metrics: env.Metrics, Cache: env.Cache, queryLogOut: env.QueryLogOut}
+	if d.queryLogOut == nil {
+		d.queryLogOut = os.Stdout
 	}
-	d.sink = dnslog.NewSink(out)
 	// Groups and routes: kube-dns, resolv.conf, the kube-dns ConfigMap (reload.go).
 	if err := d.buildRoutes(); err != nil {
 		return nil, err
@@ -134,6 +137,36 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 			d = nil
 		}
 	}()
+	if err := d.initPolicies(); err != nil {
+		return nil, err
+	}
+	cb := coreDNSCacheBlocks(cfg)
+	d.cacheBlocks.Store(&cb)
+	for _, z := range CoreDNSZones(CoreDNSBlocks(cfg)) {
+		d.metricZones = append(d.metricZones, z.Name)
+	}
+	if err := d.initChain(d.forwardIn(-1)); err != nil {
+		return nil, err
+	}
+	d.res0, err = d.newResolver(-1)
+	if err != nil {
+		return nil, err
+	}
+	// Blocks seen from some addresses answer otherwise (views.go).
+	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.Sockets(), d.answers); err != nil {
+		return nil, err
+	}
+	if err := d.newNodeView(); err != nil { // node.go: -node-listen's
+		return nil, err
+	}
+	return d, d.publish()
+}
+
+// initPolicies builds the shared view's cache policies and answer-side
+// handlers: the flags' (the cluster domain's caps, -last-known-good's
+// zones) or each Corefile block's.
+func (d *State) initPolicies() error {
+	cfg := d.cfg
 	pol := func(ttl cache.Policy) resolve.Policy {
 		return resolve.Policy{
 			TTL:                ttl,
@@ -143,60 +176,52 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 			StaleRecheck:       cfg.Cache.StaleRecheck,
 		}
 	}
-	// The flags' policies: the cluster domain's caps, -last-known-good's zones.
 	defTTL, flagZones := cfg.FlagPolicies()
 	var zones []resolve.Zone
 	for _, z := range flagZones {
 		zones = append(zones, resolve.Zone{Name: z.Name, Policy: pol(z.TTL)})
 	}
 	if cc := cfg.DropIn.Corefile; cc != nil && len(cc.ZonePolicies) > 0 {
-		zones = corefileZones(cfg, cc.ZonePolicies) // each block's cache settings for its zones
+		zones = corefileZones(cc.ZonePolicies) // each block's cache settings for its zones
 	}
 	d.policyDefault = pol(defTTL)
 	policy, err := resolve.Zones(d.policyDefault, zones...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	d.sharedPol = sharedPolicy{pol: policy}
+	d.sharedPol = sharedPolicy{pol: policy.Policies()}
 	for _, z := range zones {
 		d.sharedPol.zones = append(d.sharedPol.zones, z.Name)
 	}
 	if cc := cfg.DropIn.Corefile; cc != nil {
-		d.sharedPol.answers = d.blockAnswers(cc.Servers, firstBlock(cc.Servers), d.tracers(cc.Servers))
+		d.round = &round{}
+		if d.answers, err = d.answerChains(cc.Servers, d.round); err != nil {
+			return err
+		}
+		d.sharedPol.answers = blockAnswers(cc.Servers, d.answers, firstBlock(cc.Servers))
 	}
-	cb := coreDNSCacheBlocks(cfg)
-	d.cacheBlocks.Store(&cb)
-	for _, z := range CoreDNSZones(CoreDNSBlocks(cfg)) {
-		d.metricZones = append(d.metricZones, z.Name)
-	}
-	if err := d.initChain(d.forwardIn(d.shared.Load)); err != nil {
-		return nil, err
-	}
-	shared, err := d.compileView(d.sharedPol, d.chain.Load(), nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	d.shared.Store(shared) // a Corefile reload swaps it (corefile.go)
-	d.res0, err = resolve.New(resolve.Config{
+	return nil
+}
+
+// newResolver is the resolver of view vi (-1: the shared view), finding
+// its blocks in the snapshot published now.
+func (d *State) newResolver(vi int) (*resolve.Resolver, error) {
+	return resolve.New(resolve.Config{
 		Cache:        d.Cache,
-		Fetch:        d.fetchIn(d.shared.Load),
-		Start:        d.startIn(d.shared.Load),
-		Policy:       d.sharedView,
+		Fetch:        d.forwardIn(vi), // blocks without a forwarder: none (every block fetches by its Route)
+		Blocks:       d.blocksIn(vi),
 		Clock:        d.clock,
-		FetchTimeout: cfg.ForwardTimeout,
-		UDPSize:      uint16(cfg.MaxUDPSize),
-		MaxFlights:   cfg.MaxInflight,
+		FetchTimeout: d.cfg.ForwardTimeout,
+		UDPSize:      uint16(d.cfg.MaxUDPSize),
+		MaxFlights:   d.cfg.MaxInflight,
 		Logger:       d.log.With("component", "cache"),
 	})
-	if err != nil {
-		return nil, err
-	}
-	// Blocks seen from some addresses answer otherwise (views.go).
-	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.Sockets()); err != nil {
-		return nil, err
-	}
-	return d, nil
 }
+
+// Stats is the answer-side handlers' counters and bounds of key (trace's,
+// dnstap's: answer.Env.Stats), kept for the State's life; nil when no
+// handler made them. The metrics read them (metrics.SetHandlerStats).
+func (d *State) Stats(key string) any { return d.res.stat(key) }
 
 // Resolver is the shared view's resolver (the one view's, and autopath's).
 func (d *State) Resolver() *resolve.Resolver { return d.res0 }
@@ -207,7 +232,6 @@ func (d *State) Attach(srv *server.Server) error {
 	if _, err := d.useViews(d.views); err != nil {
 		return err
 	}
-	d.noteActs()
 	if cc := d.cfg.DropIn.Corefile; cc != nil {
 		srv.SetRecordAskers(blocks.UsesRemote(cc.Servers)) // a template uses .Remote
 	}
@@ -225,7 +249,7 @@ func (d *State) Stop() { d.stopReload() }
 // Close closes the live groups. After Stop: no reload may change them
 // after.
 func (d *State) Close() {
-	d.closeUnusedTaps(nil)
+	d.res.keepOnly(nil) // the handlers' taps and exporters
 	for _, g := range d.groups {
 		_ = g.Close()
 	}
@@ -252,5 +276,5 @@ func (d *State) SetReloadFaultForTest(f func() error) {
 // GroupFor is the group the shared view forwards name to now (tests).
 func (d *State) GroupFor(name string) *forward.Group {
 	w, _ := wire.AppendNameWire(nil, name)
-	return d.shared.Load().Lookup(w).Group
+	return d.pub.Load().shared.Lookup(w).Group
 }

@@ -6,10 +6,11 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync/atomic"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/blocks"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
+	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
 	"github.com/nodelocaldns/nodelocaldns/internal/forward"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
@@ -18,14 +19,15 @@ import (
 // address answer otherwise than those seen from another, each view gets
 // its own resolver over the shared cache (the view index is part of the
 // cache key, wire.Query.View, so the byte budget and capacities stay one
-// bound for all), its own policy table, its own fetch chain and its own
-// groups for the zones it forwards elsewhere than the shared route table.
+// bound for all), its own block table (its blocks' policies, answer-side
+// chains, fetch chains and routes: blocks.View), and its own groups for
+// the zones it forwards elsewhere than the shared route table.
 // The server picks the resolver by the socket a query arrived on. With one
 // view (Views nil) none of this exists and the daemon runs as before.
 //
-// One resolver per view rather than a view argument through resolve:
-// resolve.PolicyFunc and FetchFunc stay per name, and the hit path is the
-// same code with one more byte in the key. Each view's resolver admits up
+// One resolver per view rather than a view argument through resolve: its
+// BlockFunc looks a name up in its own view's table, and the hit path is
+// the same code with one more byte in the key. Each view's resolver admits up
 // to -max-inflight distinct questions; the groups bound what reaches an
 // upstream.
 
@@ -42,10 +44,9 @@ type viewSet struct {
 	tables []*viewTable // by view index
 }
 
-// viewTable is one view's block table and what it is compiled from, so
-// that a change of the shared routes recompiles it (apply).
+// viewTable is what one view's block table is compiled from (publish
+// compiles it anew with every reload).
 type viewTable struct {
-	v  atomic.Pointer[blocks.View]
 	sp sharedPolicy
 	c  *blocks.Chains
 	vr *blocks.Routes
@@ -57,9 +58,10 @@ type viewTable struct {
 }
 
 // newViews builds a resolver per view of cc over the listen sockets
-// listen (the running ones, cfg.Sockets). It changes nothing of d but creating groups,
-// which the caller owns (closed on error here).
-func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.AddrPort) (vs *viewSet, err error) {
+// listen (the running ones, cfg.Sockets), with the blocks' answer-side
+// chains (answerChains of cc's blocks). It changes nothing of d but
+// creating groups, which the caller owns (closed on error here).
+func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen []netip.AddrPort, chains map[*corefile.Server]*answer.Chain) (vs *viewSet, err error) {
 	vs = &viewSet{cc: cc}
 	if cc == nil || cc.Views == nil {
 		return vs, nil
@@ -93,7 +95,7 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 		vs.addr[i] = uint8(vi)
 	}
 	for vi, v := range cc.Views {
-		pol, err := resolve.Zones(d.policyDefault, corefileZones(cfg, v.ZonePolicies)...)
+		pol, err := resolve.Zones(d.policyDefault, corefileZones(v.ZonePolicies)...)
 		if err != nil {
 			return nil, err
 		}
@@ -109,44 +111,33 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 			vs.groups = append(vs.groups, g)
 			vr.Groups[zr.Zone] = g
 		}
-		t := &viewTable{sp: sharedPolicy{pol: pol, zones: zonePolicyZones(v.ZonePolicies),
-			answers: d.blockAnswers(cc.Servers, func(z string) int {
+		t := &viewTable{sp: sharedPolicy{pol: pol.Policies(), zones: zonePolicyZones(v.ZonePolicies),
+			answers: blockAnswers(cc.Servers, chains, func(z string) int {
 				if p, ok := v.Pick[z]; ok {
 					return p
 				}
 				return -1
-			}, d.tracers(cc.Servers))}, vr: vr}
+			})}, vr: vr}
 		for _, z := range d.metricZones {
 			if !slices.ContainsFunc(v.Blocks, func(b int) bool { return slices.Contains(cc.Servers[b].Zones, z) }) {
 				z = ""
 			}
 			t.metrics = append(t.metrics, z)
 		}
-		next := d.forwardIn(t.v.Load) // the end of the view's chains
-		if t.c, err = d.buildChains(cc, v.Pick, next, t.v.Load); err != nil {
+		// The end of the view's chains; the view's table for the
+		// directives' own lookups.
+		if t.c, err = d.buildChains(cc, v.Pick, d.forwardIn(vi), d.tableIn(vi)); err != nil {
 			return nil, err
 		}
 		vs.groups = append(vs.groups, t.c.Groups()...)
 		if vi == 0 {
 			vs.chain0 = t.c
 		}
-		view, err := d.compileView(t.sp, t.c, t.vr, t.metrics)
-		if err != nil {
-			return nil, err
+		if _, err := d.compileView(vi, t.sp, t.c, t.vr, t.metrics, d.routes); err != nil {
+			return nil, err // refused here, before the views are in use
 		}
-		t.v.Store(view)
 		vs.tables = append(vs.tables, t)
-		res, err := resolve.New(resolve.Config{
-			Cache:        d.Cache,
-			Fetch:        d.fetchIn(t.v.Load),
-			Start:        d.startIn(t.v.Load),
-			Policy:       func(name []byte) *resolve.Policy { return t.v.Load().Policy(name) },
-			Clock:        d.clock,
-			FetchTimeout: cfg.ForwardTimeout,
-			UDPSize:      uint16(cfg.MaxUDPSize),
-			MaxFlights:   cfg.MaxInflight,
-			Logger:       d.log.With("component", "cache"),
-		})
+		res, err := d.newResolver(vi)
 		if err != nil {
 			return nil, err
 		}
@@ -155,12 +146,20 @@ func (d *State) newViews(cfg *config.Config, cc *config.CorefileConfig, listen [
 	return vs, nil
 }
 
-// useViews makes the server answer by vs (before Start or live) and
-// returns the view set it replaces.
+// useViews makes the server answer by vs's resolvers (before Start or
+// live; their blocks are the snapshot's: publish first) and returns the
+// view set it replaces. The server's resolvers and the snapshot are two
+// stores: a query at the swap of the views may be answered by the new
+// blocks through the old view's resolver (whose cache entries the change
+// drops anyway: apply drops every zone).
 func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 	res, addr := vs.res, vs.addr
 	if res == nil {
 		res, addr = []*resolve.Resolver{d.res0}, nil
+	}
+	res, addr, err := d.withNodeView(res, addr) // -node-listen: node.go
+	if err != nil {
+		return nil, err
 	}
 	if err := d.Server.SetViews(res, addr); err != nil {
 		return nil, err
@@ -177,11 +176,11 @@ func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 // retired and the whole cache dropped by apply: the view indexes changed
 // meaning, and CoreDNS too starts with new caches on reload). A change of
 // the listen addresses needs a restart: refused.
-func (d *State) prepareViews(n *config.Config) (*viewSet, error) {
+func (d *State) prepareViews(n *config.Config, chains map[*corefile.Server]*answer.Chain) (*viewSet, error) {
 	if !slices.Equal(n.Sockets(), d.cfg.Sockets()) {
 		return nil, fmt.Errorf("the listen addresses change too (%v to %v): restart to apply", d.cfg.Sockets(), n.Sockets())
 	}
-	return d.newViews(n, n.DropIn.Corefile, d.cfg.Sockets())
+	return d.newViews(n, n.DropIn.Corefile, d.cfg.Sockets(), chains)
 }
 
 // viewsChanged reports whether a reloaded Corefile sees other views than

@@ -17,7 +17,7 @@ func rcodeStep(name string, from, to uint16, stop bool) Step {
 	return Step{Kind: Rcode, Stop: stop, From: from, To: to, Match: func(q string) bool { return q == name }}
 }
 
-func answer(t testing.TB, q string, rcode int, recs ...string) []byte {
+func packAnswer(t testing.TB, q string, rcode int, recs ...string) []byte {
 	t.Helper()
 	m := new(dns.Msg)
 	m.SetQuestion(q, dns.TypeA)
@@ -43,7 +43,7 @@ func TestNilWithoutAnswerRules(t *testing.T) {
 		t.Fatal("rules without ttl or rcode are not nil")
 	}
 	var r *Rules
-	b := answer(t, "a.test.", 0, "a.test. 300 IN A 10.0.0.1")
+	b := packAnswer(t, "a.test.", 0, "a.test. 300 IN A 10.0.0.1")
 	if got := r.Apply(b); !bytes.Equal(got, b) {
 		t.Fatal("nil rules changed the answer")
 	}
@@ -66,7 +66,7 @@ func TestWireAndMessageAgree(t *testing.T) {
 		for range rng.IntN(4) {
 			recs = append(recs, q+" "+[]string{"0", "5", "50", "500", "4000000000"}[rng.IntN(5)]+" IN A 10.0.0.1")
 		}
-		b := answer(t, q, rng.IntN(6), recs...)
+		b := packAnswer(t, q, rng.IntN(6), recs...)
 		var buf [maxActs]*Step
 		acts := rules.match(b, buf[:0])
 		slow := applyMsg(bytes.Clone(b), acts)
@@ -91,7 +91,7 @@ func TestWireAndMessageAgree(t *testing.T) {
 // unchanged or rewritten within their bounds, never a panic.
 func TestHostileAnswers(t *testing.T) {
 	rules := New([]Step{ttlStep("a.test.", 1, 2, false), rcodeStep("a.test.", 0, 16, true)})
-	b := answer(t, "a.test.", 0, "a.test. 300 IN A 10.0.0.1", "a.test. 300 IN A 10.0.0.2")
+	b := packAnswer(t, "a.test.", 0, "a.test. 300 IN A 10.0.0.1", "a.test. 300 IN A 10.0.0.2")
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := 0; i < 20000; i++ {
 		c := bytes.Clone(b)
@@ -109,7 +109,7 @@ func TestHostileAnswers(t *testing.T) {
 
 func TestApplyAllocations(t *testing.T) {
 	rules := New([]Step{ttlStep("a.test.", 30, 30, true)})
-	b := answer(t, "a.test.", 0, "a.test. 300 IN A 10.0.0.1")
+	b := packAnswer(t, "a.test.", 0, "a.test. 300 IN A 10.0.0.1")
 	if n := testing.AllocsPerRun(100, func() { rules.Apply(b) }); n > 1 {
 		t.Fatalf("%v allocations per answer, want at most 1 (the name as text)", n)
 	}
@@ -121,7 +121,7 @@ func TestApplyAllocations(t *testing.T) {
 
 func BenchmarkApply(b *testing.B) {
 	rules := New([]Step{ttlStep("a.test.", 30, 30, true)})
-	ans := answer(b, "a.test.", 0, "a.test. 300 IN A 10.0.0.1", "a.test. 300 IN A 10.0.0.2")
+	ans := packAnswer(b, "a.test.", 0, "a.test. 300 IN A 10.0.0.1", "a.test. 300 IN A 10.0.0.2")
 	b.ReportAllocs()
 	for b.Loop() {
 		rules.Apply(ans)

@@ -6,24 +6,21 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/rwanswer"
 )
 
 // rewriteTTL is a block's `rewrite ttl NAME TTL` as the server gets it.
-func rewriteTTL(name string, ttl uint32) func(*Config) {
+func rewriteTTL(name string, ttl uint32) *chained {
 	rules := rwanswer.New([]rwanswer.Step{{Kind: rwanswer.TTL, Stop: true, Min: ttl, Max: ttl, Match: func(q string) bool { return q == name }}})
-	return func(c *Config) {
-		c.BlockAnswers = func(*resolve.Policy) Answers { return Answers{Rewrite: rules} }
-	}
+	return newChained([]string{"rewrite"}, rules)
 }
 
 // TestRewriteOnEveryAnswer: a block's rewrite ttl rule is applied to the
 // miss and to the hits after it, over UDP and TCP, and the cache keeps
 // the upstream's TTL (a name the rule does not match gets it).
 func TestRewriteOnEveryAnswer(t *testing.T) {
-	s, z := startServer(t, rewriteTTL("a.example.", 7))
-	s.SetBlockActs(BlockActs{Rewrite: true})
+	rw := rewriteTTL("a.example.", 7)
+	s, z := startServer(t, nil, rw.rmut)
 	for _, c := range []struct {
 		name, net string
 		want      uint32
@@ -49,8 +46,8 @@ func TestRewriteOnEveryAnswer(t *testing.T) {
 	if n := z.n.Load(); n != 2 {
 		t.Errorf("%d upstream queries, want 2 (the rest are hits)", n)
 	}
-	// Off: the rule's block is not asked.
-	s.SetBlockActs(BlockActs{})
+	// Off: a block without the rule does not rewrite.
+	rw.off.Store(true)
 	m := new(dns.Msg)
 	m.SetQuestion("a.example.", dns.TypeA)
 	r, err := dns.Exchange(m, s.Addr().String())
@@ -62,8 +59,5 @@ func TestRewriteOnEveryAnswer(t *testing.T) {
 // BenchmarkUDPHitRewriteTTL is BenchmarkUDPHit with a block's rewrite ttl
 // rule matching every answer: compare the two within one run.
 func BenchmarkUDPHitRewriteTTL(b *testing.B) {
-	benchmarkUDPHit(b, func(c *Config) {
-		rewriteTTL("bench.example.", 30)(c)
-		c.UDPSockets = 1
-	}, func(s *Server) { s.SetBlockActs(BlockActs{Rewrite: true}) })
+	benchmarkUDPHit(b, func(c *Config) { c.UDPSockets = 1 }, rewriteTTL("bench.example.", 30).rmut)
 }

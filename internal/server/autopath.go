@@ -6,6 +6,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -48,13 +49,13 @@ func (s *Server) answerAutopath(m *missReq) bool {
 		return false
 	}
 	src := m.client().Addr()
-	ctx := context.WithValue(context.Background(), viewKey{}, candidateView{s.resolver(m.q.View), m.q.View})
+	ctx := context.WithValue(context.Background(), viewKey{}, candidateView{m.res, m.q.View})
 	if m.q.From.IsValid() {
 		ctx = resolve.WithAsker(ctx, m.q.From) // for the candidates' fetches
 	}
 	ans, err := s.cfg.Autopath.Answer(ctx, src, qm.Question[0].Name, m.q.Type)
 	if err != nil {
-		m.source = fromAutopath
+		m.source = answer.FromAutopath
 		s.stats.Dropped.Add(1)
 		return true
 	}
@@ -84,7 +85,7 @@ func (s *Server) answerAutopath(m *missReq) bool {
 		return false
 	}
 	m.out = append(m.out, packed...)
-	m.source = fromAutopath
+	m.source = answer.FromAutopath
 	s.stats.countRcode(ans.Rcode)
 	return true
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/autopath"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -24,7 +25,7 @@ func (w wireCheck) Answer(ctx context.Context, src netip.Addr, qname string, qty
 
 type noPods struct{}
 
-func (noPods) Lookup(netip.Addr) (*podwatch.Pod, podwatch.State) { return nil, podwatch.Synced }
+func (noPods) Lookup(netip.Addr) (*podwatch.Pod, podwatch.State) { return nil, kubewatch.Synced }
 
 // BenchmarkAnswerLocalHit is the hot path of one cached query without the
 // socket: with autopath off (one nil check more than before autopath), and

@@ -114,7 +114,7 @@ func BenchmarkCoreDNSCount(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		k := s.cdKey(0, 0, q.Name, false)
+		k := s.cdKey(0, s.resolver(0).Block(q.Name).Metric, false)
 		cd.request(k, &q, len(raw))
 		cd.cache(k, cdHitSuccess)
 		cd.response(k, 0, true, 120, -1)
@@ -138,14 +138,8 @@ func countByBlocks(tb testing.TB, zones []CDZone) func(*Config) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	res := newResolver(tb, (&zoneForward{}).forward, func(c *resolve.Config) { c.Policy = v.Policy })
+	res := newResolver(tb, (&zoneForward{}).forward, func(c *resolve.Config) { c.Blocks = v.Block })
 	return func(c *Config) {
 		c.Resolver, c.CoreDNSZones = res, zones
-		c.CoreDNSZone = func(p *resolve.Policy) int {
-			if b := blocks.Of(p); b != nil {
-				return b.Metric
-			}
-			return -1
-		}
 	}
 }

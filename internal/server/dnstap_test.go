@@ -53,7 +53,7 @@ func startTapSink(t testing.TB, keep bool) (*dnstap.Tap, *tapSink) {
 			}()
 		}
 	}()
-	tap := dnstap.New(dnstap.Config{Network: "unix", Address: path, Full: true, Identity: "n", Version: "v"}, nil)
+	tap := dnstap.New(dnstap.Config{Network: "unix", Address: path, Full: true, Identity: "n", Version: "v"}, nil, nil)
 	t.Cleanup(func() { tap.Close(); ln.Close() })
 	return tap, k
 }
@@ -65,10 +65,8 @@ func (k *tapSink) frames() []dnstap.Decoded {
 }
 
 // tapped makes every name's block tap to tap.
-func tapped(tap *dnstap.Tap) func(*Config) {
-	return func(c *Config) {
-		c.BlockAnswers = func(*resolve.Policy) Answers { return Answers{Taps: []*dnstap.Tap{tap}} }
-	}
+func tapped(tap *dnstap.Tap) func(*resolve.Config) {
+	return newChained([]string{"dnstap"}, &dnstap.Handler{Taps: []*dnstap.Tap{tap}}).rmut
 }
 
 // TestTapClientMessages: a miss and a hit, over UDP and TCP, each give
@@ -77,8 +75,7 @@ func tapped(tap *dnstap.Tap) func(*Config) {
 // tapped.
 func TestTapClientMessages(t *testing.T) {
 	tap, sink := startTapSink(t, true)
-	s, _ := startServer(t, tapped(tap))
-	s.SetBlockActs(BlockActs{Tap: true})
+	s, _ := startServer(t, nil, tapped(tap))
 	type asked struct {
 		port uint16
 		tcp  bool
@@ -163,7 +160,5 @@ func TestTapClientMessages(t *testing.T) {
 // BenchmarkUDPHit within one run.
 func BenchmarkUDPHitTapped(b *testing.B) {
 	tap, _ := startTapSink(b, false)
-	benchmarkUDPHit(b, func(c *Config) {
-		tapped(tap)(c)
-	}, func(s *Server) { s.SetBlockActs(BlockActs{Tap: true}) })
+	benchmarkUDPHit(b, nil, tapped(tap))
 }

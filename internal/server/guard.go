@@ -12,21 +12,19 @@ import (
 // shape and the stack, never its name), answers SERVFAIL and goes on:
 //
 //   - a query answered from what is at hand (answerGuarded: the cache, the
-//     errors, the block's rewrite and loadbalance), on UDP and TCP;
-//   - a miss (miss.go): starting it, writing the answer the Resolver gave,
-//     and the block's rewrite and loadbalance, query log, trace and dnstap
-//     before it is delivered;
-//   - what escapes those (the query log, a trace or dnstap of a hit): the
-//     UDP receive loop starts again (the rest of its batch is lost and
-//     retried by the clients), a TCP connection is closed.
+//     errors, a handler's answer, and the one sequence after it: the
+//     block's handlers, the counters, the query log), on UDP and TCP;
+//   - a miss (miss.go, chain.go): starting it, writing the answer the
+//     Resolver gave, and the sequence before it is delivered;
+//   - what escapes those: the UDP receive loop starts again (the rest of
+//     its batch is lost and retried by the clients), a TCP connection is
+//     closed.
 //
 // The hit path pays one deferred call per query, which does nothing unless
-// a panic is on its way (BenchmarkAnswerLocalHit/guarded).
+// a panic is on its way (BenchmarkAnswerGuardedHit).
 
-// answerGuarded is answerLocal followed, for an answer, by the block's
-// rewrite and loadbalance (answerSide) at its start, len(out). A panic in
-// either is recovered: the query is answered SERVFAIL, replacing whatever
-// was appended for it.
+// answerGuarded is answerLocal, with a panic recovered: the query is
+// answered SERVFAIL, replacing whatever was appended for it.
 func (s *Server) answerGuarded(r *request, out []byte) (res []byte, v verdict) {
 	start := len(out)
 	defer func() {
@@ -34,13 +32,7 @@ func (s *Server) answerGuarded(r *request, out []byte) (res []byte, v verdict) {
 			res, v = s.recoveredAnswer(r, p, out[:start]), answered
 		}
 	}()
-	res, v = s.answerLocal(r, out)
-	if v == answered && r.acts&(actShuffle|actRewrite) != 0 {
-		if a := s.answersOf(r); a.Shuffle || a.Rewrite != nil {
-			res = s.answerSide(a, res, start)
-		}
-	}
-	return res, v
+	return s.answerLocal(r, out)
 }
 
 // recoveredAnswer reports the panic p met while answering r and appends
@@ -53,7 +45,7 @@ func (s *Server) recoveredAnswer(r *request, p any, out []byte) []byte {
 	panics.Recovered(where, p, r.raw)
 	// The SERVFAIL goes undecorated: what the block does may be what
 	// panicked, and would again in its query log, trace or dnstap.
-	r.blk, r.blkOK = Answers{}, true
+	r.blk = nil
 	n := len(out)
 	out = appendServfail(out, r.raw, s.cfg.MaxUDPSize)
 	if len(out) > n {

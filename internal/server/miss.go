@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
@@ -24,23 +25,31 @@ type missReq struct {
 	out []byte // the answer; over TCP it starts with the 2-byte length
 	t0  time.Time
 	tcp bool
-	// source says where the answer came from, for the query log.
-	source string
+	// source says where the answer came from.
+	source answer.Source
+	// res is the resolver of the query's view and blk its block, as the
+	// query found them when it arrived (request); a is what blk.Answer's
+	// handlers see.
+	res *resolve.Resolver
+	blk *resolve.Block
+	a   answer.Request
 	// UDP: the socket and the client's raw sockaddr.
 	l    *udpListener
 	name [unix.SizeofSockaddrAny]byte
 	nlen uint32
 	// The wildcard socket's: the control message the answer is sent with
-	// (clen 0: none) and the address the query was sent to.
-	ctl   [pktinfoLen]byte
-	clen  uint32
-	local netip.Addr
+	// (clen 0: none).
+	ctl  [pktinfoLen]byte
+	clen uint32
 	// TCP: the connection.
 	tc *tcpConn
 	// cdk: the query's CoreDNS-named counters (stats.go); cdSelf: the
 	// answer is our SERVFAIL, not the block's.
 	cdk    cdKey
 	cdSelf bool
+	// undecorated: the answer is a SERVFAIL after a recovered panic, which
+	// the block's handlers do not see (guard.go).
+	undecorated bool
 	// srv: the server, for Resolved; async: the answer is sent from the
 	// goroutine that read it from the upstream (Resolved), which must
 	// not yield before it sends (reply).
@@ -55,7 +64,7 @@ var missPool = sync.Pool{New: func() any {
 // putMiss returns m to the pool unless it grew past a UDP answer.
 func putMiss(m *missReq) {
 	if cap(m.out) <= udpOutSize && cap(m.raw) <= udpBufSize {
-		m.l, m.tc, m.srv = nil, nil, nil
+		m.l, m.tc, m.srv, m.res, m.blk, m.a = nil, nil, nil, nil, nil, answer.Request{}
 		missPool.Put(m)
 	}
 }
@@ -67,17 +76,27 @@ func (m *missReq) client() netip.AddrPort {
 	return sockaddrAddrPort(m.name[:m.nlen])
 }
 
-// newMiss copies a query for the miss path; the caller sets the
-// destination (l and name, or tc).
-func newMiss(raw []byte, tcp bool, t0 time.Time) *missReq {
+// newMiss copies r, a query that missed, for the miss path (its query,
+// its block, what its handlers see); the caller sets the destination (l
+// and name, or tc). The copy is not parsed again: its slices are moved
+// onto the copied bytes (wire.Query.Rebase).
+func newMiss(r *request) *missReq {
 	m := missPool.Get().(*missReq)
-	m.raw = append(m.raw[:0], raw...)
-	// Re-parse on the copy so the query's slices point into m.raw.
-	_ = wire.ParseQuery(m.raw, &m.q)
-	m.tcp, m.t0 = tcp, t0
-	m.cdk, m.cdSelf, m.async = cdKey{zone: -1}, false, false
+	m.raw = append(m.raw[:0], r.raw...)
+	m.q = r.q
+	m.q.Rebase(m.raw)
+	m.tcp, m.t0 = r.tcp, r.t
+	m.res, m.blk = r.res, r.blk
+	m.cdk, m.cdSelf, m.async, m.undecorated = r.k, false, false, false
+	if r.cd.c == nil {
+		m.cdk = cdKey{zone: -1}
+	}
+	if r.blk != nil && r.blk.Answer != nil {
+		m.a = r.a
+		m.a.Q, m.a.Raw = &m.q, m.raw
+	}
 	m.out = m.out[:0]
-	if tcp {
+	if r.tcp {
 		m.out = append(m.out, 0, 0)
 	}
 	return m
@@ -115,15 +134,13 @@ func (s *Server) startMiss(m *missReq) (ready bool) {
 		// flight bounds are per client.
 		m.q.From = m.client().Addr()
 	}
-	if acts := s.acts.Load(); acts&actTap != 0 {
+	if len(m.blk.Answer.Forwarders()) > 0 {
 		// The client's port goes with the question to its upstream fetch
 		// (dnstap's FORWARDER_* name the first asker, as CoreDNS's do).
-		client := m.client()
-		m.q.FromPort = client.Port()
-		s.tapQuery(s.answersFor(acts, &m.q).Taps, &m.q, client, m.tcp, m.raw, m.t0)
+		m.q.FromPort = m.client().Port()
 	}
 	if !s.admit(m.q.From) {
-		m.source = fromOverload
+		m.source = answer.FromOverload
 		m.out = s.shed(m)
 		handed = true
 		s.finishMiss(m)
@@ -134,7 +151,7 @@ func (s *Server) startMiss(m *missReq) (ready bool) {
 		m.srv, m.async = s, true
 		s.missWG.Add(1)
 		handed = true // Start may call Resolved before it returns
-		e, how, err := s.resolver(m.q.View).Start(&m.q, m)
+		e, how, err := m.res.Start(&m.q, m.blk, m)
 		switch how {
 		case resolve.Later:
 			return false // m is Resolved's
@@ -204,7 +221,8 @@ func (s *Server) resolveGuarded(m *missReq) {
 }
 
 // recoveredMiss makes m's answer SERVFAIL after a panic, replacing
-// whatever was appended for it, and returns m.
+// whatever was appended for it, and returns m. The SERVFAIL goes
+// undecorated: what the block does may be what panicked.
 func (s *Server) recoveredMiss(m *missReq) *missReq {
 	m.out = m.out[:0]
 	if m.tcp {
@@ -216,7 +234,7 @@ func (s *Server) recoveredMiss(m *missReq) *missReq {
 		m.cdSelf = true
 		s.stats.countRcode(wire.RcodeServFail)
 	}
-	m.source = fromUpstream
+	m.source, m.undecorated = answer.FromUpstream, true
 	return m
 }
 
@@ -240,79 +258,9 @@ func (m *missReq) Resolved(e *cache.Entry, err error) {
 	s.missWG.Done()
 }
 
-// finishMiss logs the query and hands the answer to its transport, which
-// returns m to the pool.
-func (s *Server) finishMiss(m *missReq) {
-	s.decorate(m)
-	if m.tcp {
-		s.deliverTCP(m)
-	} else {
-		m.l.reply(m)
-	}
-}
-
-// decorate applies what the block does to every answer (rewrite,
-// loadbalance, query log, trace, dnstap) to m's answer and counts it. A
-// panic on the way answers m SERVFAIL, undecorated.
-func (s *Server) decorate(m *missReq) {
-	defer func() {
-		if p := recover(); p != nil {
-			panics.Recovered(panics.Miss, p, m.raw)
-			s.recoveredMiss(m)
-		}
-	}()
-	acts := s.acts.Load()
-	a := s.answersFor(acts, &m.q)
-	if a.Shuffle || a.Rewrite != nil {
-		start := 0
-		if m.tcp {
-			start = 2
-		}
-		m.out = s.answerSide(a, m.out, start)
-	}
-	if s.cd != nil && m.cdk.zone >= 0 {
-		resp := m.out
-		if m.tcp {
-			resp = resp[2:]
-		}
-		if m.source == fromStale {
-			s.cd.cache(m.cdk, cdServedStale)
-		}
-		if len(resp) > 3 {
-			s.cd.response(m.cdk, int(resp[3]&0xF), !m.cdSelf, len(resp), s.cfg.Clock.Now().Sub(m.t0).Nanoseconds())
-		}
-	}
-	if s.logOn(acts) {
-		resp := m.out
-		local := netip.Addr{}
-		if m.tcp {
-			resp = resp[2:]
-			local = localAddr(m.tc.c)
-		} else {
-			local = m.l.local.Addr()
-			if m.clen > 0 {
-				local = m.local
-			}
-		}
-		s.logQuery(a.Log, m.client(), local, m.tcp, &m.q, m.raw, resp, m.source, m.t0)
-	}
-	if a.Trace != nil || len(a.Taps) > 0 {
-		resp := m.out
-		if m.tcp {
-			resp = resp[2:]
-		}
-		if a.Trace != nil {
-			s.traced(a.Trace, m.client().Addr(), m.tcp, &m.q, resp, m.source == fromUpstream, m.t0)
-		}
-		if len(a.Taps) > 0 {
-			s.tapResponse(a.Taps, &m.q, m.client(), m.tcp, resp, m.t0)
-		}
-	}
-}
-
 // resolve asks the Resolver and appends the answer to m.out.
 func (s *Server) resolve(m *missReq) []byte {
-	e, stale, err := s.resolver(m.q.View).Resolve(context.Background(), &m.q)
+	e, stale, err := m.res.Resolve(context.Background(), &m.q, m.blk)
 	return s.written(m, e, stale, err)
 }
 
@@ -327,9 +275,9 @@ func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) (out
 	}()
 	switch {
 	case err != nil:
-		m.source = fromUpstream
+		m.source = answer.FromUpstream
 		if errors.Is(err, resolve.ErrOverloaded) {
-			m.source = fromOverload
+			m.source = answer.FromOverload
 		}
 		if rc := wire.RcodeError(0); errors.As(err, &rc) {
 			m.cdSelf = true
@@ -338,10 +286,10 @@ func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) (out
 		}
 		return s.servfail(m)
 	case stale:
-		m.source = fromStale
+		m.source = answer.FromStale
 		return s.writeStale(m, e)
 	}
-	m.source = fromUpstream
+	m.source = answer.FromUpstream
 	s.stats.countRcode(e.Rcode())
 	return e.Write(m.out, &m.q, s.cfg.Clock.Now().UnixNano(), s.maxSize(&m.q, m.tcp), s.cfg.MaxUDPSize)
 }
@@ -349,8 +297,8 @@ func (s *Server) written(m *missReq, e *cache.Entry, stale bool, err error) (out
 // shed answers a miss that was not admitted: with the stale answer if
 // there is one, else SERVFAIL, never cached.
 func (s *Server) shed(m *missReq) []byte {
-	if e := s.resolver(m.q.View).Shed(&m.q, s.cfg.Clock.Now().UnixNano()); e != nil {
-		m.source = fromStale
+	if e := m.res.Shed(&m.q, s.cfg.Clock.Now().UnixNano()); e != nil {
+		m.source = answer.FromStale
 		return s.writeStale(m, e)
 	}
 	return s.servfail(m)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
@@ -25,15 +26,14 @@ import (
 // under it have a policy of their own, which the injected parts recognise.
 const panicZone = "boom.example."
 
-// panicking is a server whose block (BlockAnswers: rewrite and loadbalance,
-// asked after a hit and before a miss's answer is delivered) and upstream
-// (Fetch) panic for names under panicZone while armed, and answer as
-// usual otherwise. Nothing else is changed: real sockets, the real
-// resolver and cache.
+// panicking is a server whose block (an answer-side handler, run after a
+// hit and before a miss's answer is delivered) and upstream (Fetch) panic
+// for names under panicZone while armed, and answer as usual otherwise.
+// Nothing else is changed: real sockets, the real resolver and cache.
 type panicking struct {
 	s              *Server
 	z              *zoneForward
-	armBlock       atomic.Bool // BlockAnswers panics for panicZone
+	armBlock       atomic.Bool // the block's handler panics for panicZone
 	armFetch       atomic.Bool // the upstream fetch panics for panicZone
 	fetches        atomic.Int64
 	releaseFetches atomic.Pointer[chan struct{}] // closed: a fetch of panicZone goes on
@@ -66,24 +66,18 @@ func startPanicking(t *testing.T) *panicking {
 	panics.SetLogger(slog.New(slog.NewTextHandler(p.logs, nil)))
 	panics.ForgetLogged()
 	t.Cleanup(func() { panics.SetLogger(nil) })
-	def := &resolve.Policy{TTL: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute}}
-	boomPol := &resolve.Policy{TTL: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute}}
+	pol := resolve.Policy{TTL: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute}}
+	def := &resolve.Block{Policy: pol, Metric: -1, Answer: answer.NewChain([]string{"loadbalance"}, []answer.Handler{panicHandler{}})}
+	boom := &resolve.Block{Zone: panicZone, Policy: pol, Metric: -1, Answer: answer.NewChain([]string{"loadbalance"}, []answer.Handler{panicHandler{&p.armBlock}})}
 	zone, _ := wire.AppendNameWire(nil, panicZone)
-	policy := func(name []byte) *resolve.Policy {
+	blocks := func(name []byte) *resolve.Block {
 		if wire.InZone(name, zone) {
-			return boomPol
+			return boom
 		}
 		return def
 	}
-	p.s, p.z = startServer(t, func(c *Config) {
-		c.BlockAnswers = func(pol *resolve.Policy) Answers {
-			if pol == boomPol && p.armBlock.Load() {
-				panic("test: a panic injected in what the block does to an answer")
-			}
-			return Answers{Shuffle: true}
-		}
-	}, func(c *resolve.Config) {
-		c.Policy = policy
+	p.s, p.z = startServer(t, nil, func(c *resolve.Config) {
+		c.Blocks = blocks
 		fwd := c.Fetch
 		c.Fetch = func(ctx context.Context, name string, q []byte) ([]byte, error) {
 			if strings.HasSuffix(name, panicZone) {
@@ -96,8 +90,22 @@ func startPanicking(t *testing.T) *panicking {
 			return fwd(ctx, name, q)
 		}
 	})
-	p.s.SetBlockActs(BlockActs{Shuffle: true})
 	return p
+}
+
+// panicHandler is a block's answer-side handler that panics on every
+// answer while armed (nil: never).
+type panicHandler struct{ armed *atomic.Bool }
+
+func (panicHandler) Query(_ *answer.Request, out []byte) ([]byte, answer.Verdict) {
+	return out, answer.Pass
+}
+
+func (h panicHandler) Answer(_ *answer.Request, out []byte, _ int) []byte {
+	if h.armed != nil && h.armed.Load() {
+		panic("test: a panic injected in what the block does to an answer")
+	}
+	return out
 }
 
 // askUDP sends queries for names over one UDP socket, back to back (one

@@ -8,45 +8,22 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
-// Where an answer came from, for the query log.
-const (
-	fromCache    = "hit"      // a cache entry
-	fromUpstream = "miss"     // resolved upstream (or SERVFAIL) after a miss
-	fromStale    = "stale"    // a stale entry (RFC 8767) after a miss
-	fromServer   = "local"    // an error or the health name, answered by the server itself
-	fromOverload = "overload" // not admitted (flight bound, waiters per question, waiting clients)
-	fromAutopath = "autopath" // answered (or dropped) by autopath (autopath.go)
-)
-
-// logOn reports whether answered queries are logged (-querylog, or the
-// Corefile's log of some block: acts as loaded by the caller): the serving
-// path calls logQuery only then.
-func (s *Server) logOn(acts uint32) bool { return s.cfg.QueryLog != nil || acts&actLog != 0 }
-
-// logQuery writes the query log lines of one answered query: -querylog's
-// and the Corefile's log of its block (blog, nil: none; dnslog). local is
-// the address it arrived on, query the query as received. It is only
-// called when logOn: the serving path pays a nil check and a load
-// otherwise.
-func (s *Server) logQuery(blog *dnslog.Log, client netip.AddrPort, local netip.Addr, tcp bool, q *wire.Query, query []byte, resp []byte, source string, start time.Time) {
-	if blog != nil && !(source == fromCache && wire.EqualNameFold(q.Name, healthName)) {
-		blog.Log(&dnslog.Entry{Remote: client, Local: local, TCP: tcp, Q: q, Query: query, Resp: resp, Duration: s.cfg.Clock.Now().Sub(start)})
-	}
-	if s.cfg.QueryLog == nil {
-		return
-	}
+// logQuery writes -querylog's line of one answered query (when
+// Config.QueryLog is set: the serving path pays a nil check otherwise).
+// source says where its answer came from.
+func (s *Server) logQuery(client netip.AddrPort, tcp bool, q *wire.Query, resp []byte, source answer.Source, start time.Time) {
 	proto := "udp"
 	if tcp {
 		proto = "tcp"
 	}
 	rcode := wire.Rcode(resp)
-	if source == fromCache && (rcode != wire.RcodeSuccess && rcode != wire.RcodeNXDomain && rcode != wire.RcodeServFail ||
+	if source == answer.FromCache && (rcode != wire.RcodeSuccess && rcode != wire.RcodeNXDomain && rcode != wire.RcodeServFail ||
 		wire.EqualNameFold(q.Name, healthName)) {
-		source = fromServer
+		source = answer.FromServer
 	}
 	name := ""
 	if len(q.Name) > 0 {
@@ -59,7 +36,7 @@ func (s *Server) logQuery(blog *dnslog.Log, client netip.AddrPort, local netip.A
 		slog.String("type", typeString(q.Type)),
 		slog.String("rcode", RcodeLabel(rcode)),
 		slog.Duration("duration", s.cfg.Clock.Now().Sub(start)),
-		slog.String("cache", source))
+		slog.String("cache", source.String()))
 }
 
 var typeNames = map[uint16]string{

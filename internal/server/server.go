@@ -4,11 +4,16 @@
 // they complete, admission (a bound on concurrent misses and on TCP
 // connections), EDNS, and truncation to the client's payload size.
 //
-// It knows nothing about upstreams or cache policy: a hit is the Resolver's
-// Hit, a miss its Start (one miss path for UDP and TCP, miss.go: no
+// It knows nothing about upstreams or cache policy: it looks a query's
+// block up once, right after parsing it (the Resolver's BlockFunc: a zone
+// table, a cost of the name's labels), and hands the block on; a hit is
+// the Resolver's Hit, a miss its Start (one miss path for UDP and TCP, miss.go: no
 // goroutine waits for it, the answer is written by whoever learns it) or,
 // for what Start leaves to a blocking path, its Resolve in a miss worker;
-// the server writes the entry it gets.
+// the server writes the entry it gets. Every answer, a hit's over UDP or
+// TCP or a miss's, then goes through its block's answer-side handlers
+// (answer.Chain: log, dnstap, trace, loadbalance, rewrite's ttl and rcode,
+// whoami) in one sequence (chain.go); the server imports none of them.
 //
 // Lifecycle (lifecycle.go): Files and Adopt hand the listening sockets to a
 // twin instance, so what is queued in them survives this server; Shutdown
@@ -31,10 +36,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
-	"github.com/nodelocaldns/nodelocaldns/internal/whoami"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
@@ -98,24 +103,11 @@ type Config struct {
 	// QueryLog, when set, gets one line per answered query (client, name,
 	// type, rcode, duration, cache hit, stale or miss); nil costs nothing.
 	QueryLog *slog.Logger
-	// BlockAnswers gives what the block serving a name does to every
-	// answer it sends, from the policy its view's Resolver serves the name
-	// by (as CoreDNSZone: the block the configuration's table holds for
-	// it; internal/running.BlockAnswers): its log, its loadbalance, its
-	// whoami (Answers). Asked only while SetBlockActs says some block
-	// does one of them (one atomic load per query otherwise). Required
-	// for SetBlockActs to turn anything on.
-	BlockAnswers func(*resolve.Policy) Answers
 	// CoreDNSZones are the Corefile zones whose queries count under
 	// CoreDNS's metric names (the blocks with a prometheus directive);
-	// nil counts none (stats.go).
+	// nil counts none (stats.go). A query counts under its block's
+	// (resolve.Block.Metric: an index here).
 	CoreDNSZones []CDZone
-	// CoreDNSZone gives the index in CoreDNSZones of the zone a query
-	// counts under from the policy its view's Resolver serves the name by
-	// (Resolver.Policy: the block the configuration's table holds for it,
-	// which decides; internal/running.CoreDNSZone); -1: none. Required
-	// with CoreDNSZones.
-	CoreDNSZone func(*resolve.Policy) int
 	// Autopath, when set, answers pods' search-path queries (autopath.go);
 	// nil costs one comparison per query.
 	Autopath Autopath
@@ -203,10 +195,6 @@ type Server struct {
 	// askers: record each query's client address in wire.Query.From
 	// (SetRecordAskers), for what a fetch needs it for.
 	askers atomic.Bool
-	// acts: whether some block of the tables serving now logs
-	// (actLog), shuffles (actShuffle) or answers whoami (actWhoami):
-	// SetBlockActs (answers.go).
-	acts atomic.Uint32
 }
 
 // SetRecordAskers turns on or off recording the client's address in each
@@ -254,9 +242,6 @@ func New(cfg Config) (*Server, error) {
 		tcpOut:    fair.New(MaxTCPAnswerBytes >> 10),
 	}
 	if len(cfg.CoreDNSZones) > 0 {
-		if cfg.CoreDNSZone == nil {
-			return nil, errors.New("server: CoreDNSZones without CoreDNSZone")
-		}
 		s.cdz = cdZones{zones: cfg.CoreDNSZones, n: len(cfg.CoreDNSZones) + 1}
 		s.cd = newCDCounters(len(cfg.Addrs), s.cdz.n, false)
 	}
@@ -280,13 +265,16 @@ const (
 )
 
 // request is one query answered from what is at hand (answerLocal): what
-// its transport sets once per receive loop or connection (tcp, st, cd)
-// and per query (raw, now, from). answerLocal parses raw into q and sets
-// k, which the miss path counts the answer in.
+// its transport sets once per receive loop or connection (tcp, st, cd,
+// and over TCP the client and local addresses) and per query (raw, t,
+// now, from, and over UDP the client's sockaddr). answerLocal parses raw
+// into q, finds its block once (blk, in the view's resolver res) and sets
+// k, which the rest of its answer's way counts it in.
 type request struct {
 	raw []byte
 	q   wire.Query
-	now int64
+	t   time.Time // when it arrived
+	now int64     // t in unix ns
 	// from is the client's address when askers are recorded
 	// (SetRecordAskers), else zero.
 	from netip.Addr
@@ -294,18 +282,32 @@ type request struct {
 	st   *Stats
 	cd   cdObserver
 	k    cdKey
-	// acts are Server.acts as the transport loaded them for this query
-	// (or its batch); blk, once blkOK, is what its block does (answersOf).
-	acts  uint32
-	blk   Answers
-	blkOK bool
-	// client is the client's address and port, set only when some block
-	// answers whoami (acts&actWhoami).
+	// res is the resolver of the query's view and blk its block (nil: no
+	// block: a malformed query, the health name), found once, right after
+	// parsing; depth is how many of blk.Answer's handlers let the query
+	// pass (answer.Chain.Query): theirs see its answer.
+	res   *resolve.Resolver
+	blk   *resolve.Block
+	depth int
+	// a is what blk.Answer's handlers see, filled only when it has some.
+	a answer.Request
+	// sa is a UDP client's raw sockaddr and local the address its query
+	// came to; over TCP client and local are the connection's.
+	sa     []byte
 	client netip.AddrPort
+	local  netip.Addr
 	// wild: the query came to a wildcard socket, whose address says
 	// nothing of its family; v6 is then the client's (CoreDNS's family
 	// label).
 	wild, v6 bool
+}
+
+// clientAddr is the client's address and port.
+func (r *request) clientAddr() netip.AddrPort {
+	if r.tcp {
+		return r.client
+	}
+	return sockaddrAddrPort(r.sa)
 }
 
 // cdObserver counts queries under CoreDNS's metric names as arriving on
@@ -317,31 +319,37 @@ type cdObserver struct {
 }
 
 // answerLocal appends to out the response to r when it can be given
-// without an upstream: a cache hit or an error. The transport's limit is
-// the client's advertised size over UDP, 65,535 over TCP.
+// without an upstream: a cache hit, a handler's answer or an error; then,
+// when answered, the one sequence every answer goes through (finish). The
+// transport's limit is the client's advertised size over UDP, 65,535 over
+// TCP.
 func (s *Server) answerLocal(r *request, out []byte) ([]byte, verdict) {
 	start := len(out)
 	out, v, how := s.answer(r, out)
 	if r.cd.c != nil {
 		s.observe(r, out[start:], v, how)
 	}
+	if v == answered {
+		out = s.finish(r, out, start, how == ansHit)
+	}
 	return out, v
 }
 
-// observe counts r under CoreDNS's names (resp is its answer when v is
-// answered) and sets r.k.
+// observe counts r under CoreDNS's names as it arrives (resp is its
+// answer when v is answered) and sets r.k, where finish counts its
+// answer.
 func (s *Server) observe(r *request, resp []byte, v verdict, how int) {
+	r.k = cdKey{zone: -1}
 	if how == ansHealth || how == ansBadVers || v == dropped {
 		// Health checks are the daemon's own probes; CoreDNS answers
 		// BADVERS before counting anything; drops are no queries.
 		return
 	}
-	var name []byte
-	if how != ansMalformed {
-		name = r.q.Name
+	metric := CDDroppedZone // a query without a block: malformed
+	if r.blk != nil {
+		metric = r.blk.Metric
 	}
-	cd := r.cd.c
-	r.k = s.cdKey(r.cd.srv, r.q.View, name, r.tcp)
+	r.k = s.cdKey(r.cd.srv, metric, r.tcp)
 	if r.wild {
 		r.k.fam = 0
 		if r.v6 {
@@ -351,6 +359,7 @@ func (s *Server) observe(r *request, resp []byte, v verdict, how int) {
 	if r.k.zone < 0 {
 		return
 	}
+	cd := r.cd.c
 	cd.request(r.k, &r.q, len(r.raw))
 	if how == ansHit {
 		switch {
@@ -362,28 +371,26 @@ func (s *Server) observe(r *request, resp []byte, v verdict, how int) {
 			cd.cache(r.k, cdHitDenial)
 		}
 	}
-	if v == answered {
-		dur := int64(-1)
-		if r.tcp {
-			dur = s.cfg.Clock.Now().UnixNano() - r.now
-		}
-		cd.response(r.k, int(resp[3]&0xF), how == ansHit, len(resp), dur)
-	}
 }
 
 // How answer answered.
 const (
 	ansHit       = iota // from the cache (or a miss)
-	ansLocal            // an error of our own: REFUSED zone transfers
+	ansLocal            // an error of our own (REFUSED zone transfers), or a handler's answer (whoami)
 	ansMalformed        // FORMERR, NOTIMP
 	ansBadVers
 	ansHealth
 	ansAutopath // handed to autopath, answered on the miss path
 )
 
+// answer answers r from what is at hand. Right after parsing it finds the
+// query's block, once: everything after (the block's handlers, the cache,
+// the CoreDNS metric zone, a miss, its flight and its fetch) reads it from
+// r.
 func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
 	raw, q, st, tcp, now := r.raw, &r.q, r.st, r.tcp, r.now
-	r.blkOK = false
+	r.blk, r.depth, r.res = nil, 0, nil
+	start := len(out)
 	err := wire.ParseQuery(raw, q)
 	q.From = r.from
 	st.countRequest(tcp)
@@ -403,11 +410,6 @@ func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
 		st.countRcode(rcode)
 		return out, answered, how
 	}
-	if q.Type == 251 || q.Type == 252 { // IXFR, AXFR: zone transfers are not a cache's job
-		out = wire.AppendError(out, raw, q, wire.RcodeRefused, s.cfg.MaxUDPSize)
-		st.countRcode(wire.RcodeRefused)
-		return out, answered, ansLocal
-	}
 	if isHealth(q.Name) {
 		// Answered here, never cached or forwarded, and not counted as a
 		// hit or a miss: health checks would skew the hit ratio.
@@ -416,14 +418,28 @@ func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
 		st.countRcode(wire.RcodeSuccess)
 		return out, answered, ansHealth
 	}
-	if r.acts&actWhoami != 0 && s.answersOf(r).Whoami {
-		// The client's own answer (CoreDNS's whoami): never cached,
-		// coalesced or forwarded.
-		out = whoami.Append(out, raw, q, r.client, tcp, s.cfg.MaxUDPSize)
-		st.countRcode(wire.RcodeSuccess)
+	r.res = s.resolver(q.View)
+	r.blk = r.res.Block(q.Name)
+	if c := r.blk.Answer; c != nil {
+		s.chainRequest(r)
+		var v answer.Verdict
+		if out, v, r.depth = c.Query(&r.a, out); v != answer.Pass {
+			if v == answer.Drop {
+				st.Dropped.Add(1)
+				return out[:start], dropped, ansLocal
+			}
+			// A handler's answer (whoami, acl): the client's own, never
+			// cached, coalesced or forwarded.
+			st.countRcode(wire.Rcode(out[start:]))
+			return out, answered, ansLocal
+		}
+	}
+	if q.Type == 251 || q.Type == 252 { // IXFR, AXFR: zone transfers are not a cache's job
+		out = wire.AppendError(out, raw, q, wire.RcodeRefused, s.cfg.MaxUDPSize)
+		st.countRcode(wire.RcodeRefused)
 		return out, answered, ansLocal
 	}
-	e := s.resolver(q.View).Hit(q, now)
+	e := r.res.Hit(q, r.blk, now)
 	if s.isCandidate(q) && (e == nil || e.Rcode() == wire.RcodeNXDomain) {
 		// Decided off the hot path (autopath.go). A cached answer other
 		// than NXDOMAIN is the client's (the first candidate exists) and

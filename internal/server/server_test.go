@@ -15,6 +15,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
@@ -45,7 +46,7 @@ func newResolver(t testing.TB, fetch resolve.FetchFunc, rmut ...func(*resolve.Co
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := resolve.Config{Cache: cache.New(cache.Config{}), Fetch: fetch, Policy: pol}
+	cfg := resolve.Config{Cache: cache.New(cache.Config{}), Fetch: fetch, Blocks: pol}
 	for _, f := range rmut {
 		f(&cfg)
 	}
@@ -283,24 +284,31 @@ func TestAdmissionBoundAnswersServfail(t *testing.T) {
 // BenchmarkUDPHit measures cache hits through a real loopback socket: a
 // client sends queries in bursts of 32 and reads the answers. It counts
 // the whole round trip, client included, so compare runs, not absolutes.
-func BenchmarkUDPHit(b *testing.B) { benchmarkUDPHit(b, nil) }
+func BenchmarkUDPHit(b *testing.B) { benchmarkUDPHit(b, nil, nil) }
 
 // BenchmarkUDPHitCoreDNS is BenchmarkUDPHit with the CoreDNS-named
 // counters on (the reference Corefile's four zones), as the daemon runs:
 // compare the two within one run.
 func BenchmarkUDPHitCoreDNS(b *testing.B) {
 	benchmarkUDPHit(b, countByBlocks(b, []CDZone{{Name: "cluster.local.", Plugin: "errors"}, {Name: "in-addr.arpa.", Plugin: "errors"},
-		{Name: "ip6.arpa.", Plugin: "errors"}, {Name: ".", Plugin: "errors"}}))
+		{Name: "ip6.arpa.", Plugin: "errors"}, {Name: ".", Plugin: "errors"}}), nil)
 }
 
-func benchmarkUDPHit(b *testing.B, mutate func(*Config), then ...func(*Server)) {
-	benchmarkUDPHitTo(b, mutate, netip.AddrPort{}, then...)
+// benchmarkUDPHit asks one cached name over and over, over UDP: mutate
+// changes the server's Config, rmut (nil: none) the Resolver's, then runs
+// on the started server first.
+func benchmarkUDPHit(b *testing.B, mutate func(*Config), rmut func(*resolve.Config), then ...func(*Server)) {
+	benchmarkUDPHitTo(b, mutate, rmut, netip.AddrPort{}, then...)
 }
 
 // benchmarkUDPHitTo is benchmarkUDPHit asking dst (invalid: the server's
 // first socket); then runs on the started server first.
-func benchmarkUDPHitTo(b *testing.B, mutate func(*Config), dst netip.AddrPort, then ...func(*Server)) {
-	s, _ := startServer(b, mutate)
+func benchmarkUDPHitTo(b *testing.B, mutate func(*Config), rmut func(*resolve.Config), dst netip.AddrPort, then ...func(*Server)) {
+	var rmuts []func(*resolve.Config)
+	if rmut != nil {
+		rmuts = append(rmuts, rmut)
+	}
+	s, _ := startServer(b, mutate, rmuts...)
 	for _, f := range then {
 		f(s)
 	}
@@ -399,7 +407,7 @@ func TestCountsSayTheTruth(t *testing.T) {
 			TTL:         cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute},
 			StaleWindow: time.Hour,
 		})
-		rc.Policy = pol
+		rc.Blocks = pol
 		rc.Fetch = func(ctx context.Context, name string, q []byte) ([]byte, error) {
 			if failing.Load() {
 				return nil, errors.New("upstream down")
@@ -445,5 +453,28 @@ func TestCountsSayTheTruth(t *testing.T) {
 	if snap.CacheMisses != 1 || snap.StaleServed != 2 || hits[cache.Success] != 1 || snap.HealthChecks != 2 {
 		t.Fatalf("misses %d stale %d hits %d health %d; want 1, 2, 1, 2",
 			snap.CacheMisses, snap.StaleServed, hits[cache.Success], snap.HealthChecks)
+	}
+}
+
+// chained makes every name's block run the answer-side handlers of a
+// chain (the one-minute policy of newResolver), as a Corefile block with
+// them would; off turns them off (a reload to blocks without them).
+type chained struct {
+	off           atomic.Bool
+	with, without resolve.Block
+}
+
+func newChained(names []string, hs ...answer.Handler) *chained {
+	pol := resolve.Policy{TTL: cache.Policy{SuccessMax: time.Minute, DenialMax: time.Minute}}
+	return &chained{with: resolve.Block{Policy: pol, Metric: -1, Answer: answer.NewChain(names, hs)}, without: resolve.Block{Policy: pol, Metric: -1}}
+}
+
+// rmut is startServer's resolver mutation.
+func (c *chained) rmut(rc *resolve.Config) {
+	rc.Blocks = func([]byte) *resolve.Block {
+		if c.off.Load() {
+			return &c.without
+		}
+		return &c.with
 	}
 }

@@ -211,13 +211,17 @@ var cdTimeBucketsNs = func() (b [len(CDTimeBuckets)]int64) {
 	return
 }()
 
-func cdTimeBucket(ns int64) int {
-	for i, le := range cdTimeBucketsNs {
-		if ns <= le {
+func cdTimeBucket(ns int64) int { return bucketOf(cdTimeBucketsNs[:], ns) }
+
+// bucketOf is the index of the first of bounds (increasing) at or above
+// v; len(bounds) is the +Inf bucket.
+func bucketOf[T int | int64](bounds []T, v T) int {
+	for i, le := range bounds {
+		if v <= le {
 			return i
 		}
 	}
-	return len(cdTimeBucketsNs)
+	return len(bounds)
 }
 
 // cdSizeBounds are CDSizeBuckets as ints (all whole numbers).
@@ -228,14 +232,7 @@ var cdSizeBounds = func() (b [len(CDSizeBuckets)]int) {
 	return
 }()
 
-func cdSizeBucket(n int) int {
-	for i, le := range cdSizeBounds {
-		if n <= le {
-			return i
-		}
-	}
-	return len(CDSizeBuckets)
-}
+func cdSizeBucket(n int) int { return bucketOf(cdSizeBounds[:], n) }
 
 // Cell layout of one (server, zone) block.
 const (
@@ -258,9 +255,10 @@ const (
 // on the query's address and port serves (CDDroppedZone).
 const CDDropped = "dropped"
 
-// CDDroppedZone is what Config.CoreDNSZone returns for a name no block
-// serves where it arrived: CoreDNS refuses it and counts it as dropped.
-const CDDroppedZone = -2
+// CDDroppedZone is the metric zone (resolve.Block.Metric) of a name no
+// block serves where it arrived: CoreDNS refuses it and counts it as
+// dropped.
+const CDDroppedZone = resolve.MetricDropped
 
 // cdCounters holds the cells of every (server, zone) block.
 type cdCounters struct {
@@ -336,10 +334,10 @@ type cdZones struct {
 	n     int // len(zones)+1: the last index is "dropped"
 }
 
-// cdKey returns the cells of a query for name arriving on server srv in
-// view v. Its zone is its block's (Config.CoreDNSZone): nothing here
-// matches names.
-func (s *Server) cdKey(srv int, v uint8, name []byte, tcp bool) cdKey {
+// cdKey returns the cells of a query arriving on server srv whose block's
+// metric zone is metric (resolve.Block.Metric: an index in CoreDNSZones,
+// -1 for none, CDDroppedZone): nothing here matches names.
+func (s *Server) cdKey(srv, metric int, tcp bool) cdKey {
 	k := cdKey{zone: -1}
 	if s.cdz.n == 0 || srv < 0 {
 		return k
@@ -350,13 +348,11 @@ func (s *Server) cdKey(srv int, v uint8, name []byte, tcp bool) cdKey {
 	if a := s.cfg.Addrs[srv]; a.Is6() && !a.Is4In6() {
 		k.fam = 1
 	}
-	z := len(s.cdz.zones) // dropped
-	if name != nil {
-		if z = s.cfg.CoreDNSZone(s.resolver(v).Policy(name)); z == CDDroppedZone {
-			z = len(s.cdz.zones)
-		} else if z < 0 || z >= len(s.cdz.zones) || s.cdz.zones[z].Off {
-			return k
-		}
+	z := metric
+	if z == CDDroppedZone {
+		z = len(s.cdz.zones)
+	} else if z < 0 || z >= len(s.cdz.zones) || s.cdz.zones[z].Off {
+		return k
 	}
 	k.zone = int16(z)
 	k.base = int32((srv*s.cdz.n + z) * cdStride)

@@ -219,6 +219,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 	state := connFirst
 	addrIdx := tc.addrIdx
 	req.wild, req.v6 = tc.wild, tc.client.Is6()
+	req.client, req.local = remoteAddrPort(c), localAddr(c)
 	if s.cd != nil {
 		req.cd = cdObserver{c: s.cd, srv: addrIdx}
 	}
@@ -245,35 +246,20 @@ func (s *Server) serveConn(tc *tcpConn) {
 		t := s.cfg.Clock.Now()
 		start := len(pend)
 		req.q.View = s.viewFor(addrIdx) // kept by ParseQuery
-		req.raw, req.now, req.from = buf, t.UnixNano(), netip.Addr{}
+		req.raw, req.t, req.now, req.from = buf, t, t.UnixNano(), netip.Addr{}
 		if s.askers.Load() {
 			req.from = tc.client
-		}
-		acts := s.acts.Load()
-		req.acts = acts
-		if acts&actWhoami != 0 {
-			req.client = remoteAddrPort(c)
 		}
 		resp, v := s.answerGuarded(req, append(pend, 0, 0))
 		switch v {
 		case dropped:
 			continue
 		case answered:
-			a := s.answersOf(req)
 			if len(resp)-start-2 > 0xFFFF {
 				return
 			}
 			binary.BigEndian.PutUint16(resp[start:], uint16(len(resp)-start-2))
 			pend = resp
-			if s.logOn(acts) {
-				s.logQuery(a.Log, remoteAddrPort(c), localAddr(c), true, &req.q, buf, pend[start+2:], fromCache, t)
-			}
-			if a.Trace != nil {
-				s.traced(a.Trace, remoteAddrPort(c).Addr(), true, &req.q, pend[start+2:], false, t)
-			}
-			if len(a.Taps) > 0 {
-				s.tapAnswered(a.Taps, &req.q, remoteAddrPort(c), true, buf, pend[start+2:], t)
-			}
 			if len(pend) >= 16<<10 && !tc.flush(&pend) {
 				return
 			}
@@ -283,11 +269,9 @@ func (s *Server) serveConn(tc *tcpConn) {
 		if !s.takeSlot(tc, &pend) {
 			return
 		}
-		m := newMiss(buf, true, t)
+		m := newMiss(req)
 		m.q.From = tc.client
-		m.q.View = req.q.View
 		m.tc = tc
-		m.cdk = req.k
 		tc.pending.Add(1)
 		s.startMiss(m)
 	}

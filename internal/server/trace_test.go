@@ -73,7 +73,7 @@ func (k *spanSink) roots() []string {
 // tracing makes every block of the server traced to a sink, each
 // every-th query; a block with hits stopping at cache, misses through
 // forward.
-func tracing(t testing.TB, every uint64) (func(*Config), *trace.Tracer, *spanSink) {
+func tracing(t testing.TB, every uint64) (func(*resolve.Config), *trace.Tracer, *spanSink) {
 	t.Helper()
 	k := &spanSink{}
 	var h http.Handler = k
@@ -88,14 +88,10 @@ func tracing(t testing.TB, every uint64) (func(*Config), *trace.Tracer, *spanSin
 	t.Cleanup(srv.Close)
 	cfg := trace.Config{Endpoint: srv.URL + "/api/v2/spans", Every: every, BatchInterval: 10 * time.Millisecond}
 	cfg.Normalize()
-	exp, err := trace.ExporterFor(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	exp := trace.StartExporter(cfg, nil, nil)
+	t.Cleanup(func() { _ = exp.Close() })
 	tr := trace.NewTracer(cfg, []string{"cache", "forward"}, netip.MustParseAddrPort("127.0.0.1:53"), exp)
-	return func(c *Config) {
-		c.BlockAnswers = func(*resolve.Policy) Answers { return Answers{Trace: tr} }
-	}, tr, k
+	return newChained([]string{"trace"}, tr).rmut, tr, k
 }
 
 // TestTraceHitsAndMisses: a traced block's queries over UDP and TCP, hits
@@ -103,8 +99,7 @@ func tracing(t testing.TB, every uint64) (func(*Config), *trace.Tracer, *spanSin
 // through forward and connect; the health name is not traced.
 func TestTraceHitsAndMisses(t *testing.T) {
 	mut, _, k := tracing(t, 1)
-	s, _ := startServer(t, mut)
-	s.SetBlockActs(BlockActs{Trace: true})
+	s, _ := startServer(t, nil, mut)
 	for _, q := range []struct{ network, name string }{
 		{"udp", "a.example."}, {"udp", "a.example."}, {"tcp", "B.example."}, {"tcp", "b.example."},
 		{"udp", "health-check.nodelocaldns.invalid."}, {"tcp", "health-check.nodelocaldns.invalid."},
@@ -141,7 +136,7 @@ func BenchmarkUDPHitTraced(b *testing.B) {
 	for _, every := range []uint64{1000, 1} {
 		b.Run("every="+map[uint64]string{1000: "1000", 1: "1"}[every], func(b *testing.B) {
 			mut, _, _ := tracing(b, every)
-			benchmarkUDPHit(b, func(c *Config) { mut(c) }, func(s *Server) { s.SetBlockActs(BlockActs{Trace: true}) })
+			benchmarkUDPHit(b, nil, mut)
 		})
 	}
 }

@@ -332,121 +332,9 @@ func (s *Server) udpLoop(l *udpListener, b *batch) (stopped bool) {
 			runtime.Gosched() // a preemption point for the runtime
 			continue
 		}
-		t := s.cfg.Clock.Now()
-		now := t.UnixNano()
-		acts := s.acts.Load()
-		qlog := s.logOn(acts)
-		req.acts = acts
-		askers := s.askers.Load()
-		var from netip.Addr
-		local := l.local.Addr()         // the wildcard's: each datagram's destination
-		req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
-		req.now = now
-		b.out = b.out[:0]
-		nout := 0
-		for i := 0; i < n; i++ {
-			b.cur = i
-			h := &b.hdrIn[i]
-			if h.Hdr.Flags&unix.MSG_TRUNC != 0 {
-				// Larger than any real query: answer from the header alone.
-				h.Len = wire.HeaderLen
-			}
-			raw := b.in[i][:h.Len]
-			name := b.names[i][:h.Hdr.Namelen]
-			if reflectorPort(name) {
-				l.stats.RequestsUDP.Add(1)
-				l.stats.Dropped.Add(1)
-				l.stats.ReflectorDrops.Add(1)
-				continue
-			}
-			var clen uint32
-			if l.wild {
-				req.wild, req.v6 = true, isV6Sockaddr(name)
-				if clen, local = pktDst(b.ctlIn[i][:h.Hdr.Controllen], &b.ctlOut[i]); clen == 0 {
-					local = l.local.Addr()
-				}
-			}
-			start := len(b.out)
-			if askers {
-				from = sockaddrAddrPort(name).Addr()
-			}
-			req.raw, req.from = raw, from
-			if acts&actWhoami != 0 {
-				req.client = sockaddrAddrPort(name)
-			}
-			out, v := s.answerGuarded(req, b.out)
-			switch v {
-			case dropped:
-				continue
-			case miss:
-				m := newMiss(raw, false, t)
-				m.q.From = from
-				m.q.View = req.q.View
-				m.l = l
-				m.cdk = req.k
-				m.nlen = uint32(copy(m.name[:], name))
-				m.clen = clen
-				if clen > 0 {
-					m.ctl = b.ctlOut[i]
-					m.local = local
-				}
-				l.ref() // released once the answer is sent (reply)
-				if s.startMiss(m) {
-					handed = true
-				}
-				continue
-			}
-			if acts != 0 {
-				a := s.answersOf(req)
-				if qlog {
-					s.logQuery(a.Log, sockaddrAddrPort(name), local, false, &req.q, raw, out[start:], fromCache, t)
-				}
-				if a.Trace != nil {
-					s.traced(a.Trace, sockaddrAddrPort(name).Addr(), false, &req.q, out[start:], false, t)
-				}
-				if len(a.Taps) > 0 {
-					s.tapAnswered(a.Taps, &req.q, sockaddrAddrPort(name), false, raw, out[start:], t)
-				}
-			} else if qlog {
-				s.logQuery(nil, sockaddrAddrPort(name), local, false, &req.q, raw, out[start:], fromCache, t)
-			}
-			b.out = out
-			o := &b.hdrOut[nout]
-			o.Hdr.Name = &b.names[i][0]
-			o.Hdr.Namelen = h.Hdr.Namelen
-			if l.wild {
-				o.Hdr.Control = nil
-				o.Hdr.SetControllen(0)
-				if clen > 0 {
-					o.Hdr.Control = &b.ctlOut[i][0]
-					o.Hdr.SetControllen(int(clen))
-				}
-			}
-			b.iovOut[nout].SetLen(len(out) - start)
-			// Base is set after the loop: b.out may still grow (and move).
-			b.iovOut[nout].Base = nil
-			o.Len = uint32(start) // remember the offset until then
-			nout++
+		if s.answerBatch(l, b, n, addrIdx) {
+			handed = true
 		}
-		b.cur = -1
-		if cd := req.cd.c; cd != nil {
-			var elapsed int64
-			if cd.hasPend {
-				elapsed = s.cfg.Clock.Now().UnixNano() - now
-			}
-			cd.flush(s.cdz.n, elapsed)
-		}
-		if nout == 0 {
-			continue
-		}
-		for j := 0; j < nout; j++ {
-			o := &b.hdrOut[j]
-			b.iovOut[j].Base = &b.out[o.Len]
-			o.Hdr.Iov = &b.iovOut[j]
-			o.Hdr.SetIovlen(1)
-			o.Len = 0
-		}
-		l.send(b.hdrOut[:nout])
 	}
 	return true
 }
@@ -477,6 +365,108 @@ func (b *batch) recoverLoop() {
 		}
 		panics.Recovered(panics.UDP, p, msg)
 	}
+}
+
+// answerBatch answers the n datagrams of b read from l (its index in
+// Config.Addrs: addrIdx): hits and errors in place into one buffer, sent
+// with one sendmmsg; misses started (their upstream queries leave from
+// here). It reports whether a miss made a goroutine runnable, which the
+// loop must yield to (serveUDP).
+func (s *Server) answerBatch(l *udpListener, b *batch, n, addrIdx int) (handed bool) {
+	req := &b.req
+	t := s.cfg.Clock.Now()
+	now := t.UnixNano()
+	askers := s.askers.Load()
+	var from netip.Addr
+	req.q.View = s.viewFor(addrIdx) // once per batch; kept by ParseQuery
+	req.t, req.now = t, now
+	b.out = b.out[:0]
+	nout := 0
+	for i := 0; i < n; i++ {
+		b.cur = i
+		h := &b.hdrIn[i]
+		if h.Hdr.Flags&unix.MSG_TRUNC != 0 {
+			// Larger than any real query: answer from the header alone.
+			h.Len = wire.HeaderLen
+		}
+		raw := b.in[i][:h.Len]
+		name := b.names[i][:h.Hdr.Namelen]
+		if reflectorPort(name) {
+			l.stats.RequestsUDP.Add(1)
+			l.stats.Dropped.Add(1)
+			l.stats.ReflectorDrops.Add(1)
+			continue
+		}
+		var clen uint32
+		req.local = l.local.Addr() // the wildcard's: each datagram's destination
+		if l.wild {
+			req.wild, req.v6 = true, isV6Sockaddr(name)
+			var local netip.Addr
+			if clen, local = pktDst(b.ctlIn[i][:h.Hdr.Controllen], &b.ctlOut[i]); clen > 0 {
+				req.local = local
+			}
+		}
+		start := len(b.out)
+		if askers {
+			from = sockaddrAddrPort(name).Addr()
+		}
+		req.raw, req.from, req.sa = raw, from, name
+		out, v := s.answerGuarded(req, b.out)
+		switch v {
+		case dropped:
+			continue
+		case miss:
+			m := newMiss(req)
+			m.l = l
+			m.nlen = uint32(copy(m.name[:], name))
+			m.clen = clen
+			if clen > 0 {
+				m.ctl = b.ctlOut[i]
+			}
+			l.ref() // released once the answer is sent (reply)
+			if s.startMiss(m) {
+				handed = true
+			}
+			continue
+		}
+		b.out = out
+		o := &b.hdrOut[nout]
+		o.Hdr.Name = &b.names[i][0]
+		o.Hdr.Namelen = h.Hdr.Namelen
+		if l.wild {
+			o.Hdr.Control = nil
+			o.Hdr.SetControllen(0)
+			if clen > 0 {
+				o.Hdr.Control = &b.ctlOut[i][0]
+				o.Hdr.SetControllen(int(clen))
+			}
+		}
+		b.iovOut[nout].SetLen(len(out) - start)
+		// Base is set after the loop: b.out may still grow (and move).
+		b.iovOut[nout].Base = nil
+		o.Len = uint32(start) // remember the offset until then
+		nout++
+	}
+	b.cur = -1
+	if cd := req.cd.c; cd != nil {
+		var elapsed int64
+		if cd.hasPend {
+			elapsed = s.cfg.Clock.Now().UnixNano() - now
+		}
+		cd.flush(s.cdz.n, elapsed)
+	}
+	if nout == 0 {
+		return handed
+	}
+	for j := 0; j < nout; j++ {
+		o := &b.hdrOut[j]
+		b.iovOut[j].Base = &b.out[o.Len]
+		o.Hdr.Iov = &b.iovOut[j]
+		o.Hdr.SetIovlen(1)
+		o.Len = 0
+	}
+	l.send(b.hdrOut[:nout])
+	return handed
 }
 
 // recv reads up to batchSize datagrams, sleeping in the kernel until at

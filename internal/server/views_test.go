@@ -43,7 +43,7 @@ func TestSetViewsRetiresReplacedResolvers(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := viewQuestion(t, "a.example.")
-	if _, _, err := first.Resolve(context.Background(), q); err != nil {
+	if _, _, err := first.Resolve(context.Background(), q, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.Snapshot().CacheMisses; got != 1 {
@@ -54,7 +54,7 @@ func TestSetViewsRetiresReplacedResolvers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A miss that was in flight on the replaced resolver still counts.
-	if _, _, err := first.Resolve(context.Background(), viewQuestion(t, "b.example.")); err != nil {
+	if _, _, err := first.Resolve(context.Background(), viewQuestion(t, "b.example."), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got, n := s.Snapshot().CacheMisses, len(s.allRes); got != 2 || n != 2 {

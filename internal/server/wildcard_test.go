@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/dnslog"
-	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
@@ -140,7 +139,7 @@ func BenchmarkUDPHitWildcard(b *testing.B) {
 	benchmarkUDPHitTo(b, func(c *Config) {
 		c.Addrs = []netip.Addr{netip.IPv4Unspecified()}
 		c.Port = port
-	}, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)))
+	}, nil, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port)))
 }
 
 // BenchmarkPktDst is what the wildcard socket adds in user space per
@@ -177,12 +176,10 @@ func TestWildcardLogsTheAddressAsked(t *testing.T) {
 	port := freeWildPort(t)
 	var out syncBuf
 	blog := dnslog.NewSink(&out).Compile([]dnslog.Rule{{Scope: ".", Classes: dnslog.All, Format: "{local} {name}"}})
-	s, _ := startServer(t, func(c *Config) {
+	startServer(t, func(c *Config) {
 		c.Addrs = []netip.Addr{netip.IPv4Unspecified()}
 		c.Port = port
-		c.BlockAnswers = func(*resolve.Policy) Answers { return Answers{Log: blog} }
-	})
-	s.SetBlockActs(BlockActs{Log: true})
+	}, newChained([]string{"log"}, dnslog.Handler{Log: blog}).rmut)
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), uint16(port))
 	askFrom(t, "udp4", dst, "l.example.", 1) // a miss
 	askFrom(t, "udp4", dst, "l.example.", 2) // a hit

@@ -38,6 +38,8 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/directive"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/zone"
 )
 
 // Config is one `template` directive.
@@ -272,7 +274,7 @@ func (h *Handler) Serve(ctx context.Context, r *dns.Msg, next Next) (*dns.Msg, e
 	}
 	q := r.Question[0]
 	name := strings.ToLower(q.Name)
-	if matchZone(h.zones, name) == "" {
+	if zone.Longest(h.zones, name) == "" {
 		return next(ctx, r)
 	}
 	for i := range h.templates {
@@ -364,8 +366,8 @@ func (h *Handler) execute(t *compiled, tm *gotmpl.Template, d *data) (dns.RR, er
 // answers, and (when not) whether the name may go on to the next template.
 func (t *compiled) match(r *dns.Msg, name string) (*data, bool, bool) {
 	q := r.Question[0]
-	zone := matchZone(t.cfg.Zones, name)
-	if zone == "" {
+	z := zone.Longest(t.cfg.Zones, name)
+	if z == "" {
 		return nil, false, true
 	}
 	if t.cfg.Class != dns.ClassANY && q.Qclass != dns.ClassANY && q.Qclass != t.cfg.Class {
@@ -378,7 +380,7 @@ func (t *compiled) match(r *dns.Msg, name string) (*data, bool, bool) {
 		if !re.MatchString(name) {
 			continue
 		}
-		d := &data{Zone: zone, Regex: re.String(), Name: name, Question: &q, Message: r}
+		d := &data{Zone: z, Regex: re.String(), Name: name, Question: &q, Message: r}
 		d.Class, d.Type = dns.ClassToString[q.Qclass], dns.TypeToString[q.Qtype]
 		if q.Qclass == dns.ClassANY {
 			d.Class = dns.ClassToString[t.cfg.Class]
@@ -399,16 +401,5 @@ func (t *compiled) match(r *dns.Msg, name string) (*data, bool, bool) {
 		}
 		return d, true, false
 	}
-	return nil, false, t.cfg.Fallthrough != nil && matchZone(t.cfg.Fallthrough, name) != ""
-}
-
-// matchZone returns the longest of zones that is name or an ancestor of it.
-func matchZone(zones []string, name string) string {
-	best := ""
-	for _, z := range zones {
-		if (z == "." || name == z || strings.HasSuffix(name, "."+z)) && len(z) > len(best) {
-			best = z
-		}
-	}
-	return best
+	return nil, false, t.cfg.Fallthrough != nil && zone.Longest(t.cfg.Fallthrough, name) != ""
 }

@@ -12,8 +12,11 @@ import (
 	"time"
 )
 
-// Stats are the spans of every exporter of the process, for
-// nodelocaldns_trace_spans_total (docs/metrics.md).
+// Stats are the spans of the exporters one owner runs (the daemon's
+// running configuration, across its reloads: answer.Env.Stats), for
+// nodelocaldns_trace_spans_total (docs/metrics.md), and the bound on the
+// spans waiting in all of them (MaxWaiting). Not a package variable: two
+// daemons in one process (tests) count apart.
 type Stats struct {
 	// Sent: spans the collector accepted (2xx).
 	Sent atomic.Uint64
@@ -23,10 +26,9 @@ type Stats struct {
 	// DroppedSend: spans of a batch the collector refused or could not be
 	// reached with.
 	DroppedSend atomic.Uint64
+	// Waiting counts the spans in the exporters' backlogs (MaxWaiting).
+	Waiting atomic.Int64
 }
-
-// Counters are the process's span counts.
-var Counters Stats
 
 // Exporter sends the spans of the tracers of one endpoint: a backlog of
 // at most Backlog spans, sent Batch at a time, at least every
@@ -41,8 +43,11 @@ type Exporter struct {
 	failing bool
 	buf     bytes.Buffer
 	enc     encoder
-	// stats is where its spans are counted: Counters, or a test's own.
+	// stats is where its spans are counted, its owner's.
 	stats *Stats
+	// stop ends the goroutine StartExporter started, done says it ended.
+	stop, done chan struct{}
+	closeOnce  sync.Once
 }
 
 // encoder writes a batch of spans in the collector's format.
@@ -52,33 +57,50 @@ type encoder interface {
 	header(h http.Header, n int)
 }
 
-var (
-	exportersMu sync.Mutex
-	exporters   = map[string]*Exporter{}
-)
-
-// MaxExporters bounds the endpoints traced at once in one process: each
-// is a goroutine and a backlog that live as long as the process (a
-// reload that keeps the endpoint keeps its exporter and its backlog).
+// MaxExporters bounds the endpoints traced by one Corefile: each is a
+// goroutine and a backlog, kept while a reloaded Corefile traces to it
+// again (so a reload does not lose waiting spans) and stopped when none
+// does (config refuses a Corefile with more).
 const MaxExporters = 16
 
-// ExporterFor returns the exporter of cfg's endpoint and options,
-// started on first use and kept for the life of the process, so a
-// reload does not lose waiting spans. cfg must be normalized.
-func ExporterFor(cfg Config, log *slog.Logger) (*Exporter, error) {
-	key := fmt.Sprintf("%s|%s|%d|%d|%s|%s", cfg.Type, cfg.Endpoint, cfg.Backlog, cfg.Batch, cfg.BatchInterval, cfg.Service)
-	exportersMu.Lock()
-	defer exportersMu.Unlock()
-	if e := exporters[key]; e != nil {
-		return e, nil
-	}
-	if len(exporters) >= MaxExporters {
-		return nil, fmt.Errorf("trace: more than %d distinct endpoints traced in one process", MaxExporters)
-	}
+// ExporterKey identifies an exporter: cfg's endpoint and the options that
+// shape what it sends (cfg normalized). Tracers of blocks with the same
+// key share one exporter.
+func ExporterKey(cfg Config) string {
+	return fmt.Sprintf("trace|%s|%s|%d|%d|%s|%s", cfg.Type, cfg.Endpoint, cfg.Backlog, cfg.Batch, cfg.BatchInterval, cfg.Service)
+}
+
+// StartExporter starts the exporter of cfg's endpoint (cfg normalized),
+// counting in stats (nil: its own): its goroutine runs until Close.
+// Whoever starts it owns it (internal/running keeps it across the reloads
+// that keep its key).
+func StartExporter(cfg Config, log *slog.Logger, stats *Stats) *Exporter {
 	e := newExporter(cfg, log)
-	exporters[key] = e
-	go e.run(nil)
-	return e, nil
+	if stats != nil {
+		e.stats = stats
+	}
+	e.stop, e.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(e.done)
+		e.run(e.stop)
+	}()
+	return e
+}
+
+// Close stops the exporter: the spans still waiting are dropped (counted
+// as dropped from the backlog). It waits for its goroutine.
+func (e *Exporter) Close() error {
+	e.closeOnce.Do(func() { close(e.stop) })
+	<-e.done
+	for {
+		select {
+		case <-e.q:
+			e.stats.Waiting.Add(-1)
+			e.stats.DroppedBacklog.Add(1)
+		default:
+			return nil
+		}
+	}
 }
 
 func newExporter(cfg Config, log *slog.Logger) *Exporter {
@@ -90,7 +112,7 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 		q:      make(chan Span, cfg.Backlog),
 		log:    log.With("endpoint", cfg.Endpoint, "type", cfg.Type),
 		client: &http.Client{Timeout: PostTimeout, CheckRedirect: noRedirects},
-		stats:  &Counters,
+		stats:  &Stats{},
 	}
 	switch cfg.Type {
 	case Datadog:
@@ -106,19 +128,16 @@ func newExporter(cfg Config, log *slog.Logger) *Exporter {
 // answer, a refusal like any other non-2xx (issue 41).
 func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// waiting counts the spans in every exporter's backlog (MaxWaiting).
-var waiting atomic.Int64
-
 func (e *Exporter) enqueue(s Span) {
-	if waiting.Add(1) > MaxWaiting {
-		waiting.Add(-1)
+	if e.stats.Waiting.Add(1) > MaxWaiting {
+		e.stats.Waiting.Add(-1)
 		e.stats.DroppedBacklog.Add(1)
 		return
 	}
 	select {
 	case e.q <- s:
 	default:
-		waiting.Add(-1)
+		e.stats.Waiting.Add(-1)
 		e.stats.DroppedBacklog.Add(1)
 	}
 }
@@ -136,7 +155,7 @@ func (e *Exporter) run(stop <-chan struct{}) {
 	for {
 		select {
 		case s := <-e.q:
-			waiting.Add(-1)
+			e.stats.Waiting.Add(-1)
 			batch = append(batch, s)
 			if len(batch) < most {
 				continue

@@ -51,8 +51,8 @@ const (
 	// default): an exporter's backlog is a channel of that many spans
 	// (~100 bytes each, allocated when the exporter starts: ≤ 1 MiB).
 	MaxBacklog = 10000
-	// MaxWaiting bounds the spans waiting in every backlog of the process
-	// together (each ~100 bytes and its name, ≤ 255: ≤ 7 MiB); past it a
+	// MaxWaiting bounds the spans waiting in every backlog of one owner
+	// together (Stats.Waiting) (each ~100 bytes and its name, ≤ 255: ≤ 7 MiB); past it a
 	// new span is dropped, counted as DroppedBacklog. With MaxExporters
 	// backlogs of MaxBacklog, the channels add ≤ 16 MiB (docs/design.md,
 	// "The bounds add up").

@@ -370,8 +370,8 @@ func TestCollectorRedirectNotFollowed(t *testing.T) {
 	}
 }
 
-// The spans waiting in all the backlogs of the process are bounded
-// together (MaxWaiting): two exporters whose collectors never take a span
+// The spans waiting in all the backlogs of one owner are bounded
+// together (MaxWaiting, Stats.Waiting): two exporters whose collectors never take a span
 // hold MaxWaiting between them, the rest dropped and counted.
 func TestWaitingSpansBoundedAcrossExporters(t *testing.T) {
 	var st Stats
@@ -382,7 +382,7 @@ func TestWaitingSpansBoundedAcrossExporters(t *testing.T) {
 		e.stats = &st
 		es = append(es, e)
 	}
-	free := MaxWaiting - waiting.Load()
+	free := MaxWaiting - st.Waiting.Load()
 	for _, e := range es {
 		for range MaxBacklog {
 			e.enqueue(Span{Name: "x.example."})
@@ -398,7 +398,7 @@ func TestWaitingSpansBoundedAcrossExporters(t *testing.T) {
 	for _, e := range es { // give the room back
 		for len(e.q) > 0 {
 			<-e.q
-			waiting.Add(-1)
+			st.Waiting.Add(-1)
 		}
 	}
 }

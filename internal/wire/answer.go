@@ -76,16 +76,11 @@ func ParseAnswer(b []byte, a *Answer) error {
 			sec = SectionAuthority
 		}
 		start := off
-		nameEnd, err := SkipName(b, off)
-		if err != nil || nameEnd+10 > len(b) {
+		nameEnd, typ, end, err := readRR(b, off)
+		if err != nil {
 			return ErrFormat
 		}
-		typ := binary.BigEndian.Uint16(b[nameEnd:])
-		rdlen := int(binary.BigEndian.Uint16(b[nameEnd+8:]))
-		off = nameEnd + 10 + rdlen
-		if off > len(b) {
-			return ErrFormat
-		}
+		off = end
 		if typ == TypeOPT {
 			if sec != SectionAdditional || a.OPTStart >= 0 {
 				return ErrFormat
@@ -105,7 +100,7 @@ func ParseAnswer(b []byte, a *Answer) error {
 		if typ == TypeSOA {
 			// MNAME and RNAME (at least one byte each), then five 32-bit
 			// fields: MINIMUM is the last four bytes of the rdata.
-			if rdlen < 22 {
+			if off-nameEnd-10 < 22 { // the rdata
 				return ErrFormat
 			}
 			rr.SOAMinimum = binary.BigEndian.Uint32(b[off-4:])

@@ -136,6 +136,14 @@ type Query struct {
 	View uint8
 }
 
+// Rebase points q's slices into b, a copy of the buffer q was parsed
+// from (a query kept past its read buffer), instead of parsing b again.
+func (q *Query) Rebase(b []byte) {
+	if len(q.Name) > 0 && HeaderLen+len(q.Name) <= len(b) {
+		q.Name = b[HeaderLen : HeaderLen+len(q.Name) : HeaderLen+len(q.Name)]
+	}
+}
+
 // CD reports whether the client disabled DNSSEC checking.
 func (q *Query) CD() bool { return q.Flags&FlagCD != 0 }
 
@@ -188,16 +196,11 @@ func ParseQuery(b []byte, q *Query) error {
 	sawOPT := false
 	for i := 0; i < int(ar); i++ {
 		start := off
-		nameEnd, err := SkipName(b, off)
-		if err != nil || nameEnd+10 > len(b) {
+		nameEnd, typ, end, err := readRR(b, off)
+		if err != nil {
 			return ErrFormat
 		}
-		typ := binary.BigEndian.Uint16(b[nameEnd:])
-		rdlen := int(binary.BigEndian.Uint16(b[nameEnd+8:]))
-		off = nameEnd + 10 + rdlen
-		if off > len(b) {
-			return ErrFormat
-		}
+		off = end
 		if typ != TypeOPT {
 			continue
 		}
@@ -295,15 +298,22 @@ func SkipName(b []byte, off int) (int, error) {
 }
 
 func skipRR(b []byte, off int) (int, error) {
-	nameEnd, err := SkipName(b, off)
+	_, _, end, err := readRR(b, off)
+	return end, err
+}
+
+// readRR reads the record at off: where its name ends (its type, class,
+// TTL and length follow), its type, and where it ends, within b.
+func readRR(b []byte, off int) (nameEnd int, typ uint16, end int, err error) {
+	nameEnd, err = SkipName(b, off)
 	if err != nil || nameEnd+10 > len(b) {
-		return 0, ErrFormat
+		return 0, 0, 0, ErrFormat
 	}
-	end := nameEnd + 10 + int(binary.BigEndian.Uint16(b[nameEnd+8:]))
+	end = nameEnd + 10 + int(binary.BigEndian.Uint16(b[nameEnd+8:]))
 	if end > len(b) {
-		return 0, ErrFormat
+		return 0, 0, 0, ErrFormat
 	}
-	return end, nil
+	return nameEnd, binary.BigEndian.Uint16(b[nameEnd:]), end, nil
 }
 
 // EqualNameFold reports whether two uncompressed wire names are equal

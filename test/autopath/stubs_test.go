@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/autopath"
+	"github.com/nodelocaldns/nodelocaldns/internal/kubewatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 )
 
@@ -83,7 +84,7 @@ func (z zone) lookup(name string, qtype uint16) autopath.Result {
 type staticPods map[netip.Addr]*podwatch.Pod
 
 func (s staticPods) Lookup(ip netip.Addr) (*podwatch.Pod, podwatch.State) {
-	return s[ip], podwatch.Synced
+	return s[ip], kubewatch.Synced
 }
 
 func need(t *testing.T, what string, ok bool) {

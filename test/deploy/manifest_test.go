@@ -122,6 +122,8 @@ func decodeObjects(data []byte) ([]any, error) {
 			obj = &rbacv1.ClusterRoleBinding{}
 		case "cilium.io/v2 CiliumLocalRedirectPolicy":
 			obj = &ciliumLRP{}
+		case "readiness.node.x-k8s.io/v1alpha1 NodeReadinessRule":
+			obj = &nodeReadinessRule{}
 		case "rbac.authorization.k8s.io/v1 Role":
 			obj = &rbacv1.Role{}
 		case "rbac.authorization.k8s.io/v1 RoleBinding":

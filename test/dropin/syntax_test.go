@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	_ "github.com/nodelocaldns/nodelocaldns/internal/plugins" // the directives read by their own packages
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 

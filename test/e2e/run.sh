@@ -41,6 +41,8 @@ cluster_prepare
 
 log "images (test/e2e/images.sh: buildah, no Docker engine)"
 test/e2e/images.sh "$work/images"
+# logind's part in the kubelet's graceful node shutdown (node.sh).
+go build -o "$work/logind" ./test/e2e/logind
 
 cluster_up
 

@@ -5,16 +5,8 @@ import (
 	"slices"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/corefile"
+	"github.com/nodelocaldns/nodelocaldns/internal/dns64"
 )
-
-// fetchSide says how the directives that answer behind the cache are run
-// (internal/daemon/chain.go), for -check-config.
-var fetchSide = map[string]string{
-	"template": "answered on the fetch side of the cache, in plugin.cfg order (internal/template); its answers are cached",
-	"hosts":    "answered on the fetch side of the cache, in plugin.cfg order (internal/hosts); the file is checked every reload interval on a miss",
-	"rewrite":  "on the fetch side of the cache, in plugin.cfg order (internal/rewrite); the cache keys the client's name",
-	"dns64":    "on the fetch side of the cache, in plugin.cfg order (internal/dns64); one answer serves every client of the question",
-}
 
 // checkDNS64 maps dns64 without allow_ipv4 by the family of the listen
 // addresses: CoreDNS translates for IPv6 clients only, and a socket bound
@@ -34,13 +26,14 @@ func checkDNS64(servers []*corefile.Server, listen []netip.Addr) (dropped []*cor
 		}
 	}
 	for _, s := range servers {
-		if s.DNS64 == nil || s.DNS64.AllowIPv4 || !v4 {
+		c, _ := s.Config("dns64").(*dns64.Config)
+		if c == nil || c.AllowIPv4 || !v4 {
 			continue
 		}
 		if v6 {
 			return nil, usage("%s: dns64 without allow_ipv4, and we listen on IPv4 and IPv6 addresses %v: CoreDNS translates for the IPv6 clients only, but behind our cache one answer serves every client of a question; bind one family, or add allow_ipv4", s.Pos, listen)
 		}
-		s.DNS64 = nil
+		delete(s.Directives, "dns64")
 		s.Plugins = slices.DeleteFunc(s.Plugins, func(p corefile.Plugin) bool { return p.Name == "dns64" })
 		dropped = append(dropped, s)
 	}
