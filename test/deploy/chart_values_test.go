@@ -196,6 +196,15 @@ var chartCases = []chartCase{
 			}
 			return nil
 		}},
+	// The Cluster Autoscaler's opt-out (the manifest's annotation) yields
+	// to podAnnotations, which a Helm map merge could not take away.
+	{"cluster autoscaler eviction from podAnnotations", []string{`podAnnotations@={"cluster-autoscaler.kubernetes.io/enable-ds-eviction": "true"}`}, iptablesMode, true,
+		func(_ []any, ds *appsv1.DaemonSet, _ *corev1.Container) error {
+			if v := ds.Spec.Template.Annotations["cluster-autoscaler.kubernetes.io/enable-ds-eviction"]; v != "true" {
+				return fmt.Errorf("enable-ds-eviction %q, want the value's true: %v", v, ds.Spec.Template.Annotations)
+			}
+			return nil
+		}},
 	{"extra Corefile blocks", []string{"corefile.extraBlocks=consul:53 {\n    errors\n    cache 30\n    bind __PILLAR__LOCAL__DNS__ __PILLAR__DNS__SERVER__\n    forward . 10.0.0.53\n}"}, iptablesMode, false,
 		func(objs []any, _ *appsv1.DaemonSet, c *corev1.Container) error {
 			cm := configMap(objs, "nodelocaldns")
