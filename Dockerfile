@@ -38,7 +38,10 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
 # library and extension by hand; this base gets them, and their fixes, from
 # apt. (registry.k8s.io/build-image/distroless-iptables, kube-proxy's base,
 # is the smaller alternative; not tried here.)
-FROM debian:bookworm-slim
+# --platform: BuildKit's default, spelled out for buildah 1.28, which
+# otherwise keeps the build stage's platform for this one (test/image/build.sh
+# passes BUILDPLATFORM and TARGETPLATFORM, which buildah 1.28 does not set).
+FROM --platform=$TARGETPLATFORM debian:bookworm-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends iptables \
     && rm -rf /var/lib/apt/lists/*

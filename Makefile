@@ -6,7 +6,7 @@ GO ?= go
 # deadline. 150000 inputs take 3-13 s per target here.
 FUZZTIME ?= 150000x
 
-.PHONY: test run lint bench bench-quick bench-miss profile e2e conformance
+.PHONY: test run lint bench bench-quick bench-miss profile e2e conformance crossarch
 
 # -timeout: test/dropin runs both oracles beside us for every directive and
 # distribution (5-9 min on a loaded 2-core machine), near go test's 10 min.
@@ -54,3 +54,8 @@ e2e:
 # NLD_E2E_LOCK=/path holds that lock only while the cluster is up.
 conformance:
 	test/conformance/run.sh
+
+# amd64, arm64, arm, ppc64le, s390x: built, and the syscall, socket and wire
+# packages tested under qemu-user-static (root; docs/crossarch.md).
+crossarch:
+	test/crossarch/run.sh

@@ -89,7 +89,8 @@ type Config struct {
 	Teardown      string
 	// SocketUID owns the DNS sockets, so only processes of that UID can
 	// join their SO_REUSEPORT group; -1 is the process's own (root).
-	SocketUID     int
+	// int64: a UID is 32 bits unsigned, more than a 32-bit int holds.
+	SocketUID     int64
 	InterfaceName string
 	SyncInterval  time.Duration
 	IPTablesMode  string
@@ -249,7 +250,7 @@ func (c *Config) register(fs *flag.FlagSet, r *rawFlags, env Env) {
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
 	fs.DurationVar(&c.FallbackAfter, "fallback-after", 2*time.Second, "while no instance serves an address, the kernel sends its queries to kube-dns; a hung instance (stopped, a serving loop stuck) is bypassed this long after (whole seconds, at most 1m); 0: no fallback (the stock's rules)")
 	fs.StringVar(&c.Teardown, "teardown", "auto", "on an exit no twin takes over: auto (remove link and rules on an uninstall, or outside a pod; else leave them, the fallback serving, for the next instance) or always")
-	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
+	fs.Int64Var(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
 	fs.IntVar(&c.Cache.SuccessCapacity, "success-capacity", cache.DefaultCapacity, "cache entries for positive answers")

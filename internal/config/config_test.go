@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -267,5 +268,20 @@ func TestPProfIsLoopbackUnlessGiven(t *testing.T) {
 func TestMaxInflightDefaultsAgree(t *testing.T) {
 	if resolve.DefaultMaxInflight != forward.DefaultMaxInflight {
 		t.Fatalf("resolve.DefaultMaxInflight %d, forward.DefaultMaxInflight %d", resolve.DefaultMaxInflight, forward.DefaultMaxInflight)
+	}
+}
+
+// The largest UID (2^32-2) is taken on every platform, a 32-bit one (arm)
+// included, where it does not fit an int.
+func TestSocketUIDTakesEveryUID(t *testing.T) {
+	rc := writeFile(t, "nameserver 10.0.0.2\n")
+	for _, uid := range []int64{0, 65353, 1<<31 - 1, 1 << 31, 1<<32 - 2} {
+		c, err := Parse([]string{"-kube-dns", "10.96.0.10", "-resolv-conf", rc, "-socket-uid", strconv.FormatInt(uid, 10)}, envOf(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("-socket-uid %d: %v", uid, err)
+		}
+		if c.SocketUID != uid {
+			t.Fatalf("-socket-uid %d: got %d", uid, c.SocketUID)
+		}
 	}
 }

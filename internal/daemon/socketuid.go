@@ -24,7 +24,7 @@ import (
 // listenAs runs listen, which creates sockets on the calling goroutine,
 // on a thread whose filesystem UID is uid, and restores it after; a
 // negative uid runs listen as it is.
-func listenAs(uid int, listen func() error) error {
+func listenAs(uid int64, listen func() error) error {
 	if uid < 0 {
 		return listen()
 	}
@@ -46,11 +46,15 @@ func listenAs(uid int, listen func() error) error {
 
 // setfsuid sets the calling thread's filesystem UID and returns the one it
 // had. setfsuid(2) reports no error; it is checked by reading the UID back
-// (an invalid UID, -1, changes nothing and returns the current one).
-func setfsuid(uid int) (prev int, err error) {
-	prev, _ = unix.SetfsuidRetUid(uid)
-	if cur, _ := unix.SetfsuidRetUid(-1); cur != uid {
-		return prev, fmt.Errorf("setfsuid(%d) left the filesystem UID at %d", uid, cur)
+// (an invalid UID, -1, changes nothing and returns the current one). The
+// kernel's uid_t is 32 bits unsigned: on a 32-bit platform (arm) a UID over
+// 2^31-1 travels as a negative int with the same bits, so the UIDs are
+// passed and compared as uint32.
+func setfsuid(uid int64) (prev int64, err error) {
+	p, _ := unix.SetfsuidRetUid(int(uint32(uid)))
+	prev = int64(uint32(p))
+	if cur, _ := unix.SetfsuidRetUid(-1); uint32(cur) != uint32(uid) {
+		return prev, fmt.Errorf("setfsuid(%d) left the filesystem UID at %d", uid, uint32(cur))
 	}
 	return prev, nil
 }

@@ -295,8 +295,9 @@ func rcodeTCP(rc int) func(s *tcpServer, c net.Conn, _ int) {
 // Exchange, the other with ExchangeAsync.
 func TestExchangeAsyncSameAsExchange(t *testing.T) {
 	// tries that must time out do on the real clock; answers from loopback come well
-	// within it even under the load of the whole suite with -race.
-	const try = 300 * time.Millisecond
+	// within it even under the load of the whole suite with -race (and, five
+	// times longer, under user-mode emulation: emulated).
+	try := emulated(300 * time.Millisecond)
 	type outcome int
 	const (
 		wantTXT outcome = iota
@@ -517,8 +518,8 @@ func TestExchangeAsyncSameAsExchange(t *testing.T) {
 				if err != nil {
 					t.Errorf("%s: %v", r.how, err)
 				}
-				if tt.within > 0 && r.took > tt.within {
-					t.Errorf("%s took %v, want at most %v", r.how, r.took, tt.within)
+				if within := emulated(tt.within); within > 0 && r.took > within {
+					t.Errorf("%s took %v, want at most %v", r.how, r.took, within)
 				}
 			}
 			if !bytes.Equal(sync.ans, async.ans) {

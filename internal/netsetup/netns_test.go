@@ -4,14 +4,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,6 +22,10 @@ import (
 // childEnv marks a test binary re-executed inside a test network namespace;
 // its value is the namespace's name.
 const childEnv = "NETSETUP_TEST_NETNS"
+
+// emulatorEnv names the user-mode emulator the test binary runs under
+// (test/crossarch/run.sh sets it), so a re-executed child runs under it too.
+const emulatorEnv = "NLD_TEST_EMULATOR"
 
 // childTimeout bounds one re-executed test. The slowest (the reconciler
 // tests under -race) take a few seconds.
@@ -51,6 +58,58 @@ func inNetns(t *testing.T, env []string, body func(t *testing.T)) {
 		return
 	}
 	requireNetns(t)
+	ns, out, err := runInNewNetns(t, env)
+	if emu := os.Getenv(emulatorEnv); emu != "" && emulatorDeadlock(err) {
+		// Go programs under QEMU 7.2's user mode can hang starting a
+		// process (docs/crossarch.md), and the emulated test starts
+		// iptables for every rule. A child killed after
+		// emulatedChildTimeout is tried once more, in a fresh namespace,
+		// and logged (make crossarch counts these lines); a hang of ours
+		// would hang again and fail.
+		t.Logf("in netns %s under %s: killed after %v without a result; trying once more:\n%s", ns, emu, emulatedChildTimeout, out)
+		ns, out, err = runInNewNetns(t, env)
+	}
+	switch {
+	case strings.Contains(out, "--- SKIP: "+t.Name()+" "):
+		t.Skip(skipReason(out, t.Name()))
+	case err == nil && strings.Contains(out, "--- PASS: "+t.Name()+" "):
+		if testing.Verbose() {
+			t.Logf("in netns %s:\n%s", ns, out)
+		}
+	default:
+		t.Fatalf("in netns %s: %v\n%s", ns, err, out)
+	}
+}
+
+// emulatedChildTimeout bounds a re-executed test under emulation from
+// outside (coreutils' timeout, native, signalling the child's whole process
+// group): a deadlocked emulator never runs the guest's signal handlers, so
+// only SIGKILL, emulatedKillAfter after SIGTERM, ends it. Such a child takes
+// 1-5 s, tens of seconds on a loaded machine; natively childTimeout bounds it.
+const (
+	emulatedChildTimeout = 50 * time.Second
+	emulatedKillAfter    = 5 * time.Second
+)
+
+// emulatorDeadlock reports whether err says the child was stopped for
+// time: timeout(1) exits 124 when SIGTERM ended it; when it had to send
+// SIGKILL, it sends it to its own process group, itself included (as the
+// context's backstop would kill it).
+func emulatorDeadlock(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ee.ExitCode() == 124 || ee.ExitCode() == 137 ||
+		ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// runInNewNetns re-executes the test in a network namespace made for it
+// (deleted at the end of the test) and returns the namespace, the child's
+// output and its error.
+func runInNewNetns(t *testing.T, env []string) (string, string, error) {
+	t.Helper()
 	ns := "nlt-" + randomHex(t, 5)
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Skipf("ip netns add unavailable: %v: %s", err, out)
@@ -64,26 +123,32 @@ func inNetns(t *testing.T, env []string, body func(t *testing.T)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
+	name, args := "ip", []string{"netns", "exec", ns, exe,
+		"-test.run", runPattern(t.Name()), "-test.v", "-test.count=1", "-test.timeout=" + childTimeout.String()}
+	bound := childTimeout
+	// Under user-mode emulation (go test -exec qemu-ARCH-static, no binfmt
+	// entry) the binary is foreign to the kernel: the child runs through the
+	// same emulator, which the cross-architecture run names here, bounded
+	// from outside by timeout(1): SIGTERM to its process group, SIGKILL
+	// emulatedKillAfter later. The context is only a backstop then.
+	if emu := os.Getenv(emulatorEnv); emu != "" {
+		name = "timeout"
+		args = append([]string{"-k", strconv.Itoa(int(emulatedKillAfter.Seconds())),
+			strconv.Itoa(int(emulatedChildTimeout.Seconds())), "ip", "netns", "exec", ns, emu}, args[3:]...)
+		bound = emulatedChildTimeout + 2*emulatedKillAfter
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, exe,
-		"-test.run", runPattern(t.Name()), "-test.v", "-test.count=1", "-test.timeout="+childTimeout.String())
+	cmd := exec.CommandContext(ctx, name, args...)
+	// A grandchild that outlives a killed child keeps the output pipe open:
+	// stop waiting for it.
+	cmd.WaitDelay = 5 * time.Second
 	// A -race binary sleeps 1 s at exit (atexit_sleep_ms) to catch leaked
 	// goroutines; the parent's own exit does that once for all children.
 	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
 	cmd.Env = append(append(os.Environ(), childEnv+"="+ns, "GORACE="+gorace), env...)
-	outb, err := cmd.CombinedOutput()
-	out := string(outb)
-	switch {
-	case strings.Contains(out, "--- SKIP: "+t.Name()+" "):
-		t.Skip(skipReason(out, t.Name()))
-	case err == nil && strings.Contains(out, "--- PASS: "+t.Name()+" "):
-		if testing.Verbose() {
-			t.Logf("in netns %s:\n%s", ns, out)
-		}
-	default:
-		t.Fatalf("in netns %s: %v\n%s", ns, err, out)
-	}
+	out, err := cmd.CombinedOutput()
+	return ns, string(out), err
 }
 
 var (

@@ -223,7 +223,7 @@ func TestTCPAnswersThatAreNotReadAreBounded(t *testing.T) {
 	m.SetQuestion("other.example.", dns.TypeTXT)
 	b, _ := m.Pack()
 	_, _ = c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...))
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(emulated(5 * time.Second)))
 	var lb [2]byte
 	if _, err := io.ReadFull(c, lb[:]); err != nil {
 		t.Fatalf("the other client's answer: %v", err)

@@ -57,6 +57,17 @@ func newResolver(t testing.TB, fetch resolve.FetchFunc, rmut ...func(*resolve.Co
 	return r
 }
 
+// emulated stretches a bound on the real clock under user-mode emulation
+// (make crossarch runs these tests under qemu-ARCH-static and says so in
+// NLD_TEST_EMULATOR): the emulated CPU runs the same code several times
+// slower, more so on a loaded machine. Five times, natively unchanged.
+func emulated(d time.Duration) time.Duration {
+	if os.Getenv("NLD_TEST_EMULATOR") != "" {
+		return 5 * d
+	}
+	return d
+}
+
 // startServer serves on 127.0.0.1 (one UDP socket, any port) with a
 // Resolver over zoneForward; mutate changes the server's Config, rmut the
 // Resolver's.

@@ -123,8 +123,15 @@ func serveZone(t *testing.T, addr, who string) {
 }
 
 func TestEndToEndWithDig(t *testing.T) {
+	endToEndWithDig(t, []string{buildBinary(t)})
+}
+
+// endToEndWithDig runs the daemon (the command line daemon, its flags
+// appended) between a node resolver and a kube-dns on loopback, and asks it
+// with dig: misses to each upstream over UDP and TCP, a hit from the cache,
+// the counters that say so.
+func endToEndWithDig(t *testing.T, daemon []string) {
 	dig := need(t, "dig")
-	bin := buildBinary(t)
 	nodeIP := testhost.Loopback()
 	serveZone(t, nodeIP+":53", "node")
 	kubeAddr := fmt.Sprintf("%s:%d", testhost.Loopback(), 0)
@@ -141,9 +148,10 @@ func TestEndToEndWithDig(t *testing.T) {
 	metrics := fmt.Sprintf("%s:%d", ip, testhost.FreePort(t, ip))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-localip", ip, "-port", fmt.Sprint(port),
+	args := append(daemon[1:len(daemon):len(daemon)], "-localip", ip, "-port", fmt.Sprint(port),
 		"-kube-dns", fmt.Sprintf("%s:%d", kubeIP, kubePort), "-resolv-conf", rc,
 		"-setupinterface=false", "-setupiptables=false", "-metrics-listen-address", metrics, "-state-dir", stateDir(t), "-lameduck", "200ms")
+	cmd := exec.CommandContext(ctx, daemon[0], args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

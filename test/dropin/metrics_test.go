@@ -218,7 +218,7 @@ scrape_configs:
 	}
 
 	// Our dashboard: every expression returns series.
-	data, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "grafana", "dashboard.json"))
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "chart", "files", "dashboard.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1131,9 +1131,18 @@ func TestKill9RestartsWarm(t *testing.T) {
 	mustKubectl(t, "-n", "kube-system", "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=60s")
 }
 
-// TestDeleteDaemonSetCleansUp runs last: it deletes the DaemonSet.
+// TestDeleteDaemonSetCleansUp runs last of this file: it deletes the
+// DaemonSet (helm_test.go deploys the chart after it).
 func TestDeleteDaemonSetCleansUp(t *testing.T) {
 	mustKubectl(t, "-n", "kube-system", "delete", "daemonset/nodelocaldns", "--wait=true", "--timeout=120s")
+	checkNodeClean(t)
+}
+
+// checkNodeClean waits for the cache's pods to be gone and checks that they
+// left nothing on the node: no rule, no address, and the kube-dns ClusterIP
+// reaching kube-dns through kube-proxy again.
+func checkNodeClean(t *testing.T) {
+	t.Helper()
 	poll(t, 90*time.Second, func() error {
 		if p := nldPods(t); len(p) != 0 {
 			return fmt.Errorf("pods left: %v", p)

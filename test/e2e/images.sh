@@ -78,10 +78,10 @@ fi
 # Ours, from the Dockerfile as it is. --network host: the build stage's
 # go mod download reaches the module proxy and the runtime stage's apt-get
 # the Debian mirror, the same as this machine. buildah 1.28 does not set
-# TARGETARCH as BuildKit does: passed here.
+# TARGETARCH, TARGETPLATFORM and BUILDPLATFORM as BuildKit does: passed here.
 start=$(date +%s)
 "${bh[@]}" bud -q --pull-never --isolation chroot --network host --layers \
-	--build-arg TARGETARCH="$(go env GOARCH)" \
+	--build-arg TARGETARCH="$(go env GOARCH)" --build-arg TARGETPLATFORM="linux/$(go env GOARCH)" --build-arg BUILDPLATFORM="linux/$(go env GOARCH)" \
 	--build-arg VERSION=e2e --build-arg REVISION="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)" \
 	-t localhost/nodelocaldns:e2e -f "$repo/Dockerfile" "$repo" >/dev/null
 log "nodelocaldns image from the Dockerfile in $(($(date +%s) - start)) s"
@@ -130,4 +130,8 @@ for img in nodelocaldns pause coredns client $stock; do
 	rm -f "$out/$img.tar"
 	"${bh[@]}" push -q "localhost/$img:e2e" "docker-archive:$out/$img.tar:localhost/$img:e2e" >/dev/null
 done
-log "images in $out"
+# The image's bill of materials, beside it (cmd/nodelocaldns-sbom: the
+# modules from the binary's build information, the Debian packages from
+# the image's dpkg status).
+(cd "$repo" && go run ./cmd/nodelocaldns-sbom -image "$out/nodelocaldns.tar" -name localhost/nodelocaldns:e2e) >"$out/nodelocaldns.spdx.json"
+log "images in $out (nodelocaldns.spdx.json: $(grep -c '"SPDXID"' "$out/nodelocaldns.spdx.json") SPDX elements)"

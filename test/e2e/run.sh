@@ -17,6 +17,10 @@
 # /nld-e2e-PID, the work directory, the two namespaces) is removed on exit,
 # whatever the outcome (trap). Root only.
 #
+# After the tests of the manifest (the last deletes its DaemonSet), those of
+# the chart (helm_test.go): Helm 3 takes the manifest's objects over, Helm 4
+# upgrades the release under lookups, uninstalls it, installs it again.
+#
 # Before ours, the migration (docs/migration.md): the stock node-local-dns
 # from the Kubernetes reference manifest (manifests/nodelocaldns.yaml, its
 # image built from the oracle binary by images.sh), then only image: changed
@@ -44,9 +48,13 @@ cluster_up
 
 # The tests: compiled here, run in the node's namespaces, in two rounds.
 go test -c -o "$work/e2e.test" ./test/e2e
+# Helm 3 and 4 for helm_test.go (the chart replaces the manifest there):
+# built once from the Go module proxy, pinned (test/helm/install.sh).
+helm3=$(test/helm/install.sh 3) helm4=$(test/helm/install.sh 4)
 runtests() { # go test flags...
 	set +e
 	innode env KUBECONFIG="$KUBECONFIG" NLD_E2E_NODUMMY="${NLD_E2E_NODUMMY:-}" NLD_E2E_KUBECTL="$bin/kubectl" NLD_E2E_WORK="$work" \
+		NLD_E2E_HELM3="$helm3" NLD_E2E_HELM4="$helm4" \
 		NLD_E2E_KUBEDNS="$kubedns" NLD_E2E_LOCALDNS="$localdns" NLD_E2E_STUB="$stub_ip" \
 		NLD_E2E_MANIFEST="$work/nodelocaldns.yaml" NLD_E2E_IMAGE=localhost/nodelocaldns:e2e \
 		NLD_E2E_STOCK_MANIFEST="$work/stock.yaml" NLD_E2E_STOCK_IMAGE="$stock_image" NLD_E2E_STOCK_MISSING="$stock_missing" \
