@@ -42,6 +42,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
@@ -65,9 +66,13 @@ type Daemon struct {
 	stopping    atomic.Bool
 	stopHTTP    context.CancelFunc
 	stopNet     context.CancelFunc
-	bg          sync.WaitGroup
-	opt         Options
-	clock       clock.Clock // opt.Clock, never nil
+	// clients maps the node's addresses to one client (nodeaddrs.go);
+	// stopAddrs ends their refresh.
+	clients   *fair.Clients
+	stopAddrs context.CancelFunc
+	bg        sync.WaitGroup
+	opt       Options
+	clock     clock.Clock // opt.Clock, never nil
 
 	// Lifecycle with twins (internal/statedir, handover.go).
 	reg      *statedir.Registry // nil without -state-dir
@@ -109,7 +114,7 @@ type Options struct {
 // New builds every part from cfg without touching the node or the network.
 func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	opt.Clock = clock.Or(opt.Clock)
-	d := &Daemon{cfg: cfg, log: log, clock: opt.Clock}
+	d := &Daemon{cfg: cfg, log: log, clock: opt.Clock, clients: fair.NewClients(nodeAddrs())}
 	d.Cache = cache.New(cache.Config{
 		SuccessCapacity: cfg.Cache.SuccessCapacity,
 		DenialCapacity:  cfg.Cache.DenialCapacity,
@@ -136,12 +141,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	if d.autopath != nil {
 		ap = d.autopath // a nil *autopath.Hook would not be a nil interface
 	}
-	var sockAddrs []netip.Addr
-	var sockPorts []int
-	for _, ap := range cfg.Sockets() {
-		sockAddrs = append(sockAddrs, ap.Addr())
-		sockPorts = append(sockPorts, int(ap.Port()))
-	}
+	sockAddrs, sockPorts := sockets(cfg)
 	srv, err = server.New(server.Config{
 		Addrs:            sockAddrs,
 		Port:             cfg.Port,
@@ -160,6 +160,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		QueryLog:         queryLog(cfg, log),
 		CoreDNSZones:     running.CoreDNSZones(cdBlocks), // a query counts under its block's (resolve.Block.Metric)
 		Autopath:         ap,
+		Clients:          d.clients,
 	})
 	if err != nil {
 		run.Close()
@@ -208,6 +209,15 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	return d, nil
 }
 
+// sockets are the addresses the server listens on and the port of each.
+func sockets(cfg *config.Config) (addrs []netip.Addr, ports []int) {
+	for _, ap := range cfg.Sockets() {
+		addrs = append(addrs, ap.Addr())
+		ports = append(ports, int(ap.Port()))
+	}
+	return addrs, ports
+}
+
 // Start brings the daemon up in the order that keeps the node's DNS
 // working: join the twins (the control socket, the state directory),
 // interface, listeners (the twin's own sockets when one serves the same
@@ -251,6 +261,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.Server.Serve()
+	d.stopAddrs = d.background(d.watchNodeAddrs)
 	// Rules before the health query: in iptables mode one address is the
 	// kube-dns ClusterIP, and until our NOTRACK rules exist kube-proxy's
 	// DNAT sends the query for it to a kube-dns pod, whose answer is not
@@ -511,6 +522,9 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	// query goes to kube-dns through kube-proxy, or is lost and retried.
 	if d.stopNet != nil {
 		d.stopNet()
+	}
+	if d.stopAddrs != nil {
+		d.stopAddrs()
 	}
 	if d.stopPodWatch != nil {
 		d.stopPodWatch()
