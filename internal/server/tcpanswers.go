@@ -16,8 +16,9 @@ import (
 // queries and never reads costs its connection's writer and the answers
 // queued, which the bound on TCP answers (MaxTCPAnswerBytes, by client
 // share) counts whole: the request with its buffers, not only the bytes
-// of the answer (issue 37: a goroutine per pending answer had one pod hold
-// 6,700 of them and 80 MiB where the budget said 8).
+// of the answer, and the writer while it runs (issue 37: a goroutine per
+// pending answer had one pod hold 6,700 of them and 80 MiB where the
+// budget said 8).
 
 // missCost is what a pending TCP answer holds beside its buffers: the
 // request (its struct, the pooled query and answer buffers are counted by
@@ -29,6 +30,10 @@ const missCost = int(unsafe.Sizeof(missReq{})) + 8
 func answerKiB(m *missReq) int {
 	return (cap(m.out) + cap(m.raw) + missCost + 1023) >> 10
 }
+
+// writerKiB is what a connection's writer counts against
+// MaxTCPAnswerBytes while it runs: its goroutine's stack, grown once.
+const writerKiB = 8
 
 // deliverTCP queues a miss's answer for its connection's writer, within
 // the bound on TCP answers waiting to be written (MaxTCPAnswerBytes, by
@@ -51,18 +56,22 @@ func (s *Server) deliverTCP(m *missReq) {
 		return
 	}
 	kib := answerKiB(m)
+	tc.qmu.Lock() // then tcpOutMu: the writer never holds both
+	start := !tc.writing
+	if start {
+		kib += writerKiB
+	}
 	s.tcpOutMu.Lock()
 	v := s.tcpOut.TakeN(tc.key, kib)
 	s.tcpOutMu.Unlock()
 	if v != fair.Taken {
+		tc.qmu.Unlock()
 		s.stats.TCPAnswerDrops.Add(1)
 		_ = tc.c.Close()
 		tc.done(m)
 		return
 	}
-	tc.qmu.Lock()
 	tc.queue = append(tc.queue, m)
-	start := !tc.writing
 	tc.writing = true
 	tc.qmu.Unlock()
 	if start {
@@ -87,6 +96,9 @@ func (s *Server) writeAnswers(tc *tcpConn) {
 			tc.writing = false
 			tc.queue = nil // a burst's backing array goes with it
 			tc.qmu.Unlock()
+			s.tcpOutMu.Lock()
+			s.tcpOut.PutN(tc.key, writerKiB)
+			s.tcpOutMu.Unlock()
 			return
 		}
 		tc.qmu.Unlock()
