@@ -189,7 +189,8 @@ func cacheChurn(ctx context.Context, t *testing.T, d *daemon) func() {
 
 // unreadTCP: one pod keeps 100 TCP connections, each pipelining questions
 // (8 every 250 ms) whose answers are ~2 KB and not cached, and reads none
-// of them; a connection the daemon closes is opened again.
+// of them; a connection the daemon closes is opened again. They are opened
+// over the first second.
 func unreadTCP(ctx context.Context, t *testing.T, d *daemon) func() {
 	var wg sync.WaitGroup
 	nonce := time.Now().UnixNano()
@@ -198,6 +199,10 @@ func unreadTCP(ctx context.Context, t *testing.T, d *daemon) func() {
 		go func() {
 			defer wg.Done()
 			dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(pod(8, 0))}, Timeout: time.Second}
+			select { // opened over the first second, not in one burst
+			case <-ctx.Done():
+			case <-time.After(time.Duration(i) * 10 * time.Millisecond):
+			}
 			var c net.Conn
 			for n := 0; ctx.Err() == nil; n++ {
 				if c == nil {

@@ -605,10 +605,14 @@ func (r *phaseResult) check(t *testing.T, name string) {
 	defer host.mu.Unlock()
 	rate := 100 * float64(g.answered) / float64(max(g.sent, 1))
 	hostRate := 100 * float64(host.answered) / float64(max(host.sent, 1))
-	t.Logf("%s: good pod %d/%d answered (%.2f%%; %d on the first try), p99 %v, TCP %d/%d; hit-ratio pod %.2f%% (%d of %d asked, %d answered); another hostNetwork client %d/%d (%.2f%%); peak RSS %.1f MiB (budget %d, limit %d), goroutines at most %.0f, TCP answers pending at most %.0f KiB",
+	pending := "n/a (not served)"
+	if r.tcpPending >= 0 {
+		pending = fmt.Sprintf("%.0f KiB", r.tcpPending/1024)
+	}
+	t.Logf("%s: good pod %d/%d answered (%.2f%%; %d on the first try), p99 %v, TCP %d/%d; hit-ratio pod %.2f%% (%d of %d asked, %d answered); another hostNetwork client %d/%d (%.2f%%); peak RSS %.1f MiB (budget %d, limit %d), goroutines at most %.0f, TCP answers pending at most %s",
 		name, g.answered, g.sent, rate, g.first, g.p99().Round(10*time.Microsecond), g.tcpAnswer, g.tcpSent,
 		h.hitRatio(), h.misses, h.asked.Load(), h.answered.Load(), host.answered, host.sent, hostRate,
-		float64(r.hwm)/1024, budgetHostile, manifestLimitMiB, r.goroutines, r.tcpPending/1024)
+		float64(r.hwm)/1024, budgetHostile, manifestLimitMiB, r.goroutines, pending)
 	if g.sent < 100 || rate < 99.9 {
 		t.Errorf("%s: the good pod got %.2f%% answers (%d questions), want >= 99.9%%: %v", name, rate, g.sent, g.failures)
 	}
