@@ -100,6 +100,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		config.Describe(stdout, cfg)
 		return exitOK
 	}
+	if cfg.Cleanup {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := daemon.Cleanup(ctx, cfg, log); err != nil {
+			log.Error("cleanup", "err", err)
+			return exitFailed
+		}
+		return exitOK
+	}
 	for _, n := range cfg.DropIn.Notes {
 		log.Warn("configuration: " + n)
 	}

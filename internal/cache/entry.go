@@ -601,8 +601,13 @@ func (e *Entry) write(dst []byte, q *wire.Query, now int64, maxSize int, ednsSiz
 		case f.ttl > ageSec:
 			t = f.ttl - ageSec
 		}
-		binary.BigEndian.PutUint32(out[f.off:], t)
-		if f.name != 0 {
+		// Bounds checked, not trusted: an entry's layout is Build's own
+		// or checked as such (checkImported), but a wrong one must cost
+		// its record, not the process.
+		if o := int(f.off); o+4 <= len(out) {
+			binary.BigEndian.PutUint32(out[o:o+4], t)
+		}
+		if f.name != 0 && int(f.name) < len(out) {
 			copy(out[f.name:], q.Name)
 		}
 	}
@@ -647,7 +652,7 @@ func (e *Entry) cut(size int) (end, n int) {
 		}
 	}
 	if lo == 0 {
-		return wire.HeaderLen + int(e.nameLen) + 4, 0
+		return min(wire.HeaderLen+int(e.nameLen)+4, len(e.msg)), 0
 	}
-	return int(e.rrs[lo-1].end), lo
+	return min(int(e.rrs[lo-1].end), len(e.msg)), lo
 }

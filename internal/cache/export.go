@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
 
 // A cache handed to a twin (a rollout's new instance; internal/daemon's
@@ -29,13 +31,19 @@ var ErrExportVersion = errors.New("cache: exported by another version")
 const maxExportEntry = 1 << 18
 
 // Fingerprint identifies the policy that a question (its name, lower-case
-// wire format, and view) has: an entry is kept across a handover only
-// when the policy that built it and the importer's for it agree.
-type Fingerprint func(name []byte, view uint8) uint64
+// wire format, and view) has, and gives that policy's tag (Policy.Tag):
+// an entry is kept across a handover only when the policy that built it
+// and the importer's for it agree, and then its tag must be the
+// importer's (the tag sizes the cache's per-tag counters: one from
+// outside must not).
+type Fingerprint func(name []byte, view uint8) (fp uint64, tag uint16)
 
 // Export writes, shard by shard and most recently used first, the entries that may still
 // answer at now (fresh, or within their stale window), up to maxBytes of
-// stream. It returns how many it wrote.
+// stream: each shard gets an equal share of what the shards before it
+// left, so a bound below the cache's size keeps the most recently used
+// entries of every shard rather than all of a few. It returns how many it
+// wrote.
 func (c *Cache) Export(w io.Writer, now int64, fp Fingerprint, maxBytes int64) (int, error) {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	var buf []byte
@@ -45,10 +53,11 @@ func (c *Cache) Export(w io.Writer, now int64, fp Fingerprint, maxBytes int64) (
 		return 0, err
 	}
 	n := 0
+	var batch []*Entry
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		var batch []*Entry // copied out so the shard is not held while writing
+		batch = batch[:0] // copied out so the shard is not held while writing
 		for k := range s.lru {
 			head := &s.lru[k]
 			for e := head.next; e != head; e = e.next {
@@ -58,9 +67,12 @@ func (c *Cache) Export(w io.Writer, now int64, fp Fingerprint, maxBytes int64) (
 			}
 		}
 		s.mu.Unlock()
+		// The 4 bytes of the final length stay free.
+		limit := written + (maxBytes-written-4)/int64(len(c.shards)-i)
 		for _, e := range batch {
-			buf = appendEntry(buf[:0], e, fp(e.msg[12:12+int(e.nameLen)], e.flags>>keyViewShift))
-			if written+int64(len(buf))+4 > maxBytes {
+			f, _ := fp(e.msg[12:12+int(e.nameLen)], e.flags>>keyViewShift)
+			buf = appendEntry(buf[:0], e, f)
+			if written+int64(len(buf)) > limit {
 				break
 			}
 			written += int64(len(buf))
@@ -70,6 +82,7 @@ func (c *Cache) Export(w io.Writer, now int64, fp Fingerprint, maxBytes int64) (
 			n++
 		}
 	}
+	clear(batch)
 	if _, err := bw.Write([]byte{0, 0, 0, 0}); err != nil {
 		return n, err
 	}
@@ -128,13 +141,30 @@ type ImportStats struct {
 	Changed  int // dropped: their policy is not the importer's
 	Expired  int // dropped: no longer usable at now
 	Rejected int // not kept by Put (kinds the cache does not keep, capacity)
+	// Invalid: dropped, not what Build makes of a well-formed answer
+	// (checkImported); InvalidErr says why for the first of them.
+	Invalid    int
+	InvalidErr error
 }
+
+// Dropped is every entry read and not kept.
+func (st ImportStats) Dropped() int { return st.Changed + st.Expired + st.Rejected + st.Invalid }
 
 // Import reads what Export wrote and keeps the entries whose policy is the
 // importer's (fp) and that are still usable at now. A stream of another
-// version is refused whole (ErrExportVersion); a malformed entry ends the
-// import with an error, keeping what came before it.
+// version is refused whole (ErrExportVersion); a stream that breaks its
+// framing (a length over maxExportEntry, a short read) ends the import
+// with an error, keeping what came before. Each entry is checked as
+// strictly as an upstream answer before it is kept (checkImported): one
+// that fails is dropped and counted (Invalid), and the import goes on.
 func (c *Cache) Import(r io.Reader, now int64, fp Fingerprint) (ImportStats, error) {
+	return c.ImportShifted(r, now, 0, fp)
+}
+
+// ImportShifted is Import for entries whose times were read on another
+// clock: shift (ns) is added to each entry's times first (internal/snapshot
+// computes it for a file written before a restart).
+func (c *Cache) ImportShifted(r io.Reader, now, shift int64, fp Fingerprint) (ImportStats, error) {
 	var st ImportStats
 	br := bufio.NewReaderSize(r, 64<<10)
 	var hdr [4]byte
@@ -145,6 +175,7 @@ func (c *Cache) Import(r io.Reader, now int64, fp Fingerprint) (ImportStats, err
 		return st, fmt.Errorf("%w: version %d, ours %d", ErrExportVersion, v, ExportVersion)
 	}
 	var buf []byte
+	var a wire.Answer
 	for {
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return st, err
@@ -164,14 +195,26 @@ func (c *Cache) Import(r io.Reader, now int64, fp Fingerprint) (ImportStats, err
 			return st, err
 		}
 		e, want, err := parseEntry(buf)
-		if err != nil {
-			return st, err
+		if err == nil {
+			e.stored, e.expires, e.staleUntil = e.stored+shift, e.expires+shift, e.staleUntil+shift
+			err = checkImported(e, &a)
 		}
+		if err != nil {
+			if st.Invalid++; st.InvalidErr == nil {
+				st.InvalidErr = err
+			}
+			continue
+		}
+		got, tag := fp(e.msg[12:12+int(e.nameLen)], e.flags>>keyViewShift)
 		switch {
 		case now >= e.staleUntil && now >= e.expires:
 			st.Expired++
-		case fp(e.msg[12:12+int(e.nameLen)], e.flags>>keyViewShift) != want:
+		case got != want:
 			st.Changed++
+		case tag != e.tag:
+			if st.Invalid++; st.InvalidErr == nil {
+				st.InvalidErr = fmt.Errorf("tag %d, its policy's is %d", e.tag, tag)
+			}
 		case c.Put(e):
 			st.Kept++
 		default:
@@ -181,16 +224,15 @@ func (c *Cache) Import(r io.Reader, now int64, fp Fingerprint) (ImportStats, err
 }
 
 // parseEntry reads one record of appendEntry (without its length) into a
-// new entry, checking that its layout stays within its message.
+// new entry; checkImported then checks what it says.
 func parseEntry(b []byte) (*Entry, uint64, error) {
-	bad := errors.New("cache import: malformed entry")
 	r := reader{b: b}
 	fp := r.u64()
 	ml := int(r.u16())
 	msg := r.bytes(ml)
 	nrr := int(r.u16())
-	if r.err || nrr > len(b)/10 {
-		return nil, 0, bad
+	if r.err || nrr > len(b)/10 || ml < wire.HeaderLen {
+		return nil, 0, errMalformed
 	}
 	e := &Entry{msg: append([]byte(nil), msg...), rrs: make([]rrField, nrr)}
 	for i := range e.rrs {
@@ -205,22 +247,19 @@ func parseEntry(b []byte) (*Entry, uint64, error) {
 	e.kept.Store(r.u8() == 1)
 	e.staleTTL = r.u32()
 	if r.u8() == 1 {
-		zone := r.bytes(int(r.u8()))
-		if !r.err {
-			e.lkg = LastKnownGoodCounter(string(zone))
-		}
+		// Only a zone the importer's configuration counts: a name from
+		// outside must not add a metrics series.
+		e.lkg = knownLastKnownGood(string(r.bytes(int(r.u8()))))
 	}
-	if r.err || len(r.b) != 0 || len(e.msg) < 12+int(e.nameLen) || e.kind >= numKinds {
-		return nil, 0, bad
-	}
-	for _, f := range e.rrs {
-		if int(f.off)+4 > len(e.msg) || int(f.end) > len(e.msg) || int(f.name) >= len(e.msg) {
-			return nil, 0, bad
-		}
+	if r.err || len(r.b) != 0 || len(e.msg) < wire.HeaderLen+int(e.nameLen) {
+		return nil, 0, errMalformed
 	}
 	e.hash = hashQuestion(e.msg[12:12+int(e.nameLen)], e.qtype, e.qclass, e.flags)
 	return e, fp, nil
 }
+
+// errMalformed: an entry's fields do not fill its record exactly.
+var errMalformed = errors.New("cache import: malformed entry")
 
 // reader reads big-endian fields, remembering a short read.
 type reader struct {

@@ -49,12 +49,12 @@ func TestExportImport(t *testing.T) {
 	// One whose stale window is over by the time it is imported.
 	old.Put(exportEntry(t, "gone.example.", 1, now-int64(2*time.Hour), pol))
 	changed := "n7.example."
-	fpOld := func(name []byte, view uint8) uint64 { return 1 }
-	fpNew := func(name []byte, view uint8) uint64 {
+	fpOld := func(name []byte, view uint8) (uint64, uint16) { return 1, 0 }
+	fpNew := func(name []byte, view uint8) (uint64, uint16) {
 		if wire.NameString(name) == changed {
-			return 2 // its block's policy changed
+			return 2, 0 // its block's policy changed
 		}
-		return 1
+		return 1, 0
 	}
 	var stream bytes.Buffer
 	n, err := old.Export(&stream, now, fpOld, 64<<20)
@@ -105,9 +105,10 @@ func TestExportImport(t *testing.T) {
 }
 
 // TestImportRefusesOtherVersionsAndGarbage: another layout is refused
-// whole; a malformed entry ends the import with an error, nothing panics.
+// whole; an entry cut short is dropped and counted, a stream cut short
+// ends the import with an error; nothing panics.
 func TestImportRefusesOtherVersionsAndGarbage(t *testing.T) {
-	fp := func([]byte, uint8) uint64 { return 0 }
+	fp := func([]byte, uint8) (uint64, uint16) { return 0, 0 }
 	if _, err := New(Config{}).Import(bytes.NewReader([]byte{0, 0, 0, 99, 0, 0, 0, 0}), 0, fp); !errors.Is(err, ErrExportVersion) {
 		t.Fatalf("another version: %v", err)
 	}
@@ -119,8 +120,11 @@ func TestImportRefusesOtherVersionsAndGarbage(t *testing.T) {
 		bad[0], bad[1], bad[2], bad[3] = 0, 0, byte((cut-4)>>8), byte(cut-4)
 		stream := append([]byte{0, 0, 0, byte(ExportVersion)}, bad...)
 		stream = append(stream, 0, 0, 0, 0)
-		if _, err := New(Config{}).Import(bytes.NewReader(stream), now, fp); err == nil {
-			t.Fatalf("an entry cut at %d bytes was read", cut)
+		if st, err := New(Config{}).Import(bytes.NewReader(stream), now, fp); err != nil || st.Kept != 0 || st.Invalid != 1 {
+			t.Fatalf("an entry cut at %d bytes: %+v %v", cut, st, err)
+		}
+		if _, err := New(Config{}).Import(bytes.NewReader(stream[:len(stream)-5]), now, fp); err == nil {
+			t.Fatalf("a stream cut inside an entry of %d bytes was read", cut)
 		}
 	}
 }

@@ -45,6 +45,14 @@ func LastKnownGoodCounter(zone string) *LastKnownGood {
 	return c
 }
 
+// knownLastKnownGood returns the counters of zone when a policy of this
+// process made them (LastKnownGoodCounter), else nil.
+func knownLastKnownGood(zone string) *LastKnownGood {
+	lkgZones.Lock()
+	defer lkgZones.Unlock()
+	return lkgZones.m[zone]
+}
+
 // LastKnownGoodStat is one zone's counts.
 type LastKnownGoodStat struct {
 	Zone         string

@@ -130,7 +130,7 @@ func TestExportKeepsLastKnownGood(t *testing.T) {
 	e.Keep()
 	old.Put(e)
 	var stream bytes.Buffer
-	fp := func([]byte, uint8) uint64 { return 1 }
+	fp := func([]byte, uint8) (uint64, uint16) { return 1, 0 }
 	if n, err := old.Export(&stream, t0+1, fp, 1<<20); err != nil || n != 1 {
 		t.Fatalf("export %d %v", n, err)
 	}

@@ -80,6 +80,13 @@ type Config struct {
 	SetupInterface bool
 	SetupIPTables  bool
 	SkipTeardown   bool
+	// FallbackAfter: while no instance serves an address the kernel sends
+	// its queries to kube-dns; a process that stops passing its loop check
+	// (stopped, wedged) is skipped this long after (0: the stock's
+	// unconditional rules, no fallback). Teardown: "auto" leaves the
+	// fallback on an exit that is not an uninstall, "always" removes all.
+	FallbackAfter time.Duration
+	Teardown      string
 	// SocketUID owns the DNS sockets, so only processes of that UID can
 	// join their SO_REUSEPORT group; -1 is the process's own (root).
 	SocketUID     int
@@ -109,6 +116,8 @@ type Config struct {
 
 	LogFormat   string
 	CheckConfig bool
+	// Cleanup: remove what earlier instances left on the node and exit.
+	Cleanup bool
 	// PProf is where /debug/pprof/ is served ("" off): its own listener,
 	// loopback unless an address is given explicitly (-pprof, the
 	// Corefile's pprof).
@@ -120,6 +129,10 @@ type Config struct {
 	// DropIn: the stock image's flags and the Corefile (stockflags.go,
 	// corefile.go).
 	DropIn DropIn
+
+	// Node: the node listener, where external names go, the node's
+	// readiness condition (node.go).
+	Node NodeConfig
 }
 
 // CacheConfig sizes the cache and caps lifetimes.
@@ -142,6 +155,13 @@ type CacheConfig struct {
 	// answers are kept over a refresh that does not answer the question
 	// (-last-known-good; serve_stale_policy prefer_positive).
 	LastKnownGood []string
+	// SnapshotInterval is how often the cache is written when it
+	// changed, for a start after a crash (0: never, and none is loaded);
+	// SnapshotMaxBytes bounds that file; SnapshotDir is where it is kept
+	// ("": the state directory's group directory).
+	SnapshotInterval time.Duration
+	SnapshotMaxBytes int64
+	SnapshotDir      string
 }
 
 // AutopathConfig turns autopath on and says how to find this node's pods.
@@ -205,6 +225,7 @@ type rawFlags struct {
 	localIP, kubeDNS, upstreamSvc, clusterDomain string
 	maxBytes, lastKnownGood                      string
 	stock                                        stockFlags
+	node                                         *nodeFlags
 }
 
 // register defines the flags on fs, into c and r.
@@ -226,6 +247,8 @@ func (c *Config) register(fs *flag.FlagSet, r *rawFlags, env Env) {
 	fs.BoolVar(&c.SetupInterface, "setupinterface", true, "create the dummy interface holding -localip")
 	fs.BoolVar(&c.SetupIPTables, "setupiptables", true, "install NOTRACK/ACCEPT iptables rules for -localip")
 	fs.BoolVar(&c.SkipTeardown, "skipteardown", false, "leave interface and rules in place on exit")
+	fs.DurationVar(&c.FallbackAfter, "fallback-after", 2*time.Second, "while no instance serves an address, the kernel sends its queries to kube-dns; a hung instance (stopped, a serving loop stuck) is bypassed this long after (whole seconds, at most 1m); 0: no fallback (the stock's rules)")
+	fs.StringVar(&c.Teardown, "teardown", "auto", "on an exit no twin takes over: auto (remove link and rules on an uninstall, or outside a pod; else leave them, the fallback serving, for the next instance) or always")
 	fs.IntVar(&c.SocketUID, "socket-uid", -1, "UID that owns the DNS sockets: only its processes can join our port group (SO_REUSEPORT); needs CAP_SETUID; -1: the process's own")
 	fs.StringVar(&c.InterfaceName, "interfacename", "nodelocaldns", "name of the dummy interface")
 	fs.StringVar(&c.IPTablesMode, "iptables-mode", "auto", "iptables backend: auto, legacy or nft")
@@ -243,6 +266,7 @@ func (c *Config) register(fs *flag.FlagSet, r *rawFlags, env Env) {
 	fs.StringVar(&r.lastKnownGood, "last-known-good", "", "comma-separated zones (\".\": every name) whose last answer that answers the question is kept, within -serve-stale, when a refresh comes back NXDOMAIN, NODATA, empty or a referral (CoreDNS's serve_stale_policy prefer_positive); \"\": off")
 	fs.DurationVar(&c.Cache.StaleRecheck, "stale-recheck", resolve.DefaultStaleRecheck, "after a failed refresh, serve stale without asking the upstream for this long")
 	fs.IntVar(&c.Cache.PrefetchHits, "prefetch", 2, "refresh an entry hit this many times before it expires (in the last 10% of its TTL); 0 disables")
+	registerSnapshotFlags(fs, &c.Cache)
 	fs.IntVar(&c.UDPSockets, "udp-sockets", 0, "SO_REUSEPORT UDP sockets per address (default GOMAXPROCS)")
 	fs.IntVar(&c.MaxUDPSize, "max-udp-size", resolve.DefaultUDPSize, "EDNS UDP size we advertise, to upstreams (larger answers come over TCP) and in our answers")
 	fs.IntVar(&c.MaxClientUDPSize, "max-client-udp-size", server.DefaultMaxClientUDPSize, "largest UDP answer to a client: its EDNS size up to this (512 without EDNS); larger answers are truncated")
@@ -254,11 +278,13 @@ func (c *Config) register(fs *flag.FlagSet, r *rawFlags, env Env) {
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.Var(pprofFlag{&c.PProf}, "pprof", "serve /debug/pprof/ on a listener of its own: -pprof on "+DefaultPProfAddr+" (loopback only), -pprof=ADDR:PORT on that address")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "validate the configuration, print it and exit")
+	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove what instances with these flags left on this node (rules of any version, the fallback, the link's addresses, the link if they made it) and exit; refused while one serves")
 	registerStock(fs, c, &r.stock) // drop-in: the stock image's flags
 	// autopath (issue 15)
 	fs.BoolVar(&c.Autopath.Enabled, "autopath", false, "answer pods' search-path queries in one round trip (watches this node's pods through the API server; docs/autopath.md)")
-	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch (default $NODE_NAME)")
+	fs.StringVar(&c.Autopath.NodeName, "node-name", env("NODE_NAME"), "this node's name, for -autopath's pod watch and -node-condition (default $NODE_NAME)")
 	fs.StringVar(&c.Autopath.NodeResolvConf, "autopath-node-resolv-conf", "", "the resolv.conf the kubelet gives pods (its --resolv-conf), for their search domains (default: -resolv-conf)")
+	r.node = registerNode(fs, c) // issue 40: node listener, external names, node status
 }
 
 // checkFlags checks the addresses, ports, modes and paths the flags give;
@@ -292,8 +318,8 @@ func (c *Config) checkFlags(r *rawFlags, set map[string]bool, env Env) (kubeErr,
 			c.StateDir = "" // no node to share: no twins
 		}
 	} else {
-		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(r.kubeDNS, r.upstreamSvc, env); err != nil && !r.stock.corefileMode(set) {
-			return nil, err
+		if c.KubeDNS, c.KubeDNSSource, err = kubeDNSAddr(r.kubeDNS, r.upstreamSvc, env); err != nil && !r.stock.corefileMode(set) && !c.Cleanup {
+			return nil, err // -cleanup asks kube-dns nothing
 		} else if err != nil {
 			kubeErr = err // drop-in: the Corefile may name the cluster DNS
 		}
@@ -333,6 +359,12 @@ func (c *Config) checkFlags(r *rawFlags, set map[string]bool, env Env) (kubeErr,
 	case "auto", "legacy", "nft":
 	default:
 		return nil, usage("-iptables-mode: %q is not auto, legacy or nft", c.IPTablesMode)
+	}
+	if c.FallbackAfter < 0 || c.FallbackAfter > time.Minute || c.FallbackAfter%time.Second != 0 {
+		return nil, usage("-fallback-after: %v is not whole seconds between 0 and 1m", c.FallbackAfter)
+	}
+	if c.Teardown != "auto" && c.Teardown != "always" {
+		return nil, usage("-teardown: %q is not auto or always", c.Teardown)
 	}
 	if c.InterfaceName == "" || len(c.InterfaceName) > 15 || strings.ContainsAny(c.InterfaceName, "/ \t") {
 		return nil, usage("-interfacename: %q is not a valid interface name (1-15 characters, no '/' or spaces)", c.InterfaceName)
@@ -404,7 +436,7 @@ func (c *Config) finish(r *rawFlags, set map[string]bool, env Env, kubeErr error
 	if err := c.applyCorefile(&r.stock, set, r.localIP, env); err != nil { // drop-in: -conf
 		return err
 	}
-	if kubeErr != nil && !c.KubeDNS.IsValid() {
+	if kubeErr != nil && !c.KubeDNS.IsValid() && !c.Cleanup {
 		return kubeErr
 	}
 	if !c.LocalMode && r.upstreamSvc != "" {
@@ -415,8 +447,11 @@ func (c *Config) finish(r *rawFlags, set map[string]bool, env Env, kubeErr error
 			c.KubeDNSService = r.upstreamSvc
 		}
 	}
+	if err := c.finishNode(r.node, set, r.stock.corefileMode(set)); err != nil {
+		return err
+	}
 	if c.ResolvConf != "" {
-		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.LocalIPs, c.Port); err != nil {
+		if c.Nameservers, err = LoadResolvConf(c.ResolvConf, c.OwnAddrs(), c.Port); err != nil {
 			return fmt.Errorf("%w: -resolv-conf: %v", ErrUsage, err)
 		}
 	}
@@ -451,6 +486,55 @@ func (cc *CacheConfig) validate() error {
 	if cc.ServFailTTL < 0 || cc.ServFailTTL > 5*time.Second {
 		return usage("-servfail-ttl: %v is not between 0 and 5s", cc.ServFailTTL)
 	}
+	if cc.SnapshotInterval != 0 && (cc.SnapshotInterval < time.Second || cc.SnapshotInterval > time.Hour) {
+		return usage("-cache-snapshot-interval: %v is not 0 (off) or between 1s and 1h", cc.SnapshotInterval)
+	}
+	if cc.SnapshotDir != "" && !strings.HasPrefix(cc.SnapshotDir, "/") {
+		return usage("-cache-snapshot-dir: %q is not an absolute path", cc.SnapshotDir)
+	}
+	return nil
+}
+
+// DefaultSnapshotMaxBytes is -cache-snapshot-max-bytes' default: about
+// 60,000 answers of one or two records (~125 bytes each), three times the
+// default capacities. On the default state directory (a tmpfs) the file is
+// memory charged to the pod, twice that while a new one replaces it.
+const DefaultSnapshotMaxBytes = 8 << 20
+
+// registerSnapshotFlags adds the cache snapshot's flags (docs/design.md,
+// "Warm after a crash").
+func registerSnapshotFlags(fs *flag.FlagSet, cc *CacheConfig) {
+	fs.DurationVar(&cc.SnapshotInterval, "cache-snapshot-interval", 5*time.Second,
+		"how often the cache is written to -state-dir when it changed (and at exit), so a start after a crash loads it; 0 turns it off (nothing written or loaded)")
+	cc.SnapshotMaxBytes = DefaultSnapshotMaxBytes
+	fs.Var(bytesFlag{&cc.SnapshotMaxBytes}, "cache-snapshot-max-bytes", "bound on the cache snapshot file (bytes; suffixes Ki, Mi, Gi): the most recently used answers of every part of the cache that fit")
+	fs.StringVar(&cc.SnapshotDir, "cache-snapshot-dir", "", "directory of the cache snapshot, private to this instance (a pod's emptyDir: a pod that mounts the shared -state-dir must not read every cached name); \"\": -state-dir's directory for these addresses")
+}
+
+// bytesFlag is a byte count flag (parseBytes: at least 1Mi).
+type bytesFlag struct{ n *int64 }
+
+func (f bytesFlag) String() string {
+	if f.n == nil {
+		return ""
+	}
+	switch n := *f.n; {
+	case n > 0 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "Mi"
+	default:
+		return strconv.FormatInt(n, 10)
+	}
+}
+
+func (f bytesFlag) Set(v string) error {
+	n, err := parseBytes(v)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("0 holds nothing (-cache-snapshot-interval=0 turns the snapshot off)")
+	}
+	if err != nil {
+		return err
+	}
+	*f.n = n
 	return nil
 }
 
@@ -642,16 +726,16 @@ func (f pprofFlag) Set(v string) error {
 }
 
 // Sockets are the DNS listen sockets' addresses and ports: Listen, or
-// every LocalIPs on Port.
+// every LocalIPs on Port, then the node listener's addresses on Port.
 func (c *Config) Sockets() []netip.AddrPort {
 	if c.Listen != nil {
 		return c.Listen
 	}
-	out := make([]netip.AddrPort, len(c.LocalIPs))
+	out := make([]netip.AddrPort, len(c.LocalIPs), len(c.LocalIPs)+len(c.Node.Listen))
 	for i, a := range c.LocalIPs {
 		out[i] = netip.AddrPortFrom(a, uint16(c.Port))
 	}
-	return out
+	return append(out, c.NodeListenSockets()...) // the node listener's last (running: its view)
 }
 
 // ExtraPorts are the DNS ports besides Port that Sockets listen on, in

@@ -97,6 +97,20 @@ func TestLocalMode(t *testing.T) {
 	}
 }
 
+// TestCleanupNeedsNoKubeDNS: -cleanup removes what instances left on the
+// node; it asks kube-dns nothing, so a node debugging pod, whose
+// environment names no kube-dns Service, can run it.
+func TestCleanupNeedsNoKubeDNS(t *testing.T) {
+	rc := writeFile(t, "nameserver 10.0.0.2\n")
+	c, err := Parse([]string{"-cleanup", "-localip", "169.254.20.10,10.96.0.10", "-resolv-conf", rc}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Cleanup || !c.SetupIPTables || c.FallbackAfter != 2*time.Second || c.Teardown != "auto" {
+		t.Errorf("-cleanup: %+v", c)
+	}
+}
+
 func TestBadInputIsOneClearError(t *testing.T) {
 	rc := writeFile(t, "nameserver 10.0.0.2\n")
 	only := writeFile(t, "nameserver 169.254.20.10\n")
@@ -119,6 +133,9 @@ func TestBadInputIsOneClearError(t *testing.T) {
 		{append([]string{"-servfail-ttl", "1m"}, k...), "-servfail-ttl"},
 		{append([]string{"-cluster-denial-ttl", "0s"}, k...), "-cluster-denial-ttl"},
 		{append([]string{"-iptables-mode", "xtables"}, k...), "-iptables-mode"},
+		{append([]string{"-fallback-after", "1500ms"}, k...), "-fallback-after"},
+		{append([]string{"-fallback-after", "2m"}, k...), "-fallback-after"},
+		{append([]string{"-teardown", "never"}, k...), "-teardown"},
 		{append([]string{"-cache-max-bytes", "12Q"}, k...), "-cache-max-bytes"},
 		{append([]string{"-interfacename", "a-very-long-interface-name"}, k...), "-interfacename"},
 		{append([]string{"-max-udp-size", "511"}, k...), "-max-udp-size"},

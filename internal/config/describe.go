@@ -50,6 +50,7 @@ func Describe(w io.Writer, c *Config) {
 	} else {
 		p("kube-dns cm:      %s (watched): %s", c.KubeDNSConfigMap, k)
 	}
+	describeNode(p, c)
 	p("metrics:          http://%s/metrics (/health, /ready)", c.MetricsAddr)
 	if c.HealthAddr != "" {
 		p("health:           http://%s/health, /ready", c.HealthAddr)
@@ -75,11 +76,13 @@ func Describe(w io.Writer, c *Config) {
 		p("socket owner:     uid %d (only its processes can join the DNS port group)", c.SocketUID)
 	}
 	p("interface:        %v (%s)", c.SetupInterface, c.InterfaceName)
-	p("iptables:         %v (backend %s, health port %d, sync every %v, teardown on exit %v)", c.SetupIPTables, c.IPTablesMode, c.HealthPort, c.SyncInterval, !c.SkipTeardown)
+	p("iptables:         %v (backend %s, health port %d, sync every %v)", c.SetupIPTables, c.IPTablesMode, c.HealthPort, c.SyncInterval)
+	describeFallback(p, c)
 	if x := c.ExtraPorts(); len(x) > 0 && c.SetupIPTables {
 		p("iptables ports:   DNS %d and %v: the NOTRACK/ACCEPT rules cover every DNS port (the stock node-cache's name its one port)", c.Port, x)
 	}
 	p("cache:            success %d, denial %d entries, %d bytes", c.Cache.SuccessCapacity, c.Cache.DenialCapacity, c.Cache.MaxBytes)
+	p("cache snapshot:   %s", describeSnapshot(c))
 	p("ttl caps:         cluster success %v denial %v; other success %v denial %v; min %v; servfail %v",
 		c.Cache.ClusterSuccessTTL, c.Cache.ClusterDenialTTL, c.Cache.SuccessTTL, c.Cache.DenialTTL, c.Cache.MinTTL, c.Cache.ServFailTTL)
 	p("serve-stale:      %v past expiry (client waits %v for a refresh, recheck %v after a failed one)", c.Cache.StaleWindow, c.Cache.StaleClientTimeout, c.Cache.StaleRecheck)
@@ -94,6 +97,22 @@ func Describe(w io.Writer, c *Config) {
 		p("autopath:         off")
 	}
 	describeDropIn(p, c) // drop-in: the Corefile block by block, and the notes
+}
+
+// describeSnapshot says where the cache snapshot is kept, or why not.
+func describeSnapshot(c *Config) string {
+	where := c.Cache.SnapshotDir + "/cache.snapshot"
+	switch {
+	case c.Cache.SnapshotDir == "" && c.StateDir == "":
+		return "off: no -state-dir nor -cache-snapshot-dir (a start after a crash is cold)"
+	case c.Cache.SnapshotInterval == 0:
+		return "off (-cache-snapshot-interval=0; a file left by an earlier run is removed at start)"
+	case c.Cache.SnapshotDir == "":
+		where = c.StateDir + "/<group>/cache.snapshot (the group: a hash of the network namespace, addresses and port; the start logs the path; " +
+			"every process that mounts " + c.StateDir + " can read the cached names: -cache-snapshot-dir keeps it private)"
+	}
+	return fmt.Sprintf("%s, written every %v when the cache changed and at exit, at most %d bytes; loaded at a start that has no twin to take the cache from (off: -cache-snapshot-interval=0)",
+		where, c.Cache.SnapshotInterval, c.Cache.SnapshotMaxBytes)
 }
 
 // ServiceAccountDir is where the kubelet mounts the pod's service account token and namespace.
@@ -111,6 +130,47 @@ func describeKubeDNSPods(c *Config) string {
 		return "the ClusterIP only: no API server credentials here (token not mounted, or not in a pod); in a pod with them: " + follow
 	}
 	return follow + " (live shares: nodelocaldns_upstream_request_duration_seconds_count{group=\"kube-dns\"} per upstream)"
+}
+
+// describeFallback says which addresses have a fallback on this node and
+// which not, and what an exit leaves (docs/design.md, "No black hole").
+func describeFallback(p func(string, ...any), c *Config) {
+	switch {
+	case !c.SetupIPTables:
+		p("fallback:         none: -setupiptables=false, no rules of ours (in Cilium's LRP mode Cilium sends the kube-dns ClusterIP to kube-dns' own pods when no cache pod is ready)")
+		return
+	case c.FallbackAfter == 0:
+		p("fallback:         off (-fallback-after=0): the stock's rules; while no process serves, queries to every address are lost")
+	default:
+		p("fallback:         while no process of ours serves an address (killed, crashed, not started yet) the kernel sends its queries to kube-dns; a hung one (stopped, a serving loop stuck) is bypassed within %v", c.FallbackAfter)
+		addrs := c.InterfaceIPs
+		if addrs == nil {
+			addrs = c.LocalIPs
+		}
+		for _, a := range addrs {
+			switch {
+			case a.IsUnspecified():
+			case slices.Contains(c.Node.Listen, a):
+				p("                  %s: the node listener: the node's own resolvers %v by a DNAT (never kube-dns, which may forward to it)", a, c.Nameservers)
+			case c.LocalMode:
+				p("                  %s: none (local mode: no kube-dns)", a)
+			case a.Is6() != c.KubeDNS.Addr().Is6():
+				p("                  %s: if it is a Service's ClusterIP, kube-proxy's own rules; otherwise none (kube-dns' pods are known in kube-dns' family only, %s's)", a, c.KubeDNS.Addr())
+			case c.KubeDNSService == "":
+				p("                  %s: if it is a Service's ClusterIP, kube-proxy's own rules; otherwise kube-dns' pods by a DNAT rewritten while a process serves, from kube-proxy's iptables rules for %s (none while they name none)", a, c.KubeDNS)
+			default:
+				p("                  %s: if it is a Service's ClusterIP, kube-proxy's own rules; otherwise kube-dns' ready pods by a DNAT rewritten while a process serves, from the EndpointSlices of %s through the API, else kube-proxy's iptables rules (none while neither is known)", a, c.KubeDNSService)
+			}
+		}
+	}
+	switch {
+	case c.SkipTeardown:
+		p("on exit:          everything stays (-skipteardown)")
+	case c.Teardown == "always" || c.FallbackAfter == 0:
+		p("on exit:          link, addresses and rules removed unless a twin serves on")
+	default:
+		p("on exit:          removed on an uninstall (the API says this pod's DaemonSet is gone or being deleted) or outside a pod; otherwise left, the fallback serving, for the next instance (-teardown=auto)")
+	}
 }
 
 // RootToKubeDNS reports whether the Corefile's "." block forwards to

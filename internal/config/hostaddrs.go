@@ -144,7 +144,7 @@ func (c *Config) CheckListen() error {
 			missing = append(missing, fmt.Sprintf("%s %s (%v)", what, a, err))
 		}
 	}
-	for _, a := range c.LocalIPs {
+	for _, a := range c.OwnAddrs() {
 		check("dns", a)
 	}
 	for what, hp := range map[string]string{"health": c.HealthAddr, "metrics": c.MetricsAddr} {

@@ -226,7 +226,7 @@ func (c *Config) configMapServers(list []string) ([]netip.AddrPort, error) {
 		if err != nil {
 			return nil, err
 		}
-		if int(ap.Port()) == c.Port && serves(c.LocalIPs, ap.Addr()) {
+		if int(ap.Port()) == c.Port && serves(c.OwnAddrs(), ap.Addr()) {
 			return nil, fmt.Errorf("%s is our own listen address: forwarding there would loop", ap)
 		}
 		if !slices.Contains(out, ap) {

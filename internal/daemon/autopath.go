@@ -10,7 +10,33 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
+	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
+
+// serverAutopath is the server's Autopath: nil when -autopath is off (a
+// nil *autopath.Hook would not be a nil interface); with a node listener,
+// the hook that declines its view.
+func (d *Daemon) serverAutopath() server.Autopath {
+	if d.autopath == nil {
+		return nil
+	}
+	if v, ok := d.run.NodeView(); ok {
+		return &autopathOff{Autopath: d.autopath, view: v}
+	}
+	return d.autopath
+}
+
+// autopathOff is -autopath's hook for a server with a node listener
+// (-node-listen): its queries come from the node and dnsPolicy: Default
+// pods, whose search path is the node's, and are never autopath's.
+type autopathOff struct {
+	server.Autopath
+	view uint8 // the node listener's view
+}
+
+func (a *autopathOff) Candidate(q *wire.Query) bool {
+	return q.View != a.view && a.Autopath.Candidate(q)
+}
 
 // newAutopath builds -autopath's hook for the server around res
 // (autopath.Hook) and registers its metrics; nil when -autopath is off.

@@ -18,8 +18,8 @@ import (
 // and stale windows) is not the new configuration's for its name
 // (running.State.PolicyFingerprint). A twin
 // whose cache layout differs (cache.ExportVersion) starts empty and says
-// so; a restart after a crash has no twin and starts empty: nothing is
-// kept on disk.
+// so; a restart after a crash has no twin and loads the cache snapshot
+// instead (cachesnapshot.go), as does a start whose twin handed nothing.
 
 const (
 	// cacheHandoverTimeout bounds the whole transfer: 64 MiB of entries
@@ -52,29 +52,34 @@ func (d *Daemon) sendCache(c *net.UnixConn, twin string) {
 }
 
 // adoptCache asks the twin that handed us its sockets for its entries.
-// Failing that, the cache starts empty, as after a crash.
+// Failing that, the cache snapshot is loaded, as after a crash
+// (cachesnapshot.go).
 func (d *Daemon) adoptCache(twin string) {
 	c, err := d.reg.Dial(twin, cacheHandoverTimeout)
 	if err != nil {
-		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
+		d.log.Warn("no cache from the twin: the snapshot instead", "twin", twin, "err", err)
 		return
 	}
 	defer c.Close()
 	if _, _, err := c.WriteMsgUnix([]byte("cache "+d.reg.ID()), nil, nil); err != nil {
-		d.log.Warn("no cache from the twin: starting empty", "twin", twin, "err", err)
+		d.log.Warn("no cache from the twin: the snapshot instead", "twin", twin, "err", err)
 		return
 	}
 	start := time.Now()
 	st, err := d.Cache.Import(&chunkReader{c: c, left: d.cacheHandoverBytes()}, d.clock.Now().UnixNano(), d.run.PolicyFingerprint())
-	d.Metrics.CacheHandover(st.Kept, st.Changed+st.Expired+st.Rejected)
+	d.Metrics.CacheHandover(st.Kept, st.Dropped())
+	d.cacheAdopted = err == nil || st.Kept > 0 // else the snapshot is loaded
 	switch {
 	case errors.Is(err, cache.ErrExportVersion):
-		d.log.Warn("the twin's cache is of another version: starting empty", "twin", twin, "err", err)
+		d.log.Warn("the twin's cache is of another version: the snapshot instead", "twin", twin, "err", err)
 	case err != nil:
 		d.log.Warn("cache handover from the twin cut short", "twin", twin, "kept", st.Kept, "err", err)
 	default:
 		d.log.Info("took the twin's cache", "twin", twin, "kept", st.Kept, "policy_changed", st.Changed,
-			"expired", st.Expired, "not_kept", st.Rejected, "took", time.Since(start).Round(time.Millisecond))
+			"expired", st.Expired, "not_kept", st.Rejected, "invalid", st.Invalid, "took", time.Since(start).Round(time.Millisecond))
+	}
+	if st.Invalid > 0 {
+		d.log.Warn("the twin's cache held entries that are not well-formed answers: dropped", "twin", twin, "invalid", st.Invalid, "first", st.InvalidErr)
 	}
 }
 

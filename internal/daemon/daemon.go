@@ -45,6 +45,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
+	"github.com/nodelocaldns/nodelocaldns/internal/nodestatus"
 	"github.com/nodelocaldns/nodelocaldns/internal/podwatch"
 	"github.com/nodelocaldns/nodelocaldns/internal/running"
 	"github.com/nodelocaldns/nodelocaldns/internal/server"
@@ -80,6 +81,10 @@ type Daemon struct {
 	ctlWG    sync.WaitGroup
 	handedTo atomic.Pointer[string] // the twin we gave our sockets to
 	started  time.Time              // when we joined, real time: twins are ordered by it
+	// The cache snapshot (cachesnapshot.go): its writer, nil when off;
+	// whether the cache came from a twin (then no snapshot is loaded).
+	snap         *snapshots
+	cacheAdopted bool
 
 	// -autopath (autopath.go): nil when off.
 	PodWatch     *podwatch.Watch
@@ -90,6 +95,16 @@ type Daemon struct {
 	KubeEndpoints *endpoints.Watch
 	kubeEP        *kubeEndpoints
 	stopKubeEP    context.CancelFunc
+
+	// The fallback (fallback.go): nil without it (-fallback-after=0, no rules).
+	fallback     *fallback
+	stopFallback context.CancelFunc
+
+	// The readiness on the Node (nodestatus.go): nil when off.
+	status     *nodestatus.Reporter
+	stopStatus context.CancelFunc
+	statusDone chan struct{}
+	statusMu   sync.Mutex // the health check's Set against the shutdown's
 }
 
 // Options are what tests and main may change beyond the Config.
@@ -109,6 +124,9 @@ type Options struct {
 	// KubeNamespace is the pod's namespace, where -upstreamsvc's Service is; the service
 	// account's namespace file when "".
 	KubeNamespace string
+	// Env reads the environment ($KUBERNETES_SERVICE_HOST, $POD_NAME,
+	// $POD_NAMESPACE: the exit's teardown decision); os.Getenv when nil.
+	Env func(string) string
 }
 
 // New builds every part from cfg without touching the node or the network.
@@ -137,10 +155,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		run.Close()
 		return nil, err
 	}
-	var ap server.Autopath
-	if d.autopath != nil {
-		ap = d.autopath // a nil *autopath.Hook would not be a nil interface
-	}
+	ap := d.serverAutopath()
 	sockAddrs, sockPorts := sockets(cfg)
 	srv, err = server.New(server.Config{
 		Addrs:            sockAddrs,
@@ -177,35 +192,14 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	})
 
 	if cfg.SetupInterface || cfg.SetupIPTables {
-		// The interface's addresses: a Corefile's bind 0.0.0.0 or bind
-		// IFACE also listens on addresses the host has, which are not.
-		ifAddrs := cfg.InterfaceIPs
-		if ifAddrs == nil {
-			ifAddrs = cfg.LocalIPs
-		}
-		// The wildcard (bind 0.0.0.0) is no interface address: the
-		// interface and the rules are -localip's (config puts them in
-		// InterfaceIPs).
-		ifAddrs = slices.DeleteFunc(slices.Clone(ifAddrs), netip.Addr.IsUnspecified)
-		d.net, err = netsetup.New(netsetup.Config{
-			InterfaceName:  cfg.InterfaceName,
-			Addrs:          ifAddrs,
-			Port:           cfg.Port,
-			ExtraPorts:     cfg.ExtraPorts(),
-			HealthPort:     cfg.HealthPort,
-			SetupInterface: cfg.SetupInterface,
-			SetupIPTables:  cfg.SetupIPTables,
-			Backend:        cfg.IPTablesMode,
-			SyncInterval:   cfg.SyncInterval,
-			Logger:         log.With("component", "netsetup"),
-			Observer:       d.Metrics,
-		})
+		d.net, err = netsetup.New(netConfig(cfg, log, d.Metrics))
 		if err != nil {
 			run.Close()
 			return nil, err
 		}
 	}
 	d.opt = opt
+	d.fallback = newFallback(d)
 	return d, nil
 }
 
@@ -216,6 +210,71 @@ func sockets(cfg *config.Config) (addrs []netip.Addr, ports []int) {
 		ports = append(ports, int(ap.Port()))
 	}
 	return addrs, ports
+}
+
+// netConfig is the node plumbing for cfg: the interface's addresses (a
+// Corefile's bind 0.0.0.0 or bind IFACE also listens on addresses the host
+// has, which are not), the rules' ports, the fallback.
+func netConfig(cfg *config.Config, log *slog.Logger, obs netsetup.Observer) netsetup.Config {
+	ifAddrs := cfg.InterfaceIPs
+	if ifAddrs == nil {
+		ifAddrs = cfg.LocalIPs
+	}
+	// The wildcard (bind 0.0.0.0) is no interface address: the interface
+	// and the rules are -localip's (config puts them in InterfaceIPs).
+	ifAddrs = slices.DeleteFunc(slices.Clone(ifAddrs), netip.Addr.IsUnspecified)
+	return netsetup.Config{
+		InterfaceName:  cfg.InterfaceName,
+		Addrs:          ifAddrs,
+		Port:           cfg.Port,
+		ExtraPorts:     cfg.ExtraPorts(),
+		HealthPort:     cfg.HealthPort,
+		SetupInterface: cfg.SetupInterface,
+		SetupIPTables:  cfg.SetupIPTables,
+		Backend:        cfg.IPTablesMode,
+		SyncInterval:   cfg.SyncInterval,
+		FallbackAfter:  cfg.FallbackAfter,
+		WildcardOnly:   wildcardOnly(cfg, ifAddrs),
+		Logger:         log.With("component", "netsetup"),
+		Observer:       obs,
+	}
+}
+
+// Cleanup removes what instances with cfg left on this node (rules of any
+// version, the fallback's chains, the link's addresses, the link if one
+// of them made it): `nodelocaldns -cleanup`, after an uninstall the
+// exiting daemon could not tell from a restart. It refuses while an
+// instance serves the same addresses.
+func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	if !cfg.SetupInterface && !cfg.SetupIPTables {
+		return errors.New("-cleanup: nothing to remove with -setupinterface=false and -setupiptables=false")
+	}
+	var own netsetup.Ownership
+	if cfg.StateDir != "" {
+		id, err := statedir.InstanceID()
+		if err != nil {
+			return err
+		}
+		reg, err := statedir.Open(cfg.StateDir, id+"-cleanup", cfg.LocalIPs, cfg.Port)
+		if err != nil {
+			return err
+		}
+		unlock, err := reg.LockGroup(ctx)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if twins := reg.Twins(); len(twins) > 0 {
+			return fmt.Errorf("-cleanup: an instance serves these addresses (pid %s): stop it first", statedir.PID(twins[0]))
+		}
+		own = reg.InheritedOwnership(log)
+		defer reg.ForgetOwnership()
+	}
+	s, err := netsetup.New(netConfig(cfg, log, nil))
+	if err != nil {
+		return err
+	}
+	return s.RemoveAll(ctx, own)
 }
 
 // Start brings the daemon up in the order that keeps the node's DNS
@@ -249,6 +308,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			twins = t
 		}
 	}
+	d.startNodeStatus(len(twins) > 0) // nodestatus.go: not ready, unless a twin serves
 	if d.net != nil && d.cfg.SetupInterface {
 		if err := d.net.EnsureLink(ctx); err != nil {
 			return fmt.Errorf("set up interface: %w", err)
@@ -257,23 +317,13 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if len(twins) > 0 {
 		d.adoptSockets(ctx, twins)
 	}
+	d.startSnapshots() // the cache from the snapshot, unless a twin's came
 	if err := listenAs(d.cfg.SocketUID, d.Server.Listen); err != nil {
 		return err
 	}
 	d.Server.Serve()
 	d.stopAddrs = d.background(d.watchNodeAddrs)
-	// Rules before the health query: in iptables mode one address is the
-	// kube-dns ClusterIP, and until our NOTRACK rules exist kube-proxy's
-	// DNAT sends the query for it to a kube-dns pod, whose answer is not
-	// ours (seen in the e2e cluster: every start failed with an i/o
-	// timeout). A failed check exits, and the exit removes the rules.
-	if d.net != nil && d.cfg.SetupIPTables {
-		if err := d.net.EnsureRules(ctx); err != nil {
-			// The listener works without the rules (only conntrack is
-			// not skipped); keep serving and let the reconciler retry.
-			d.log.Error("iptables rules not installed; retrying every sync interval", "err", err)
-		}
-	}
+	d.rulesAndGate(ctx)
 	if err := d.health(ctx); err != nil {
 		return fmt.Errorf("health query through the listener: %w", err)
 	}
@@ -290,12 +340,14 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.startKubeEndpoints() // before the reload goroutine, which hands it a replaced kube-dns group
+	d.startFallback()
 	d.run.Start()
 	if err := d.startPodWatch(); err != nil {
 		// DNS never depends on the API server: serve without autopath.
 		d.log.Error("autopath off", "err", err)
 	}
 	d.ready.Store(true)
+	d.nodeStatusServing()
 	d.log.Info("serving",
 		"listen", joinAddrs(d.cfg.Sockets()),
 		"kube_dns", kubeDNSString(d.cfg),
@@ -307,6 +359,25 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		d.opt.OnReady()
 	}
 	return nil
+}
+
+// rulesAndGate puts the rules in and opens the gate, before the health
+// query: in iptables mode one address is the kube-dns ClusterIP, and while
+// our NOTRACK rules do not hold kube-proxy's DNAT sends the query for it to
+// a kube-dns pod, whose answer is not ours (seen in the e2e cluster: every
+// start failed with an i/o timeout). A failed check exits, and the exit
+// closes the gate (and removes the rules where it tears down).
+func (d *Daemon) rulesAndGate(ctx context.Context) {
+	if d.net != nil && d.cfg.SetupIPTables {
+		if err := d.net.EnsureRules(ctx); err != nil {
+			// The listener works without the rules (only conntrack is
+			// not skipped); keep serving and let the reconciler retry.
+			d.log.Error("iptables rules not installed; retrying every sync interval", "err", err)
+		}
+	}
+	if d.fallback != nil {
+		d.fallback.beat(ctx)
+	}
 }
 
 // serveHTTP starts the HTTP listeners: metrics (with health and ready),
@@ -494,12 +565,17 @@ var startLockWait = 20 * time.Second
 
 // shutdown: readiness fails at once; the daemon answers for lameDuck
 // (skipped when the twin we handed our sockets to is alive: it reads them
-// already); the serving loops stop, TCP drains, misses are answered and the
-// sockets close; then rules and link are torn down unless a twin serves
-// the same addresses or -skipteardown. Everything is bounded by ctx.
+// already); then, unless a twin serves the same addresses, the gate closes
+// (the kernel sends the next queries to kube-dns), what is queued is
+// answered, the serving loops stop, TCP drains, misses are answered and the
+// sockets close; and link and rules go, or stay for the next instance
+// (decideExit). Everything is bounded by ctx.
 func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	d.stopping.Store(true)
 	d.ready.Store(false)
+	d.nodeStatusStopping(lameDuck)
+	exit := make(chan exitDecision, 1)
+	go func() { exit <- d.decideExit(ctx) }() // may ask the API server: during the lame duck
 	if lameDuck > 0 {
 		if t := d.handedTo.Load(); t != nil && d.reg != nil && d.reg.Alive(*t) {
 			d.log.Info("no lame duck: the twin holding our sockets serves them", "twin", *t)
@@ -514,30 +590,18 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 		}
 	}
 	var errs []error
-	// The rules and the address go first (unless a twin keeps them), then
-	// the sockets: closed first, they left half a second in which the
-	// address was there and nobody listened, and a pod's query got a port
-	// unreachable, which glibc fails at once (2 lookups per pod in make
-	// e2e's rollback to the stock node-local-dns); without the rules a
-	// query goes to kube-dns through kube-proxy, or is lost and retried.
-	if d.stopNet != nil {
-		d.stopNet()
-	}
-	if d.stopAddrs != nil {
-		d.stopAddrs()
-	}
-	if d.stopPodWatch != nil {
-		d.stopPodWatch()
-	}
-	if d.stopKubeEP != nil {
-		d.stopKubeEP()
+	for _, stop := range []context.CancelFunc{d.stopNet, d.stopAddrs, d.stopPodWatch, d.stopKubeEP, d.stopFallback} {
+		if stop != nil {
+			stop()
+		}
 	}
 	d.bg.Wait()
 	if d.control != nil {
 		_ = d.control.Close()
 		d.ctlWG.Wait()
 	}
-	if err := d.releaseNode(ctx); err != nil {
+	finish, err := d.releaseNode(ctx, exit)
+	if err != nil {
 		errs = append(errs, fmt.Errorf("teardown: %w", err))
 	}
 	dctx, cancel := context.WithTimeout(ctx, drainDeadline)
@@ -546,6 +610,10 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 		d.log.Warn("drain cut short; remaining TCP connections closed", "err", err)
 	}
 	cancel()
+	if err := finish(); err != nil {
+		errs = append(errs, fmt.Errorf("teardown: %w", err))
+	}
+	d.stopSnapshots(ctx.Done()) // the last one, with what the drain answered
 	if d.stopHTTP != nil {
 		d.stopHTTP()
 	}
@@ -562,50 +630,107 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 	case <-ctx.Done():
 		d.log.Warn("a configuration reload did not stop in time; exiting without it")
 	}
+	d.stopNodeStatus(ctx)
 	return errors.Join(errs...)
 }
 
-// releaseNode tears down rules and link, unless a twin serves the same
-// addresses (it keeps them, and our ownership of the link goes to it) or
-// -skipteardown. The decision is taken under the group lock, so a twin
-// cannot start in between.
-func (d *Daemon) releaseNode(ctx context.Context) error {
-	if d.reg == nil {
-		if d.net == nil || d.cfg.SkipTeardown {
+// releaseNode decides, before the sockets drain, what happens to link and
+// rules, under the group lock (a twin cannot start in between; held until
+// finish). A twin serving the same addresses keeps them (our ownership of
+// the link goes to it). Otherwise, with the fallback, the gate closes and
+// the loops read on for gateDrain: what the kernel gave our sockets is
+// answered, the next queries go to kube-dns; finish, after the drain, then
+// removes link and rules or leaves them (decideExit). Without the
+// fallback the rules go first, as before (closed sockets under
+// unconditional rules refused queries), and finish does the rest.
+func (d *Daemon) releaseNode(ctx context.Context, exit <-chan exitDecision) (finish func() error, err error) {
+	unlock := func() {}
+	if d.reg != nil {
+		lctx, cancel := context.WithTimeout(ctx, exitLockWait)
+		u, err := d.reg.LockGroup(lctx)
+		cancel()
+		if err != nil {
+			d.log.Warn("deciding about teardown without the group lock", "err", err)
+		} else {
+			unlock = u
+		}
+		if twins := d.reg.Twins(); len(twins) > 0 {
+			defer d.reg.Unregister()
+			defer unlock()
+			d.leaveToTwins(twins)
+			return func() error { return nil }, nil
+		}
+	}
+	done := func() {
+		unlock()
+		if d.reg != nil {
+			d.reg.Unregister()
+		}
+	}
+	if d.net == nil {
+		done()
+		return func() error { return nil }, nil
+	}
+	if d.fallback == nil {
+		// The stock rules NOTRACK whether a socket exists or not: they go
+		// before the sockets close.
+		dec := <-exit
+		var err error
+		if dec.teardown {
+			err = d.removeAll(ctx)
+		}
+		done()
+		return func() error { return nil }, err
+	}
+	if err := d.net.CloseGate(); err != nil {
+		d.log.Warn("fallback: gate not closed: queries keep coming until it ages out", "err", err, "within", d.cfg.FallbackAfter)
+	}
+	d.fallback.serving.Set(0)
+	tm := d.clock.NewTimer(gateDrain)
+	select {
+	case <-tm.C():
+	case <-ctx.Done():
+		tm.Stop()
+	}
+	return func() error {
+		defer done()
+		dec := <-exit
+		if !dec.teardown {
+			d.log.Info("leaving link, addresses and rules: the fallback sends queries to kube-dns until the next instance adopts them", "why", dec.why)
 			return nil
 		}
-		return d.teardown(ctx)
-	}
-	defer d.reg.Unregister()
-	lctx, cancel := context.WithTimeout(ctx, exitLockWait)
-	unlock, err := d.reg.LockGroup(lctx)
-	cancel()
-	if err != nil {
-		d.log.Warn("deciding about teardown without the group lock", "err", err)
-	} else {
-		defer unlock()
-	}
-	if twins := d.reg.Twins(); len(twins) > 0 {
-		if d.net != nil {
-			if err := d.reg.RecordOwnership(d.net.Ownership()); err != nil {
-				d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
-			}
+		d.log.Info("removing link, addresses and rules", "why", dec.why)
+		return d.removeAll(ctx)
+	}, nil
+}
+
+// leaveToTwins records what we added to the link for the twins and leaves
+// link and rules to them.
+func (d *Daemon) leaveToTwins(twins []string) {
+	if d.net != nil {
+		if err := d.reg.RecordOwnership(d.net.Ownership()); err != nil {
+			d.log.Error("cannot record what we added to the link: the last instance to exit may leave it", "err", err)
 		}
-		pids := make([]string, len(twins))
-		for i, t := range twins {
-			pids[i] = statedir.PID(t)
-		}
-		d.log.Info("a twin serves the same addresses: leaving link and rules to it", "twin_pids", strings.Join(pids, ","))
-		return nil
 	}
-	if d.net == nil || d.cfg.SkipTeardown {
-		return nil
+	pids := make([]string, len(twins))
+	for i, t := range twins {
+		pids[i] = statedir.PID(t)
 	}
-	d.net.Inherit(d.reg.InheritedOwnership(d.log))
+	d.log.Info("a twin serves the same addresses: leaving link and rules to it", "twin_pids", strings.Join(pids, ","))
+}
+
+// removeAll removes link, addresses and rules: ours, and what earlier
+// instances recorded they added.
+func (d *Daemon) removeAll(ctx context.Context) error {
+	if d.reg != nil {
+		d.net.Inherit(d.reg.InheritedOwnership(d.log))
+	}
 	if err := d.teardown(ctx); err != nil {
 		return err
 	}
-	d.reg.ForgetOwnership()
+	if d.reg != nil {
+		d.reg.ForgetOwnership()
+	}
 	return nil
 }
 

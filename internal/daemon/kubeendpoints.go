@@ -19,10 +19,11 @@ import (
 // (forward.Group.SetEndpoints), and to its successor when a Corefile change replaces the group
 // with one for the same address; a group for another address keeps its ClusterIP only.
 type kubeEndpoints struct {
-	at    netip.AddrPort // the ClusterIP of the Service followed
-	mu    sync.Mutex
-	group *forward.Group
-	eps   []netip.AddrPort
+	at     netip.AddrPort // the ClusterIP of the Service followed
+	mu     sync.Mutex
+	group  *forward.Group
+	eps    []netip.AddrPort
+	notify func() // the fallback's chains follow the endpoints (fallback.go)
 }
 
 func (k *kubeEndpoints) set(eps []netip.AddrPort) {
@@ -31,6 +32,9 @@ func (k *kubeEndpoints) set(eps []netip.AddrPort) {
 	k.eps = eps
 	if k.group != nil {
 		_ = k.group.SetEndpoints(eps) // a closed group (replaced meanwhile) takes none
+	}
+	if k.notify != nil {
+		k.notify()
 	}
 }
 
@@ -77,7 +81,7 @@ func (d *Daemon) startKubeEndpoints() {
 		}
 		ns = strings.TrimSpace(string(b))
 	}
-	k := &kubeEndpoints{at: d.cfg.KubeDNS, group: d.run.KubeGroup()}
+	k := &kubeEndpoints{at: d.cfg.KubeDNS, group: d.run.KubeGroup(), notify: d.fallback.changed}
 	w, err := endpoints.New(endpoints.Config{
 		Rest: rc, Namespace: ns, Service: d.cfg.KubeDNSService,
 		IPv6: d.cfg.KubeDNS.Addr().Is6(), ServicePort: d.cfg.KubeDNS.Port(),

@@ -100,6 +100,10 @@ type Watch struct {
 type View struct {
 	// InUse are the endpoints asked, sorted.
 	InUse []netip.AddrPort
+	// UDP are the same pods on their UDP DNS port (the slice's port named
+	// "dns", else its only UDP port, else the Service's): where the
+	// fallback's DNAT sends pods' UDP queries while no cache serves.
+	UDP []netip.AddrPort
 	// NotReady counts endpoints not ready or terminating; OverMax ready ones beyond Max, and
 	// any beyond the 5000 kept; NoPort slices without a usable TCP port.
 	NotReady, OverMax, NoPort int
@@ -217,6 +221,7 @@ func (w *Watch) View() View {
 	defer w.mu.Unlock()
 	v := w.view
 	v.InUse = slices.Clone(v.InUse)
+	v.UDP = slices.Clone(v.UDP)
 	v.Rejected = slices.Clone(v.Rejected)
 	return v
 }
@@ -283,7 +288,7 @@ func (w *Watch) publish(synced bool) {
 	for _, n := range w.dropped {
 		v.OverMax += n
 	}
-	changed := !slices.Equal(v.InUse, w.view.InUse)
+	changed := !slices.Equal(v.InUse, w.view.InUse) || !slices.Equal(v.UDP, w.view.UDP)
 	if v.NoPort > w.view.NoPort {
 		w.log.Warn("kube-dns endpoints: a slice has no TCP port named dns-tcp (nor one TCP port, nor the Service's port): its endpoints are not used", "slices", v.NoPort)
 	}
@@ -309,6 +314,7 @@ func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
 	var v View
 	ready := map[netip.AddrPort]bool{}
 	notReady := map[netip.AddrPort]bool{}
+	udp := map[netip.Addr]uint16{}
 	rejected := map[netip.AddrPort]string{}
 	for _, s := range ss {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 ||
@@ -320,6 +326,7 @@ func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
 			v.NoPort++
 			continue
 		}
+		udpPort, hasUDP := sliceUDPPort(s.Ports, cfg.ServicePort)
 		for _, e := range s.Endpoints {
 			for _, a := range e.Addresses {
 				ip, err := netip.ParseAddr(a)
@@ -333,6 +340,9 @@ func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
 				}
 				if isReady(e.Conditions) {
 					ready[ap] = true
+					if hasUDP {
+						udp[ip] = udpPort
+					}
 				} else {
 					notReady[ap] = true
 				}
@@ -369,7 +379,36 @@ func compute(ss map[string]*discoveryv1.EndpointSlice, cfg *Config) View {
 	}
 	slices.SortFunc(all, func(a, b netip.AddrPort) int { return a.Compare(b) })
 	v.InUse = all
+	for _, ap := range all {
+		if p, ok := udp[ap.Addr()]; ok {
+			v.UDP = append(v.UDP, netip.AddrPortFrom(ap.Addr(), p))
+		}
+	}
 	return v
+}
+
+// sliceUDPPort is the UDP port of a slice's DNS: the one named dns, else
+// the only UDP port, else the UDP port with the Service's number.
+func sliceUDPPort(ports []discoveryv1.EndpointPort, servicePort uint16) (uint16, bool) {
+	var udp []discoveryv1.EndpointPort
+	for _, p := range ports {
+		if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 || p.Protocol == nil || *p.Protocol != "UDP" {
+			continue
+		}
+		if p.Name != nil && *p.Name == "dns" {
+			return uint16(*p.Port), true
+		}
+		udp = append(udp, p)
+	}
+	if len(udp) == 1 {
+		return uint16(*udp[0].Port), true
+	}
+	for _, p := range udp {
+		if uint16(*p.Port) == servicePort {
+			return servicePort, true
+		}
+	}
+	return 0, false
 }
 
 // isReady: ready (nil is unknown, which the API says to read as ready) and not terminating.

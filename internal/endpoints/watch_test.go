@@ -333,3 +333,36 @@ func TestSlicePort(t *testing.T) {
 		}
 	}
 }
+
+// TestSliceUDPPort: the dns port, else the only UDP port, else the Service's port; none; and
+// the view's UDP endpoints are the TCP ones' pods on it.
+func TestSliceUDPPort(t *testing.T) {
+	p := func(name, proto string, n int32) discoveryv1.EndpointPort {
+		pr := corev1.Protocol(proto)
+		return discoveryv1.EndpointPort{Name: &name, Protocol: &pr, Port: &n}
+	}
+	for _, tt := range []struct {
+		ports []discoveryv1.EndpointPort
+		want  uint16
+		ok    bool
+	}{
+		{[]discoveryv1.EndpointPort{p("dns", "UDP", 5353), p("dns-tcp", "TCP", 53), p("x", "UDP", 54)}, 5353, true},
+		{[]discoveryv1.EndpointPort{p("a", "UDP", 1053), p("dns-tcp", "TCP", 53)}, 1053, true},
+		{[]discoveryv1.EndpointPort{p("a", "UDP", 53), p("b", "UDP", 54)}, 53, true},
+		{[]discoveryv1.EndpointPort{p("a", "UDP", 55), p("b", "UDP", 54)}, 0, false},
+		{[]discoveryv1.EndpointPort{p("dns-tcp", "TCP", 53)}, 0, false},
+	} {
+		got, ok := sliceUDPPort(tt.ports, 53)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("sliceUDPPort(%v) = %d %v, want %d %v", tt.ports, got, ok, tt.want, tt.ok)
+		}
+	}
+	r := true
+	s := &discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:     []discoveryv1.EndpointPort{p("dns", "UDP", 5353), p("dns-tcp", "TCP", 53)},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: &r}}}}
+	v := compute(map[string]*discoveryv1.EndpointSlice{"a": s}, &Config{Max: 16, ServicePort: 53})
+	if want := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:5353")}; !slices.Equal(v.UDP, want) {
+		t.Errorf("UDP = %v, want %v", v.UDP, want)
+	}
+}

@@ -104,12 +104,21 @@ type rec struct {
 	start, end int
 	typ        uint16
 	ptrOwner   bool
+	ptr        int // where the owner's compression pointer points, -1 when it has none
 }
 
+// span is the run of address records one section shuffles in place: n
+// records of size bytes from base.
+type span struct{ base, size, n int }
+
+func (s span) holds(off int) bool { return s.n > 1 && off >= s.base && off < s.base+s.n*s.size }
+
 // shuffleInPlace shuffles a message whose every section with more than
-// one record is CNAMEs then A or AAAA records with pointer owners (the
-// records moved are then pointed to by nothing). ok: done in place; done
-// without ok: nothing to do (AXFR/IXFR); neither: the caller repacks.
+// one record is CNAMEs then A or AAAA records with pointer owners, when
+// nothing points into the records it moves: no owner name, and no name in
+// the rdata of a record after them (such a record sends the message to
+// the repack). ok: done in place; done without ok: nothing to do
+// (AXFR/IXFR); neither: the caller repacks.
 func shuffleInPlace(b []byte) (ok, done bool) {
 	off := wire.HeaderLen
 	qd := int(binary.BigEndian.Uint16(b[4:]))
@@ -124,17 +133,16 @@ func shuffleInPlace(b []byte) (ok, done bool) {
 		return false, true
 	}
 	off += 4
-	var recs [64]rec
-	for s := 0; s < 3; s++ {
+	// Every section is planned before anything moves.
+	var spans [3]span
+	moved := false // a span of an earlier section moves
+	for s := range spans {
 		n := int(binary.BigEndian.Uint16(b[6+2*s:]))
-		if n > len(recs) {
-			return false, false
-		}
-		rs := recs[:0]
-		for range n {
+		var p planner
+		for i := range n {
 			r := rec{start: off}
 			r.ptrOwner = off+2 <= len(b) && b[off]&0xC0 == 0xC0
-			if off, err = wire.SkipName(b, off); err != nil || off+10 > len(b) {
+			if off, r.ptr = skipName(b, off); off < 0 || off+10 > len(b) {
 				return false, false
 			}
 			r.typ = binary.BigEndian.Uint16(b[off:])
@@ -143,79 +151,152 @@ func shuffleInPlace(b []byte) (ok, done bool) {
 				return false, false
 			}
 			r.end = off
-			rs = append(rs, r)
+			if moved && (wire.RdataHasNames(r.typ) || pointsInto(r.ptr, spans[:s])) {
+				return false, false
+			}
+			p.add(r, i == n-1)
 		}
-		if !shuffleSection(b, rs) {
+		var ok bool
+		if spans[s], ok = p.plan(); !ok {
 			return false, false
 		}
+		moved = moved || spans[s].n > 1
+	}
+	for _, sp := range spans {
+		shuffleSpan(b, sp)
 	}
 	return true, true
 }
 
-// shuffleSection shuffles the records of one section in place when they
-// are already in the order CoreDNS's roundRobin puts them (CNAMEs, other
-// records, addresses), the addresses all of one type with pointer owners,
-// and no MX; false: the caller must repack. An OPT record at the end is
-// left there (CoreDNS adds it after loadbalance).
-func shuffleSection(b []byte, rs []rec) bool {
-	if n := len(rs); n > 0 && rs[n-1].typ == dns.TypeOPT {
-		rs = rs[:n-1]
-	}
-	if len(rs) <= 1 {
-		return true
-	}
-	first, rank := -1, 0 // the first address record; the category reached
-	for i, r := range rs {
-		k := 1 // other records
-		switch r.typ {
-		case dns.TypeCNAME:
-			k = 0
-		case dns.TypeA, dns.TypeAAAA:
-			k = 2
-			if first < 0 {
-				first = i
+// skipName returns the offset just past the name at off, as
+// wire.SkipName, and where its pointer points (-1: none); end is -1 when
+// the name is malformed.
+func skipName(b []byte, off int) (end, ptr int) {
+	start := off
+	for off < len(b) && off-start <= wire.MaxNameLen {
+		l := int(b[off])
+		switch {
+		case l == 0:
+			return off + 1, -1
+		case l&0xC0 == 0xC0:
+			if off+2 > len(b) {
+				return -1, -1
 			}
-			if !r.ptrOwner || r.typ != rs[first].typ || r.end-r.start != rs[first].end-rs[first].start {
-				return false
+			if ptr = int(binary.BigEndian.Uint16(b[off:]) & 0x3FFF); ptr < wire.HeaderLen || ptr >= start {
+				return -1, -1
 			}
-		case dns.TypeMX, dns.TypeOPT:
-			return false
+			return off + 2, ptr
+		case l > 63:
+			return -1, -1
 		}
-		if k < rank {
-			return false
+		off += 1 + l
+	}
+	return -1, -1
+}
+
+// pointsInto reports whether ptr is inside one of spans.
+func pointsInto(ptr int, spans []span) bool {
+	for _, s := range spans {
+		if s.holds(ptr) {
+			return true
 		}
-		rank = k
 	}
-	if first < 0 {
-		return true
+	return false
+}
+
+// planner finds, record by record, the address records one section
+// shuffles in place: when its records are already in the order CoreDNS's
+// roundRobin puts them (CNAMEs, other records, addresses), the addresses
+// all of one type, with pointer owners, no record pointing into them, and
+// no MX. An OPT record at the end is left there (CoreDNS adds it after
+// loadbalance). A section of one record is left as it is.
+type planner struct {
+	sp    span
+	typ   uint16 // the addresses'
+	rank  int    // the category reached: CNAMEs 0, others 1, addresses 2
+	count int    // records, less a last OPT
+	bad   bool   // the section must be repacked, if it has two records or more
+}
+
+func (p *planner) add(r rec, last bool) {
+	if p.sp.n > 0 && r.ptr >= p.sp.base {
+		p.bad = true // points into the addresses
 	}
-	addrs := rs[first:]
-	size := addrs[0].end - addrs[0].start
-	base := addrs[0].start
+	if r.typ == dns.TypeOPT && last {
+		return
+	}
+	p.count++
+	k := 1 // other records
+	switch r.typ {
+	case dns.TypeCNAME:
+		k = 0
+	case dns.TypeA, dns.TypeAAAA:
+		k = 2
+		if p.sp.n == 0 {
+			p.sp, p.typ = span{base: r.start, size: r.end - r.start}, r.typ
+		}
+		// A pointer owner, type, class, TTL, length and the address
+		// (4 or 16 bytes): anything else (a stored answer that is not
+		// what Build makes) is left to the repack, which checks.
+		if !r.ptrOwner || r.typ != p.typ || r.end-r.start != addrRecordLen(r.typ) {
+			p.bad = true
+		}
+		p.sp.n++
+	case dns.TypeMX, dns.TypeOPT:
+		p.bad = true
+	}
+	if k < p.rank {
+		p.bad = true
+	}
+	p.rank = max(p.rank, k)
+}
+
+// plan is the section's span (none to move when it has no two records);
+// false: the caller must repack.
+func (p *planner) plan() (span, bool) {
+	switch {
+	case p.count <= 1:
+		return span{}, true
+	case p.bad:
+		return span{}, false
+	}
+	return p.sp, true
+}
+
+// shuffleSpan shuffles the address records of sp in place, as CoreDNS's
+// roundRobinShuffle does: two records swap half the time; more are walked
+// with a random swap at each place.
+func shuffleSpan(b []byte, sp span) {
 	var tmp [2 + 10 + 16]byte
-	// CoreDNS's roundRobinShuffle: two records swap half the time; more
-	// are walked with a random swap at each place.
 	swap := func(i, j int) {
 		if i == j {
 			return
 		}
-		a, c := b[base+i*size:base+(i+1)*size], b[base+j*size:base+(j+1)*size]
-		copy(tmp[:size], a)
+		a, c := b[sp.base+i*sp.size:sp.base+(i+1)*sp.size], b[sp.base+j*sp.size:sp.base+(j+1)*sp.size]
+		copy(tmp[:sp.size], a)
 		copy(a, c)
-		copy(c, tmp[:size])
+		copy(c, tmp[:sp.size])
 	}
-	switch l := len(addrs); l {
-	case 1:
+	switch sp.n {
+	case 0, 1:
 	case 2:
 		if rand.IntN(2) == 0 {
 			swap(0, 1)
 		}
 	default:
-		for j := range l {
-			swap(j, j+rand.IntN(l-j))
+		for j := range sp.n {
+			swap(j, j+rand.IntN(sp.n-j))
 		}
 	}
-	return true
+}
+
+// addrRecordLen is the length of an A or AAAA record whose owner is a
+// compression pointer.
+func addrRecordLen(typ uint16) int {
+	if typ == dns.TypeAAAA {
+		return 2 + 10 + 16
+	}
+	return 2 + 10 + 4
 }
 
 // roundRobin is CoreDNS's: CNAMEs, the other records, the addresses

@@ -39,6 +39,7 @@ type Metrics struct {
 	handover *prometheus.CounterVec
 	// controlRefused: control socket peers that are no twin.
 	controlRefused prometheus.Counter
+	snapshot       *snapshotMetrics // snapshot.go
 
 	upstreamDuration *prometheus.HistogramVec
 	upstreamFailures *prometheus.CounterVec
@@ -102,7 +103,7 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 	m.httpRejects, m.httpEvicted = newHTTPBounds(r)
 	m.handover = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "cache_handover_entries_total",
-		Help: "Cache entries a twin handed over at start (a rollout's old instance), by result: kept, or dropped (their block's policy changed, expired, or not kept by the cache).",
+		Help: "Cache entries a twin handed over at start (a rollout's old instance), by result: kept, or dropped (their block's policy changed, expired, not kept by the cache, or not a well-formed answer).",
 	}, []string{"result"})
 	m.handover.WithLabelValues("kept")
 	m.handover.WithLabelValues("dropped")
@@ -112,6 +113,7 @@ func New(srv func() server.Counters, c *cache.Cache) *Metrics {
 		Help: "Connections to the control socket refused: the peer runs as another uid, or in another network namespace (docs/design.md, \"Restarts and upgrades\").",
 	})
 	r.MustRegister(m.controlRefused)
+	m.snapshot = newSnapshotMetrics(r)
 
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: "upstream", Name: "request_duration_seconds",

@@ -32,7 +32,8 @@
 //
 // For each local address IP, DNS port P and health port H (IPv4 through
 // iptables, IPv6 through ip6tables), inserted at position 1 so they come
-// before kube-proxy's rules, each with a comment naming nodelocaldns:
+// before kube-proxy's rules, each with a comment naming nodelocaldns. With
+// FallbackAfter 0, the stock node-cache's set:
 //
 //	raw    PREROUTING  -d IP -p tcp|udp --dport P  -j NOTRACK
 //	filter INPUT       -d IP -p tcp|udp --dport P  -j ACCEPT
@@ -41,6 +42,32 @@
 //	raw    OUTPUT      -d IP -p tcp|udp --dport P  -j NOTRACK   (host-network clients)
 //	raw    OUTPUT      -d IP -p tcp     --dport H  -j NOTRACK   (when H > 0)
 //	raw    OUTPUT      -s IP -p tcp     --sport H  -j NOTRACK   (when H > 0)
+//
+// With FallbackAfter N (fallback.go), the NOTRACK of queries holds only
+// while we serve, and what we do not serve goes to kube-dns:
+//
+//	raw    PREROUTING  -d IP -p tcp|udp --dport P -m socket GATE  -j NOTRACK
+//	filter INPUT       -d IP -p tcp|udp --dport P -m socket       -j ACCEPT
+//	filter INPUT       -d IP -p tcp|udp --dport P                 -j DROP   (no socket: not refused)
+//	raw and filter OUTPUT -s IP --sport P                          (as above)
+//	raw    OUTPUT      -d IP -p tcp|udp --dport P GATE            -j NOTRACK
+//	filter OUTPUT      -m conntrack --ctstate NEW --ctorigdst IP --ctorigdstport P   (count)
+//	filter FORWARD     the same                                                       (count)
+//	nat    PREROUTING  -d IP -p tcp|udp --dport P  -j NODELOCALDNS-FB-<hash>  (appended)
+//	nat    OUTPUT      the same                                              (appended)
+//	nat    POSTROUTING -s IP -m conntrack --ctstate DNAT --ctorigdst IP ...  -j MASQUERADE
+//	(health port rules as above)
+//
+// where GATE is `-m recent --rcheck --seconds N --name nodelocaldns-P --rdest`
+// (nodelocaldns6-P for IPv6: a table has one mask, its first rule's):
+// the address's entry, written by [Setup.Heartbeat] and removed by
+// [Setup.CloseGate], seen within N seconds. [Setup.SetFallback] writes the
+// chains' DNATs to kube-dns' pods (empty for a Service's ClusterIP, which
+// kube-proxy translates); [Setup.FallbackCounts] reads the counters;
+// [Setup.KubeProxy] reads kube-proxy's iptables-mode rules for the pods.
+// Rules of ours that are not wanted (an older version's, another N's) are
+// deleted by EnsureRules; [Setup.RemoveAll] deletes every rule of ours for
+// these addresses and ports.
 //
 // EnsureRules is idempotent: a rule is inserted only after the exact rule
 // was checked (iptables -C) and found missing, and copies beyond the first
@@ -78,9 +105,11 @@
 //
 // # Teardown
 //
-// Teardown stops the reconciler's work, deletes the rules, then deletes the
-// link if this process created it, or otherwise removes only the addresses
-// this process added. It gives up when the context's deadline passes.
+// Teardown stops the reconciler's work, deletes the rules and the fallback's
+// chains, then deletes the link if this process created it, or otherwise
+// removes only the addresses this process added. It gives up when the
+// context's deadline passes. Whether to tear down at all is the daemon's
+// decision (a rollout leaves the fallback for the next instance).
 //
 // # Errors counted
 //

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -70,8 +71,17 @@ type Config struct {
 	Backend        string        // "auto" (default), "legacy" or "nft"
 	SyncInterval   time.Duration // reconcile period, default 60 s
 	LockWait       time.Duration // bound on waiting for the xtables lock, default 5 s, at least 1 s
-	Logger         *slog.Logger  // default slog.Default()
-	Observer       Observer      // may be nil
+	// FallbackAfter turns the fallback on (fallback.go): queries are
+	// NOTRACKed to our sockets only while a socket is bound and the gate
+	// was opened (Heartbeat) within this long (whole seconds, 1 s to 1 m).
+	// 0: the stock node-cache's rules, which NOTRACK whether anyone
+	// listens or not.
+	FallbackAfter time.Duration
+	// WildcardOnly are addresses served only by a wildcard socket (a
+	// Corefile's bind 0.0.0.0): their socket match counts wildcard sockets.
+	WildcardOnly []netip.Addr
+	Logger       *slog.Logger // default slog.Default()
+	Observer     Observer     // may be nil
 }
 
 // Observer receives what an operator wants counted. Calls may come from any
@@ -102,14 +112,16 @@ type Setup struct {
 
 	// sem serialises the methods; a channel rather than a sync.Mutex so
 	// that waiting for it honours a context.
-	sem         chan struct{}
-	closed      bool                // Teardown has run
-	linkCreated bool                // we created the link (else adopted)
-	adopted     bool                // the adopted link was logged
-	addedAddrs  map[netip.Addr]bool // addresses we added to the link
-	rulesWanted bool                // EnsureRules has been called
-	backend     string              // chosen backend, "" until the first EnsureRules
-	tables      map[family]*iptables.IPTables
+	sem          chan struct{}
+	closed       bool                // Teardown has run
+	linkCreated  bool                // we created the link (else adopted)
+	adopted      bool                // the adopted link was logged
+	addedAddrs   map[netip.Addr]bool // addresses we added to the link
+	rulesWanted  bool                // EnsureRules has been called
+	adoptedRules bool                // the first EnsureRules pass is done (its log line written)
+	backend      string              // chosen backend, "" until the first EnsureRules
+	tables       map[family]*iptables.IPTables
+	fbWant       *Fallback // the DNAT chains' wanted targets; nil: leave them as found
 }
 
 // New validates cfg, fills in defaults and returns a Setup. It touches
@@ -158,6 +170,14 @@ func New(cfg Config) (*Setup, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.FallbackAfter < 0 || cfg.FallbackAfter > maxFallbackAfter || cfg.FallbackAfter%time.Second != 0 {
+		return nil, fmt.Errorf("netsetup: fallback after %v: want whole seconds, at most %v (0: off)", cfg.FallbackAfter, maxFallbackAfter)
+	}
+	wild, err := cleanAddrs(cfg.WildcardOnly)
+	if err != nil {
+		return nil, err
+	}
+	cfg.WildcardOnly = wild
 	if len(addrs) == 0 && (cfg.SetupInterface || cfg.SetupIPTables) {
 		return nil, errors.New("netsetup: no local address")
 	}
@@ -166,7 +186,7 @@ func New(cfg Config) (*Setup, error) {
 		cfg:        cfg,
 		log:        cfg.Logger.With("component", "netsetup"),
 		obs:        cfg.Observer,
-		rules:      rulesFor(addrs, cfg.Port, cfg.ExtraPorts, cfg.HealthPort),
+		rules:      rulesFor(&cfg),
 		addedAddrs: make(map[netip.Addr]bool),
 		sem:        make(chan struct{}, 1),
 	}, nil
@@ -205,6 +225,9 @@ func cleanAddrs(in []netip.Addr) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// Addrs are the addresses set up (cleaned: unmapped, without duplicates).
+func (s *Setup) Addrs() []netip.Addr { return slices.Clone(s.cfg.Addrs) }
 
 // installedRules returns the rules EnsureRules installs, in the order of
 // the package documentation.

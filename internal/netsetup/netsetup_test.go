@@ -55,7 +55,7 @@ func TestRulesFor(t *testing.T) {
 	for _, fam := range testFamilies {
 		for _, healthPort := range []int{0, 8080} {
 			got := map[tableLine]int{}
-			for _, r := range rulesFor(fam.addrs, 53, nil, healthPort) {
+			for _, r := range rulesFor(&Config{Addrs: fam.addrs, Port: 53, HealthPort: healthPort}) {
 				got[tableLine{r.Table, r.saveLine()}]++
 			}
 			var want []tableLine
@@ -73,14 +73,14 @@ func TestRulesFor(t *testing.T) {
 		}
 	}
 	// A health port equal to the DNS port repeats no rule.
-	if n, m := len(rulesFor([]netip.Addr{testV4}, 53, nil, 53)), len(rulesFor([]netip.Addr{testV4}, 53, nil, 0)); n != m {
+	if n, m := len(rulesFor(&Config{Addrs: []netip.Addr{testV4}, Port: 53, HealthPort: 53})), len(rulesFor(&Config{Addrs: []netip.Addr{testV4}, Port: 53})); n != m {
 		t.Errorf("health port = DNS port: %d rules, want %d", n, m)
 	}
 	// An extra DNS port gets the stock DNS rules of its own (not the health
 	// ones), after the address's stock set.
 	for _, fam := range testFamilies {
 		got := map[tableLine]int{}
-		for _, r := range rulesFor(fam.addrs, 53, []int{1053, 53}, 8080) {
+		for _, r := range rulesFor(&Config{Addrs: fam.addrs, Port: 53, ExtraPorts: []int{1053, 53}, HealthPort: 8080}) {
 			got[tableLine{r.Table, r.saveLine()}]++
 		}
 		var want []tableLine

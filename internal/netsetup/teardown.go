@@ -57,5 +57,59 @@ func (s *Setup) teardownRulesLocked(ctx context.Context) error {
 			return err
 		}
 	}
-	return s.deleteRulesLocked(ctx, tables)
+	err := s.deleteRulesLocked(ctx, tables)
+	if err == nil {
+		// And what other versions or settings of ours left for these
+		// addresses (a rollout's successor adopted them: they are ours).
+		var n int
+		if n, err = s.deleteOursLocked(tables, map[chainKey][]string{}, nil); n > 0 {
+			s.log.Info("iptables rules of ours from other versions or settings deleted", "count", n, "backend", s.backend)
+		}
+	}
+	if err == nil {
+		err = s.deleteChainsLocked(tables)
+	}
+	return err
+}
+
+// RemoveAll removes what instances with this configuration may have left
+// on the node: every rule of ours naming these addresses and ports (of any
+// version or setting), the fallback's chains, the addresses on the link,
+// and the link itself when o says an instance created it. It is -cleanup,
+// for an uninstall the exiting daemon could not tell from a restart (it
+// then leaves the fallback). It refuses nothing: the caller makes sure no
+// instance serves these addresses.
+func (s *Setup) RemoveAll(ctx context.Context, o Ownership) error {
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("netsetup: remove: %w", err)
+	}
+	defer s.unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.closed = true
+	var errs []error
+	if s.cfg.SetupIPTables {
+		if err := s.initTablesLocked(ctx); err != nil {
+			return err
+		}
+		n, err := s.deleteOursLocked(s.tables, map[chainKey][]string{}, nil)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		s.log.Info("iptables rules of ours deleted", "count", n, "backend", s.backend)
+		if err := s.deleteChainsLocked(s.tables); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.cfg.SetupInterface {
+		s.linkCreated = o.LinkCreated
+		for _, a := range s.cfg.Addrs {
+			s.addedAddrs[a] = true
+		}
+		if err := s.removeLinkLocked(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -211,7 +211,9 @@ func TestPreferPositivePrefetchKeepsFreshAnswer(t *testing.T) {
 	}
 	f.set(nonAnswers(t)["NXDOMAIN"])
 	e.clk.Advance(28 * time.Second) // last 10% of 30 s
-	for i := 0; i < 3; i++ {
+	// Exactly the prefetch's 2 hits: a third could land after the prefetch
+	// kept the answer and count as served by the policy (seen 1 run in 6).
+	for i := 0; i < 2; i++ {
 		e.r.Hit(q, nil, e.clk.Now().UnixNano())
 	}
 	waitFor(t, "the prefetch", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.calls == 2 })

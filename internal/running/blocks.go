@@ -34,14 +34,20 @@ import (
 
 // snapshot is the configuration serving now: the shared view's blocks
 // (the one-view case's, and autopath's resolver) and each view's, with
-// several views; all compiled over the same routes.
+// several views; all compiled over the same routes; and the node
+// listener's (node.go), over its own.
 type snapshot struct {
 	shared *blocks.View
 	views  []*blocks.View // by view index; nil: one view
+	node   *blocks.View   // nil without -node-listen
 }
 
-// view is view vi's table (the shared one when there is no such view).
+// view is view vi's table (the shared one when there is no such view;
+// nodeVI: the node listener's).
 func (p *snapshot) view(vi int) *blocks.View {
+	if vi == nodeVI {
+		return p.node
+	}
 	if vi >= 0 && vi < len(p.views) {
 		return p.views[vi]
 	}

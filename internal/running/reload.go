@@ -58,6 +58,9 @@ type reloader struct {
 	kube        *forward.Group // nil in local mode
 	node        *forward.Group
 	nodeServers []netip.AddrPort
+	host        *forward.Group // -node-listen's: node, or a group of its own (node.go)
+	hostServers []netip.AddrPort
+	unusedNoted string               // the upstreamNameservers last logged as unused (node.go)
 	stubs       map[string]stubGroup // by zone
 	static      []staticRoute        // the Corefile's zone routes (corefile.go)
 	cf          corefileState        // the Corefile as last applied (corefile.go)
@@ -193,7 +196,7 @@ func (d *State) reread() {
 // readResolvConf reports whether resolv.conf now lists other good servers.
 func (d *State) readResolvConf() bool {
 	r := &d.reload
-	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.LocalIPs, d.cfg.Port)
+	ns, err := config.LoadResolvConf(d.cfg.ResolvConf, d.cfg.OwnAddrs(), d.cfg.Port)
 	if err != nil {
 		if err.Error() != r.resolvErr {
 			r.resolvErr = err.Error()
@@ -293,6 +296,11 @@ func (d *State) apply() error {
 		}
 		node = g
 	}
+	host, hostMade, hostOld, err := d.hostGroup(node, servers, r.resolv) // node.go: -node-listen's
+	if err != nil {
+		return fail(err)
+	}
+	created, retired = appendGroup(created, hostMade), appendGroup(retired, hostOld)
 	stubs := make(map[string]stubGroup, len(r.cm.StubDomains))
 	for _, zone := range r.cm.Zones() {
 		want := r.cm.StubDomains[zone]
@@ -317,8 +325,42 @@ func (d *State) apply() error {
 		}
 	}
 
-	routes := []forward.Route{{Zone: ".", Group: node}}
-	live := []*forward.Group{node}
+	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil { // -external-upstream=kube-dns
+		d.noteUnusedUpstreams(source, servers)
+	}
+	routes, live := d.routeTable(node, host, stubs)
+	if err := d.recompile(routes, host); err != nil {
+		return fail(fmt.Errorf("block tables: %w", err))
+	}
+	r.node, r.nodeServers, r.stubs, r.host, r.hostServers = node, servers, stubs, host, r.resolv
+	d.nodeResolvers.Store(&r.hostServers)
+	d.groups = live
+
+	dropped := d.dropZones(changedZones)
+	if len(retired) > 0 || len(changedZones) > 0 {
+		d.retire(retired, changedZones)
+	}
+	if len(created) > 0 || len(retired) > 0 {
+		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
+			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
+	}
+	return nil
+}
+
+// routeTable is the shared route table over the groups apply chose: "."
+// (the node's resolvers, or kube-dns with -external-upstream=kube-dns),
+// kube-dns' zones, the Corefile's zone routes and the stub domains; and
+// the groups live with it.
+func (d *State) routeTable(node, host *forward.Group, stubs map[string]stubGroup) (routes []forward.Route, live []*forward.Group) {
+	r := &d.reload
+	routes = []forward.Route{{Zone: ".", Group: node}}
+	if d.cfg.Node.ExternalToKubeDNS && r.kube != nil {
+		routes[0].Group = r.kube
+	}
+	live = []*forward.Group{node}
+	if host != nil && host != node {
+		live = append(live, host)
+	}
 	if r.kube != nil {
 		live = append(live, r.kube)
 		zones := append([]string{d.cfg.ClusterDomain}, reverseZones...)
@@ -337,27 +379,14 @@ func (d *State) apply() error {
 		routes = append(routes, forward.Route{Zone: zone, Group: stubs[zone].g})
 		live = append(live, stubs[zone].g)
 	}
-	if err := d.recompile(routes); err != nil {
-		return fail(fmt.Errorf("block tables: %w", err))
-	}
-	r.node, r.nodeServers, r.stubs = node, servers, stubs
-	d.groups = live
-
-	dropped := d.dropZones(changedZones)
-	if len(retired) > 0 || len(changedZones) > 0 {
-		d.retire(retired, changedZones)
-	}
-	if len(created) > 0 || len(retired) > 0 {
-		d.log.Info("routes updated", "nameservers", fmt.Sprint(servers), "from", source,
-			"stub_domains", fmt.Sprint(stubList(stubs)), "changed_zones", fmt.Sprint(changedZones), "cache_entries_dropped", dropped)
-	}
-	return nil
+	return routes, live
 }
 
-// recompile makes routes the shared route table (lower-case FQDN zones)
-// and publishes every view's blocks over it; before New has the rest of
-// the sources it only records routes. On error nothing changes.
-func (d *State) recompile(routes []forward.Route) error {
+// recompile makes routes the shared route table (lower-case FQDN zones),
+// host the node listener's group (nil without -node-listen), and publishes
+// every view's blocks over them; before New has the rest of the sources
+// it only records them. On error nothing changes.
+func (d *State) recompile(routes []forward.Route, host *forward.Group) error {
 	for i := range routes { // lower-case FQDNs, as the blocks' zones
 		if z := strings.ToLower(routes[i].Zone); strings.HasSuffix(z, ".") {
 			routes[i].Zone = z
@@ -365,13 +394,13 @@ func (d *State) recompile(routes []forward.Route) error {
 			routes[i].Zone = z + "."
 		}
 	}
-	old := d.routes
-	d.routes = routes
+	old, oldHost := d.routes, d.nodeRoute
+	d.routes, d.nodeRoute = routes, host
 	if d.res0 == nil {
 		return nil // New publishes once it has every source
 	}
 	if err := d.publish(); err != nil {
-		d.routes = old
+		d.routes, d.nodeRoute = old, oldHost
 		return err
 	}
 	return nil
@@ -379,7 +408,7 @@ func (d *State) recompile(routes []forward.Route) error {
 
 // publish compiles every view's blocks from their sources (the shared
 // view's policies, handlers and chains; each view's own) over the route
-// table, and publishes them with one store: the snapshot every view's
+// table, and the node listener's over its group, and publishes them with one store: the snapshot every view's
 // resolver finds a query's block in. Views a Corefile edit replaced go to
 // the server after (useViews). On error nothing changes.
 func (d *State) publish() error {
@@ -396,6 +425,9 @@ func (d *State) publish() error {
 			}
 			p.views = append(p.views, v)
 		}
+	}
+	if p.node, err = d.compileNodeView(); err != nil {
+		return fmt.Errorf("the node listener's table: %w", err)
 	}
 	d.pub.Store(p)
 	if d.reload.viewsPending && d.Server != nil {
@@ -467,6 +499,14 @@ func (d *State) dropZones(zones []string) int {
 		}
 	}
 	return n
+}
+
+// appendGroup appends g unless it is nil.
+func appendGroup(list []*forward.Group, g *forward.Group) []*forward.Group {
+	if g == nil {
+		return list
+	}
+	return append(list, g)
 }
 
 func stubList(stubs map[string]stubGroup) []string {

@@ -87,6 +87,11 @@ type State struct {
 	views     *viewSet
 	viewChain atomic.Pointer[blocks.Chains]
 	res0      *resolve.Resolver
+	// nodeV is -node-listen's resolver (node.go), nil without it;
+	// nodeRoute its group, compiled into its table (owned like routes).
+	nodeV         *nodeView
+	nodeRoute     *forward.Group
+	nodeResolvers atomic.Pointer[[]netip.AddrPort] // resolv.conf's servers as applied
 	// The blocks the cache tags name now (coredns.go), swapped with the
 	// policies.
 	cacheBlocks atomic.Pointer[[]metrics.CacheBlock]
@@ -149,6 +154,9 @@ func New(cfg *config.Config, env Env) (d *State, err error) {
 	}
 	// Blocks seen from some addresses answer otherwise (views.go).
 	if d.views, err = d.newViews(cfg, cfg.DropIn.Corefile, cfg.Sockets(), d.answers); err != nil {
+		return nil, err
+	}
+	if err := d.newNodeView(); err != nil { // node.go: -node-listen's
 		return nil, err
 	}
 	return d, d.publish()

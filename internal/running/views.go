@@ -157,6 +157,10 @@ func (d *State) useViews(vs *viewSet) (*viewSet, error) {
 	if res == nil {
 		res, addr = []*resolve.Resolver{d.res0}, nil
 	}
+	res, addr, err := d.withNodeView(res, addr) // -node-listen: node.go
+	if err != nil {
+		return nil, err
+	}
 	if err := d.Server.SetViews(res, addr); err != nil {
 		return nil, err
 	}

@@ -47,6 +47,8 @@ import (
 //	    <id>.lock                   flock held by instance <id> for its life,
 //	                                naming its control socket
 //	    ownership.json              link/addresses an exited twin created
+//	    fallback.json               the fallback rules' counters as last
+//	                                reported (FallbackSeen)
 //
 // key is a hash of the network namespace's inode (/proc/self/ns/net), the
 // sorted addresses and the port, so instances in other namespaces (tests run
@@ -478,4 +480,34 @@ func PID(id string) string {
 		return id[i+1:]
 	}
 	return id
+}
+
+// The fallback's counters as an instance last reported them: the next one
+// reports only what came after (the counters live in the kernel with the
+// rules, across instances).
+
+func (r *Registry) fallbackPath() string { return filepath.Join(r.dir, "fallback.json") }
+
+// FallbackSeen returns the counters last recorded; none (or unreadable) is
+// an empty map: everything counted is then reported.
+func (r *Registry) FallbackSeen() map[netip.Addr]netsetup.Count {
+	out := map[netip.Addr]netsetup.Count{}
+	b, err := os.ReadFile(r.fallbackPath())
+	if err == nil {
+		_ = json.Unmarshal(b, &out)
+	}
+	return out
+}
+
+// RecordFallbackSeen replaces the recorded counters.
+func (r *Registry) RecordFallbackSeen(m map[netip.Addr]netsetup.Count) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	tmp := r.fallbackPath() + "." + r.id
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, r.fallbackPath())
 }

@@ -1,6 +1,9 @@
 package wire
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"strings"
+)
 
 // maxPointers bounds the compression pointers followed in one name, as
 // miekg/dns does: a name of at most 255 bytes has at most 127 labels, so a
@@ -166,6 +169,10 @@ func rdataFields(typ uint16) string {
 
 // CheckedType reports whether CheckMessage interprets the rdata of typ.
 func CheckedType(typ uint16) bool { return rdataFields(typ) != "" }
+
+// RdataHasNames reports whether the rdata of typ holds names CheckMessage
+// follows (and so may hold compression pointers).
+func RdataHasNames(typ uint16) bool { return strings.IndexByte(rdataFields(typ), 'n') >= 0 }
 
 // checkRdata checks the rdata from off to len(b) (b is cut at its end).
 func checkRdata(b []byte, off int, typ uint16) error {

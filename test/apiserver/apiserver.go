@@ -74,8 +74,25 @@ func Skip(t testing.TB, reason string) {
 	t.Skip(reason)
 }
 
+// Option changes how Start starts kube-apiserver.
+type Option func(*[]string)
+
+// NodeAuthorization runs kube-apiserver as clusters do for their
+// kubelets: --authorization-mode=Node,RBAC and the NodeRestriction
+// admission plugin (a node writes its own Node and nothing of another's).
+func NodeAuthorization() Option {
+	return func(args *[]string) {
+		for i, a := range *args {
+			if a == "--authorization-mode=RBAC" {
+				(*args)[i] = "--authorization-mode=Node,RBAC"
+			}
+		}
+		*args = append(*args, "--enable-admission-plugins=NodeRestriction")
+	}
+}
+
 // Start starts etcd and kube-apiserver for t; both stop when t ends.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	etcdBin, err := exec.LookPath("etcd")
 	if err != nil {
@@ -130,6 +147,9 @@ func Start(t testing.TB) *Server {
 		// v1.37 refuses a loopback advertise address for the kubernetes
 		// Service's endpoints; no client here uses that Service.
 		"--endpoint-reconciler-type=none",
+	}
+	for _, o := range opts {
+		o(&s.args)
 	}
 	s.client = &http.Client{
 		Timeout:   10 * time.Second,
@@ -346,6 +366,31 @@ func (s *Server) ServiceAccountToken(namespace, name string) string {
 	s.MustDo(http.MethodPost, "/api/v1/namespaces/"+namespace+"/serviceaccounts/"+name+"/token", map[string]any{
 		"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
 		"spec": map[string]any{"expirationSeconds": 3600},
+	}, &out)
+	return out.Status.Token
+}
+
+// PodToken returns a token of the ServiceAccount namespace/name bound to
+// the pod namespace/pod (TokenRequest with a boundObjectRef), as the
+// kubelet mounts it: it names the pod's node (the pod must be bound to
+// one), which the API server's constrained impersonation checks.
+func (s *Server) PodToken(namespace, name, pod string) string {
+	s.t.Helper()
+	var p struct {
+		Metadata struct {
+			UID string `json:"uid"`
+		} `json:"metadata"`
+	}
+	s.MustDo(http.MethodGet, "/api/v1/namespaces/"+namespace+"/pods/"+pod, nil, &p)
+	var out struct {
+		Status struct {
+			Token string `json:"token"`
+		} `json:"status"`
+	}
+	s.MustDo(http.MethodPost, "/api/v1/namespaces/"+namespace+"/serviceaccounts/"+name+"/token", map[string]any{
+		"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+		"spec": map[string]any{"expirationSeconds": 3600,
+			"boundObjectRef": map[string]any{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": p.Metadata.UID}},
 	}, &out)
 	return out.Status.Token
 }

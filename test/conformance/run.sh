@@ -9,6 +9,9 @@
 # "ours autopath stock"):
 #   ours      deploy/daemonset.yaml as docs/deploy.md renders it
 #   autopath  the same with its "- -autopath" line on (and the token)
+#   kube-dns  the same with its "- -external-upstream=kube-dns" line on:
+#             every name to kube-dns (not in the default list: run it with
+#             NLD_CONFORMANCE_RUNS, e.g. for the [Serial] ConfigMap specs)
 #   stock     the stock node-local-dns: the Kubernetes reference manifest with
 #             the oracle binary's image (as make e2e's migration test has it);
 #             without the oracle left out, said so (under CI=true: fails)
@@ -38,7 +41,7 @@ source test/e2e/cluster.sh
 
 runs=${NLD_CONFORMANCE_RUNS:-ours autopath stock}
 for r in $runs; do
-	case $r in ours | autopath | stock) ;; *) echo "conformance: unknown run '$r' (ours, autopath, stock)" >&2; exit 2 ;; esac
+	case $r in ours | autopath | kube-dns | stock) ;; *) echo "conformance: unknown run '$r' (ours, autopath, kube-dns, stock)" >&2; exit 2 ;; esac
 done
 focus=${NLD_CONFORMANCE_FOCUS:-'\[sig-network\] DNS|\[sig-network\] Services .*ExternalName'}
 skip=${NLD_CONFORMANCE_SKIP:-}
@@ -129,6 +132,11 @@ for r in $runs; do
 		deploy_nodelocaldns localhost/nodelocaldns:e2e autopath
 		ours_up=1
 		what="nodelocaldns, deploy/daemonset.yaml with -autopath on"
+		;;
+	kube-dns)
+		deploy_nodelocaldns localhost/nodelocaldns:e2e kube-dns
+		ours_up=1
+		what="nodelocaldns, deploy/daemonset.yaml with -external-upstream=kube-dns on"
 		;;
 	stock)
 		if [ -n "$ours_up" ]; then

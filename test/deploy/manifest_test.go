@@ -122,6 +122,8 @@ func decodeObjects(data []byte) ([]any, error) {
 			obj = &rbacv1.ClusterRoleBinding{}
 		case "cilium.io/v2 CiliumLocalRedirectPolicy":
 			obj = &ciliumLRP{}
+		case "readiness.node.x-k8s.io/v1alpha1 NodeReadinessRule":
+			obj = &nodeReadinessRule{}
 		case "rbac.authorization.k8s.io/v1 Role":
 			obj = &rbacv1.Role{}
 		case "rbac.authorization.k8s.io/v1 RoleBinding":
@@ -584,6 +586,17 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 	if cfg.StateDir != "" {
 		hostPath(cfg.StateDir, cfg.StateDir, corev1.HostPathDirectoryOrCreate, "-state-dir, where the old and the new pod meet")
 	}
+	// The cache snapshot: in a directory of the pod's own, never in the
+	// shared state directory (every pod that mounts it could read every
+	// cached name, and write what the next start after a crash loads), in
+	// memory the budget below counts, sized for the old file and the new.
+	if snap := cfg.Cache.SnapshotDir; cfg.Cache.SnapshotInterval > 0 && snap == "" && cfg.StateDir != "" {
+		fail("-cache-snapshot-dir is not set: the cache snapshot would be in the shared state directory %s, which every pod that mounts it can read", cfg.StateDir)
+	} else if v, ok := mounted[snap]; cfg.Cache.SnapshotInterval > 0 && snap != "" && (!ok || v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory) {
+		fail("-cache-snapshot-dir %s must be an emptyDir in memory (medium: Memory): the pod's own, found again by a restarted container", snap)
+	} else if ok && v.EmptyDir != nil && (v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.Value() < 2*cfg.Cache.SnapshotMaxBytes) {
+		fail("-cache-snapshot-dir %s: sizeLimit %v below twice -cache-snapshot-max-bytes (%d MiB: the old file and the new one)", snap, v.EmptyDir.SizeLimit, 2*cfg.Cache.SnapshotMaxBytes>>20)
+	}
 	if cfg.KubeDNSConfigMap == "" {
 		fail("-kubednscm is off: stubDomains and upstreamNameservers are ignored")
 	} else if v, ok := mounted[cfg.KubeDNSConfigMap]; !ok || v.ConfigMap == nil || v.ConfigMap.Name != "kube-dns" {
@@ -632,9 +645,15 @@ func checkDeployment(objs []any, m mode, entrypoint []string, resolvConf string)
 			gml>>20, garbage>>20, gcfloor.DefaultFloor>>20)
 	}
 	tcpKernel := int64(cfg.MaxTCPConns) * perTCPConnKernel
-	if need := gml + sockets*socketRcvBuf + tcpKernel + childrenAndText; memLimit < need {
-		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + UDP socket buffers %d MiB + TCP socket buffers %d MiB + children %d MiB",
-			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, tcpKernel>>20, childrenAndText>>20)
+	// The cache snapshot in memory (checked above): its pages are charged
+	// to the pod, the old file's and the new one's while it is replaced.
+	var snapshot int64
+	if cfg.Cache.SnapshotInterval > 0 && (cfg.StateDir != "" || cfg.Cache.SnapshotDir != "") {
+		snapshot = 2 * cfg.Cache.SnapshotMaxBytes
+	}
+	if need := gml + sockets*socketRcvBuf + tcpKernel + childrenAndText + snapshot; memLimit < need {
+		fail("memory: limit %d MiB below GOMEMLIMIT %d MiB + UDP socket buffers %d MiB + TCP socket buffers %d MiB + children %d MiB + cache snapshot %d MiB",
+			memLimit>>20, gml>>20, sockets*socketRcvBuf>>20, tcpKernel>>20, childrenAndText>>20, snapshot>>20)
 	}
 
 	// Termination grace: the daemon's whole shutdown, as main computes it,
@@ -991,6 +1010,12 @@ func TestDeployChecksCatchMistakes(t *testing.T) {
 		{"metrics on the link-local address", func(o []any) { setArg(o, "metrics-listen-address", testLocalDNS+":9253") }, "node's IP"},
 		{"metrics moved, annotations not", func(o []any) { setArg(o, "metrics-listen-address", ":9254") }, "prometheus.io/port"},
 		{"memory limit below the budget", func(o []any) { container(o).Resources.Limits[corev1.ResourceMemory] = resource.MustParse("128Mi") }, "memory: limit"},
+		{"cache snapshot over the memory budget", func(o []any) { setArg(o, "cache-snapshot-max-bytes", "32Mi") }, "cache snapshot 64 MiB"},
+		{"cache snapshot over its volume", func(o []any) { setArg(o, "cache-snapshot-max-bytes", "12Mi") }, "sizeLimit 16Mi below twice"},
+		{"cache snapshot in the shared state directory", func(o []any) {
+			container(o).Args = slices.DeleteFunc(container(o).Args, func(a string) bool { return strings.HasPrefix(a, "-cache-snapshot-dir") })
+		}, "-cache-snapshot-dir is not set"},
+		{"cache snapshot on a host path", func(o []any) { setArg(o, "cache-snapshot-dir", "/run/nodelocaldns") }, "must be an emptyDir in memory"},
 		{"cache budget raised alone", func(o []any) { setArg(o, "cache-max-bytes", "256Mi") }, "memory: live heap"},
 		{"UDP sockets per core", func(o []any) {
 			container(o).Args = slices.DeleteFunc(container(o).Args, func(a string) bool { return strings.HasPrefix(a, "-udp-sockets") })
@@ -1260,16 +1285,20 @@ func checkNodeName(ps *corev1.PodSpec) []error {
 }
 
 // checkEndpointAccess: the service account may list and watch
-// EndpointSlices in its own namespace (kube-dns-upstream's), nothing more.
+// EndpointSlices in its own namespace (kube-dns-upstream's), get Service
+// kube-dns (which address is kube-dns' ClusterIP: the fallback) and its own
+// DaemonSet (on exit: an uninstall or a rollout?), nothing more.
 func checkEndpointAccess(objs []any, sa *corev1.ServiceAccount) []error {
-	return checkGrant(objs, sa, "Role", "the kube-dns endpoint watch's",
-		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}})
+	return checkGrant(objs, sa, "Role", "the kube-dns endpoint watch's and the fallback's",
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services"}, ResourceNames: []string{"kube-dns"}, Verbs: []string{"get"}},
+		rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"nodelocaldns"}, Verbs: []string{"get"}})
 }
 
 // checkGrant: a binding of kind (ClusterRole: a ClusterRoleBinding; Role:
 // a RoleBinding to a Role in the service account's namespace) gives sa
-// exactly want, one rule and nothing more.
-func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want rbacv1.PolicyRule) []error {
+// exactly the rules want, in that order, and nothing more.
+func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want ...rbacv1.PolicyRule) []error {
 	type role struct {
 		ns    string
 		rules []rbacv1.PolicyRule
@@ -1313,13 +1342,25 @@ func checkGrant(objs []any, sa *corev1.ServiceAccount, kind, what string, want r
 				errs = append(errs, fmt.Errorf("%sBinding %s refers to %s %q, not a %s of the manifest (in %s)", kind, b.name, b.ref.Kind, b.ref.Name, kind, sa.Namespace))
 				continue
 			}
-			if len(r.rules) != 1 || !slices.Equal(r.rules[0].APIGroups, want.APIGroups) || !slices.Equal(r.rules[0].Resources, want.Resources) ||
-				!slices.Equal(r.rules[0].Verbs, want.Verbs) || len(r.rules[0].ResourceNames) > 0 || len(r.rules[0].NonResourceURLs) > 0 {
-				on := strings.Join(want.Resources, ",")
-				if g := strings.Join(want.APIGroups, ","); g != "" {
-					on = g + " " + on
+			same := len(r.rules) == len(want)
+			for i := 0; same && i < len(want); i++ {
+				same = slices.Equal(r.rules[i].APIGroups, want[i].APIGroups) && slices.Equal(r.rules[i].Resources, want[i].Resources) &&
+					slices.Equal(r.rules[i].Verbs, want[i].Verbs) && slices.Equal(r.rules[i].ResourceNames, want[i].ResourceNames) &&
+					len(r.rules[i].NonResourceURLs) == 0
+			}
+			if !same {
+				var on []string
+				for _, w := range want {
+					o := strings.Join(w.Verbs, "/") + " on " + strings.Join(w.Resources, ",")
+					if g := strings.Join(w.APIGroups, ","); g != "" {
+						o = strings.Join(w.Verbs, "/") + " on " + g + " " + strings.Join(w.Resources, ",")
+					}
+					if len(w.ResourceNames) > 0 {
+						o += " " + strings.Join(w.ResourceNames, ",")
+					}
+					on = append(on, o)
 				}
-				errs = append(errs, fmt.Errorf("%s %s grants %+v, want exactly %s on %s", kind, b.ref.Name, r.rules, strings.Join(want.Verbs, "/"), on))
+				errs = append(errs, fmt.Errorf("%s %s grants %+v, want exactly %s", kind, b.ref.Name, r.rules, strings.Join(on, "; ")))
 			}
 			bound = true
 		}

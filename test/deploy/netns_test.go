@@ -8,10 +8,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 )
+
+// init keeps the main goroutine on the main thread for the whole run, so no
+// other goroutine ever runs there. Tests move a locked thread into another
+// network namespace (enterNetns) or change its filesystem uid: a goroutine
+// that exits locked has its thread thrown away, except the main thread,
+// which Go keeps. Had such a goroutine run on the main thread, the process
+// itself (its thread group leader, which is what the kernel reports as a
+// unix socket peer) would stay in that namespace: TestStateDirThiefGetsNothing
+// then saw the test process as a twin of the daemon (1 run in 4).
+func init() { runtime.LockOSThread() }
 
 // netns creates a network namespace for one test and removes it after.
 func netns(t *testing.T) (name string, in func(args ...string) *exec.Cmd) {

@@ -17,7 +17,9 @@ import (
 // nothing more. deploy/daemonset.yaml alone (the endpoint watch, on by
 // default): list and watch endpointslices in kube-system, no pod anywhere.
 // With deploy/autopath/rbac.yaml (-autopath): list and watch pods in every
-// namespace too, still no get of a pod, no secret.
+// namespace too, still no get of a pod, no secret. With
+// deploy/node-readiness/rbac.yaml (-node-condition): nothing on nodes as
+// itself, only the constrained impersonation of its own node.
 func TestManifestRBACPerFeature(t *testing.T) {
 	s := apiserver.Start(t)
 	// Every RBAC object the default manifest has, as kubectl apply creates it.
@@ -79,6 +81,9 @@ func TestManifestRBACPerFeature(t *testing.T) {
 		{"list", "endpointslices", "discovery.k8s.io", "default"}:      false,
 		{"list", "secrets", "", "kube-system"}:                         false,
 		{"get", "pods", "", "kube-system"}:                             false,
+		{"list", "services", "", "kube-system"}:                        false,
+		{"get", "daemonsets", "apps", "kube-system"}:                   false, // only nodelocaldns, by name
+		{"list", "daemonsets", "apps", "kube-system"}:                  false,
 	}
 	noPods := map[access]bool{
 		{"list", "pods", "", ""}:            false,
@@ -94,6 +99,19 @@ func TestManifestRBACPerFeature(t *testing.T) {
 		{"get", "pods", "", "default"}:  false,
 		{"list", "secrets", "", ""}:     false,
 		{"list", "pods", "", "default"}: true,
+	}))
+
+	// With deploy/node-readiness/rbac.yaml (-node-condition): as itself,
+	// still nothing on nodes; it may only act as its own node
+	// (internal/nodestatus's tests write through it, and are refused
+	// another node and its own taints).
+	s.ApplyManifest(t, "../../deploy/node-readiness/rbac.yaml", "ClusterRole", "ClusterRoleBinding")
+	check("with deploy/node-readiness/rbac.yaml", merge(endpointWatch, map[access]bool{
+		{"impersonate:associated-node", "nodes", "authentication.k8s.io", ""}: true,
+		{"impersonate", "users", "", ""}:                                      false,
+		{"patch", "nodes", "", ""}:                                            false,
+		{"get", "nodes", "", ""}:                                              false,
+		{"list", "nodes", "", ""}:                                             false,
 	}))
 }
 

@@ -9,12 +9,13 @@
 #                      $work/images/*.tar imported, kubelet, kube-proxy) and
 #                      kube-dns; sets $kubedns. The caller puts the images in
 #                      $work/images first.
-#   deploy_nodelocaldns IMAGE [autopath]
+#   deploy_nodelocaldns IMAGE [autopath|kube-dns]
 #                      deploy/daemonset.yaml rendered by docs/deploy.md's
 #                      iptables-mode sed into $work/nodelocaldns.yaml (with
 #                      autopath: its "- -autopath" line uncommented and
 #                      deploy/autopath/rbac.yaml applied, as its
-#                      comment says; the manifest mounts the token it needs),
+#                      comment says; the manifest mounts the token it needs;
+#                      with kube-dns: its "- -external-upstream=kube-dns"),
 #                      applied and rolled out
 #   innode CMD...      CMD in the node's network and mount namespaces
 #   k ARGS...          kubectl in the node
@@ -86,7 +87,7 @@ need=()
 [ "$proxy_mode" = nftables ] && { command -v nft >/dev/null || need+=(nftables); }
 for tool in etcd:etcd-server containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins \
 	buildah:buildah debootstrap:debootstrap iptables:iptables conntrack:conntrack openssl:openssl \
-	curl:curl dig:dnsutils; do
+	curl:curl dig:dnsutils dbus-daemon:dbus-daemon; do
 	p=${tool%%:*}
 	if [[ $p == /* ]]; then [ -e "$p" ] || need+=("${tool#*:}"); else command -v "$p" >/dev/null || need+=("${tool#*:}"); fi
 done
@@ -169,7 +170,9 @@ fi
 
 # The stand-in upstream: the node's only resolver. external.e2e.example is
 # the "external name"; stub.e2e.example is served only at $stub_ip, which
-# the stub-domain test adds to the kube-dns ConfigMap.
+# the stub-domain test adds to the kube-dns ConfigMap; 8.8.8.8's PTR
+# (dns.google.) is what the internet's DNS answers and the conformance
+# suite's PTR spec asks first (docs/conformance.md).
 mkdir -p "$work/up" "$work/logs"
 cat >"$work/up/Corefile" <<EOC
 e2e.example:53 {
@@ -182,6 +185,12 @@ stub.e2e.example:53 {
     bind $stub_ip
     hosts {
         192.0.2.53 www.stub.e2e.example
+    }
+}
+8.8.8.8.in-addr.arpa:53 {
+    bind $up_ip
+    template IN PTR {
+        answer "{{ .Name }} 60 IN PTR dns.google."
     }
 }
 .:53 {
@@ -328,6 +337,11 @@ serializeImagePulls: false
 # ConfigMap volumes are updated on the pod's sync: 10 s instead of 1 min, so
 # the stub-domain test waits less. The only timing change.
 syncFrequency: 10s
+# Graceful node shutdown as docs/deploy.md recommends it: 30 s for the
+# node's pods, then 20 s for the critical ones (nodelocaldns is
+# system-node-critical). Its logind is test/e2e/logind (node.sh).
+shutdownGracePeriod: 50s
+shutdownGracePeriodCriticalPods: 20s
 EOC
 cat >"$work/kube-proxy.yaml" <<EOC
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -375,12 +389,18 @@ kubedns=$(k -n kube-system get svc kube-dns -o jsonpath='{.spec.clusterIP}')
 
 # nodelocaldns, deploy/daemonset.yaml with docs/deploy.md's iptables-mode
 # substitutions, run from the doc itself so the two cannot differ.
-deploy_nodelocaldns() { # image [autopath]
+deploy_nodelocaldns() { # image [autopath|kube-dns]
 	local image=$1 mode=${2:-} sedline
 	sedline=$(awk '/^### iptables mode/{f=1} f&&/^```sh/{g=1;next} g&&/^```/{exit} g' docs/deploy.md)
 	[ -n "$sedline" ] || { echo "$log_prefix: no iptables-mode sed block in docs/deploy.md" >&2; exit 1; }
 	(cd "$work" && localdns=$localdns kubedns=$kubedns domain=$domain image=$image \
 		repo=$repo bash -euc "cd \"\$repo\"; ${sedline//> nodelocaldns.yaml/> \"$work/nodelocaldns.yaml\"}")
+	if [ "$mode" = kube-dns ]; then
+		# The manifest's own line for it (docs/deploy.md, "Every name to kube-dns").
+		grep -q '^ *# - -external-upstream=kube-dns$' "$work/nodelocaldns.yaml" ||
+			{ echo "$log_prefix: deploy/daemonset.yaml has no '# - -external-upstream=kube-dns' line" >&2; exit 1; }
+		sed -i -e 's/^\( *\)# - -external-upstream=kube-dns$/\1- -external-upstream=kube-dns/' "$work/nodelocaldns.yaml"
+	fi
 	if [ "$mode" = autopath ]; then
 		# The manifest's own instruction: uncomment -autopath. Its pod
 		# watch needs the service account token, which the manifest mounts

@@ -549,6 +549,65 @@ func dig(server, name string, timeout time.Duration) (string, error) {
 	return strings.SplitN(s, "\n", 2)[0], nil
 }
 
+// digLoopScript asks both addresses every 100 ms with one 1 s try each and
+// prints a FAIL line (tool, name, when it started) for every lookup not
+// answered.
+var digLoopScript = addrFunc + `rm -f /tmp/stop; ok=0; fail=0; echo started
+while [ ! -e /tmp/stop ]; do
+  for s in ` + localDNS + ` ` + kubeDNSIP + `; do
+    st=$(date +%T.%N)
+    if addr "$(dig +short +timeout=1 +tries=1 @$s hello.default.svc.cluster.local | tail -n1)"; then ok=$((ok+1)); else fail=$((fail+1)); echo "FAIL dig@$s hello $st"; fi
+  done
+  sleep 0.1
+done
+echo "ok=$ok fail=$fail"`
+
+// waitSocketsGone waits until no socket on the link-local address belongs
+// to pid: a killed process's sockets close when its last thread has
+// exited, which can be after the thread group leader shows as a zombie,
+// and what was queued in them goes with them. It returns when.
+func waitSocketsGone(t *testing.T, pid int) time.Time {
+	t.Helper()
+	poll(t, 10*time.Second, func() error {
+		out, err := exec.Command("ss", "-Hlunp", "src", localDNS+":53").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ss: %v: %s", err, out)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if line != "" && (!strings.Contains(line, "pid=") || strings.Contains(line, fmt.Sprintf("pid=%d,", pid))) {
+				return fmt.Errorf("a socket of the old process is still open: %s", line)
+			}
+		}
+		return nil
+	})
+	return time.Now()
+}
+
+// checkLoop fails t for every failed lookup of r sent after from (a query
+// sent before, while the killed process's sockets were closing, was queued
+// in them and went with them: logged).
+func checkLoop(t *testing.T, r *resolver, killed, from time.Time, what string) {
+	t.Helper()
+	ok, fail := r.stop(t)
+	t.Logf("%s: %s: %d lookups answered, %d failed", what, resolverLabel(r.pod), ok, fail)
+	if ok == 0 {
+		t.Errorf("%s: %s: no lookup answered", what, resolverLabel(r.pod))
+	}
+	for _, f := range failLines(r.out.String(), killed) {
+		if f.at.Before(from) && !f.at.Before(killed.Add(-time.Second)) {
+			t.Logf("%s: %s: %s sent %v before the killed process's sockets were gone: lost with them", what, resolverLabel(r.pod), f.tool, from.Sub(f.at).Round(time.Millisecond))
+			continue
+		}
+		t.Errorf("%s: %s: %s failed at %s (the kill %s)", what, resolverLabel(r.pod), f.tool, f.at.Format("15:04:05.000"), killed.UTC().Format("15:04:05.000"))
+	}
+}
+
+// TestKill9Recovers: kill -9 of the daemon; the kubelet restarts it. A pod's
+// one-try digs of both addresses never fail meanwhile (the fallback: kube-dns
+// answers while no process serves), a host-network client's only within
+// -fallback-after (2 s: its queries are given to our sockets while the
+// heartbeat is fresh), and the restarted daemon reports what took the
+// fallback.
 func TestKill9Recovers(t *testing.T) {
 	pods := nldPods(t)
 	if len(pods) != 1 {
@@ -562,92 +621,39 @@ func TestKill9Recovers(t *testing.T) {
 	pid := daemonPID(t)
 	name := "hello.default.svc.cluster.local"
 	want := serviceIP(t, "default", "hello")
-	if got, err := dig(localDNS, name, 2*time.Second); err != nil || got != want {
-		t.Fatalf("before: %q, %v", got, err)
-	}
+	r := startResolverIn(t, clientPod, digLoopScript)
+	poll(t, 30*time.Second, func() error {
+		if !strings.Contains(r.out.String(), "started") {
+			return fmt.Errorf("lookup loop not started: %s", r.out.String())
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	// What the dead daemon left: its NOTRACK and ACCEPT rules, nothing
-	// that drops or rejects DNS to its addresses.
-	if out, err := exec.Command("iptables-save").CombinedOutput(); err != nil {
-		t.Errorf("iptables-save: %v: %s", err, out)
-	} else {
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.Contains(line, localDNS) && (strings.Contains(line, "-j DROP") || strings.Contains(line, "-j REJECT")) {
-				t.Errorf("rule left that black-holes DNS: %s", line)
+	// The host's own digs (this test runs in the node's network).
+	var hostFails []time.Duration
+	hostDone := make(chan struct{})
+	stopHost := make(chan struct{})
+	go func() {
+		defer close(hostDone)
+		for {
+			for _, server := range []string{localDNS, kubeDNSIP} {
+				sent := time.Since(killed)
+				if got, err := dig(server, name, time.Second); err != nil || got != want {
+					hostFails = append(hostFails, sent)
+				}
+			}
+			select {
+			case <-stopHost:
+				return
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
-	}
-	// Its sockets close when its last thread has exited, which can be
-	// after the thread group leader shows as a zombie, and while they close
-	// ss shows them with no owner (seen: a query sent then waited in the
-	// dying socket's queue and vanished with it, no port unreachable).
-	// Wait until every socket on the address belongs to a live process
-	// other than the old one (none, or the restarted daemon's).
-	poll(t, 10*time.Second, func() error {
-		out, err := exec.Command("ss", "-Hlunp", "src", localDNS+":53").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ss: %v: %s", err, out)
-		}
-		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			if line == "" {
-				continue
-			}
-			if !strings.Contains(line, "pid=") || strings.Contains(line, fmt.Sprintf("pid=%d,", pid)) {
-				return fmt.Errorf("a socket of the old process is still open: %s", line)
-			}
-		}
-		return nil
-	})
-	// Until it is back, a query must fail fast (port unreachable: the
-	// address is there, nobody listens) or be answered, never vanish: a
-	// timeout would mean a rule left black-holing DNS.
-	var timeouts, late, refused int
-	deadline := killed.Add(60 * time.Second)
-	for {
-		sent := time.Since(killed)
-		got, err := dig(localDNS, name, time.Second)
-		if err == nil && got == want {
-			break
-		}
-		if err != nil && strings.Contains(err.Error(), "timed out") {
-			// Unanswered: a black hole, unless a socket was bound there
-			// (the restarted daemon, between its bind and its first
-			// answer: the query waits in its queue, not dropped).
-			ss, _ := exec.Command("ss", "-Hlun", "src", localDNS+":53").CombinedOutput()
-			if len(bytes.TrimSpace(ss)) == 0 {
-				timeouts++
-				t.Logf("%v after the kill, no listener: %v", time.Since(killed).Round(time.Millisecond), err)
-			} else {
-				late++
-				t.Logf("%v after the kill, the new instance listens: the query sent %v after the kill: %v", time.Since(killed).Round(time.Millisecond), sent.Round(time.Millisecond), err)
-			}
-		} else {
-			refused++
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("DNS not back 60 s after kill -9: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	recovered := time.Since(killed)
-	t.Logf("kill -9: DNS answered again after %v (meanwhile %d queries refused, %d unanswered while the new instance started, %d unanswered with no listener)", recovered.Round(time.Millisecond), refused, late, timeouts)
-	if timeouts > 0 {
-		t.Errorf("%d queries vanished while no daemon listened: something black-holed them", timeouts)
-	}
-	if late > 0 {
-		// Not a failure (the query waited in a bound socket), but where it
-		// waited is not known yet: the restarted daemon's start, to see.
-		logs, _ := kubectl("-n", "kube-system", "logs", pod, "--timestamps", "--tail=40")
-		t.Logf("kill at %s; the restarted daemon's log:\n%s", killed.UTC().Format("15:04:05.000"), logs)
-	}
-	// The kubelet restarted the container (not a new pod), in the
-	// liveness probe's period: 10 s.
-	if recovered > 10*time.Second {
-		t.Errorf("recovery took %v, more than the liveness probe period (10 s)", recovered)
-	}
+	}()
+	gone := waitSocketsGone(t, pid)
 	poll(t, 30*time.Second, func() error {
 		if r := restarts(); r == r0 {
 			return fmt.Errorf("restartCount still %s", r)
@@ -655,6 +661,145 @@ func TestKill9Recovers(t *testing.T) {
 		return nil
 	})
 	mustKubectl(t, "-n", "kube-system", "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=60s")
+	recovered := time.Since(killed)
+	time.Sleep(2 * time.Second)
+	close(stopHost)
+	<-hostDone
+	checkLoop(t, r, killed, gone, "kill -9")
+	t.Logf("kill -9: the old sockets were gone %v after the kill; the restarted pod ready %v after; the host's digs failed at %v after the kill (-fallback-after 2 s)",
+		gone.Sub(killed).Round(time.Millisecond), recovered.Round(time.Millisecond), hostFails)
+	for _, f := range hostFails {
+		if f > 2500*time.Millisecond {
+			t.Errorf("a host-network dig failed %v after the kill, past -fallback-after", f)
+		}
+	}
+	logs := mustKubectl(t, "-n", "kube-system", "logs", pod)
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "while no instance served") {
+			t.Logf("the restarted daemon: %s", l)
+		}
+	}
+}
+
+// clusterIPClient asks the kube-dns ClusterIP (TestCrashLoopFallsBack's
+// second pod), as kubeDNSClient does in the migration.
+const clusterIPClient = "client-clusterip"
+
+// TestCrashLoopFallsBack is a bad upgrade: the daemon is killed (kill -9)
+// and its restarts run an image that exits at once (the e2e's image tag
+// pointed at CoreDNS, which refuses the daemon's flags), so the container
+// stays in CrashLoopBackOff. For 60 s the pods' getent and one-try dig
+// lookups through 169.254.20.10 and 10.96.0.10 keep succeeding: kube-dns
+// answers them through the rules the dead daemon left. Then the good image
+// is back, the pod replaced, and the new daemon reports what took the
+// fallback.
+func TestCrashLoopFallsBack(t *testing.T) {
+	pods := nldPods(t)
+	if len(pods) != 1 {
+		t.Fatalf("nodelocaldns pods: %v", pods)
+	}
+	pod := pods[0]
+	spec := `apiVersion: v1
+kind: Pod
+metadata: {name: ` + clusterIPClient + `, namespace: default}
+spec:
+  dnsPolicy: None
+  dnsConfig:
+    nameservers: [` + kubeDNSIP + `]
+    searches: [default.svc.cluster.local, svc.cluster.local, cluster.local]
+    options: [{name: ndots, value: "5"}]
+  terminationGracePeriodSeconds: 0
+  containers:
+    - name: client
+      image: localhost/client:e2e
+      imagePullPolicy: Never
+      command: [sleep, infinity]
+`
+	if out, err := kubectlIn(spec, "apply", "-f", "-"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Cleanup(func() { _, _ = kubectl("delete", "pod", clusterIPClient, "--wait=false") })
+	mustKubectl(t, "wait", "--for=condition=Ready", "pod/"+clusterIPClient, "--timeout=120s")
+	ctr := func(args ...string) {
+		t.Helper()
+		a := append([]string{"--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "images", "tag", "--force"}, args...)
+		if out, err := exec.Command("ctr", a...).CombinedOutput(); err != nil {
+			t.Fatalf("ctr %v: %v: %s", a, err, out)
+		}
+	}
+	good, image := "localhost/nodelocaldns:e2e-good", "localhost/nodelocaldns:e2e"
+	ctr(image, good)
+	ctr("localhost/coredns:e2e", image)
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			ctr(good, image)
+		}
+	}
+	t.Cleanup(restore)
+
+	var loops []*resolver
+	for _, p := range []string{clientPod, clusterIPClient} {
+		loops = append(loops, startResolverIn(t, p, timedLoopScript))
+	}
+	poll(t, 30*time.Second, func() error {
+		for _, r := range loops {
+			if !strings.Contains(r.out.String(), "started") {
+				return fmt.Errorf("lookup loop in %s not started: %s", r.pod, r.out.String())
+			}
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	pid := daemonPID(t)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	gone := waitSocketsGone(t, pid)
+	maxRestarts := ""
+	for time.Since(killed) < 60*time.Second {
+		st := mustKubectl(t, "-n", "kube-system", "get", "pod", pod, "-o",
+			`jsonpath={.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].state.waiting.reason}{.status.containerStatuses[0].state.terminated.reason}`)
+		if strings.HasPrefix(st, "true ") && time.Since(killed) > 5*time.Second {
+			t.Fatalf("the container is ready again %v after the kill (%s): it was not kept from restarting", time.Since(killed).Round(time.Second), st)
+		}
+		maxRestarts = st
+		time.Sleep(2 * time.Second)
+	}
+	t.Logf("60 s after the kill the container is %q (ready, restarts, state)", maxRestarts)
+	for _, r := range loops {
+		checkLoop(t, r, killed, gone, "killed, restarts crash")
+	}
+	st := nodeState(t)
+	for backend, rules := range st.rules {
+		for _, r := range rules {
+			if strings.Contains(r, "-j NOTRACK") && strings.Contains(r, "--dport 53") && !strings.Contains(r, "-m recent --rcheck") {
+				t.Errorf("%s: left by the dead daemon, a rule that NOTRACKs whether anyone serves: %s", backend, r)
+			}
+		}
+	}
+	t.Logf("left on the node while no cache serves: %v", st)
+
+	restore()
+	mustKubectl(t, "-n", "kube-system", "delete", "pod", pod, "--wait=false")
+	poll(t, 120*time.Second, func() error {
+		now := nldPods(t)
+		if len(now) != 1 || now[0] == pod {
+			return fmt.Errorf("pods %v", now)
+		}
+		if out, err := kubectl("-n", "kube-system", "wait", "--for=condition=Ready", "pod/"+now[0], "--timeout=5s"); err != nil {
+			return fmt.Errorf("%s: %v: %s", now[0], err, out)
+		}
+		return nil
+	})
+	logs := mustKubectl(t, "-n", "kube-system", "logs", nldPods(t)[0])
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "while no instance served") {
+			t.Logf("the new daemon: %s", l)
+		}
+	}
 }
 
 // metricLine returns the value of the series written exactly as series
@@ -872,6 +1017,118 @@ data:
 		return nil
 	})
 	t.Logf("stub domain in effect %v after the ConfigMap was applied", time.Since(start).Round(time.Millisecond))
+}
+
+// digTTL asks server for name from the node, one try: the first answer's
+// address and TTL.
+func digTTL(server, name string) (addr string, ttl int, err error) {
+	c := &dns.Client{Timeout: 2 * time.Second}
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	r, _, err := c.Exchange(m, net.JoinHostPort(server, "53"))
+	if err != nil {
+		return "", 0, err
+	}
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			return a.A.String(), int(a.Hdr.Ttl), nil
+		}
+	}
+	return "", 0, fmt.Errorf("%s: no address: %v", name, r)
+}
+
+// snapshotFiles is a glob of the files name in the cache snapshot's
+// directory of every pod on the node: the manifest's emptyDir
+// (-cache-snapshot-dir), under the kubelet's root directory (run.sh).
+func snapshotFiles(name string) string {
+	return filepath.Join(os.Getenv("NLD_E2E_WORK"), "kubelet", "pods", "*", "volumes", "kubernetes.io~empty-dir", "cache-snapshot", name)
+}
+
+// TestKill9RestartsWarm (issue 42, "Warm after a crash, too"): the cache
+// outlives a kill -9. The killed process wrote it to its pod's emptyDir
+// (-cache-snapshot-dir, in memory); the container the kubelet starts again
+// loads it and answers a name it had cached from it: with what is left of
+// its TTL, where kube-dns's answer through the node's resolver would come
+// with the full 30 s.
+func TestKill9RestartsWarm(t *testing.T) {
+	pod := nldPods(t)[0]
+	// An instance that loaded the snapshot is not fed it again if it dies
+	// within a minute (TestKill9Recovers' restart may have): wait for its
+	// marker to go.
+	poll(t, 90*time.Second, func() error {
+		if m, _ := filepath.Glob(snapshotFiles("cache.snapshot.loaded")); len(m) > 0 {
+			return fmt.Errorf("the last loader is in its first minute: %v", m)
+		}
+		return nil
+	})
+	// A fresh entry: asked until the answer is the upstream's (TTL 30, the
+	// cap), not an older entry's.
+	var asked time.Time
+	poll(t, 45*time.Second, func() error {
+		asked = time.Now()
+		addr, ttl, err := digTTL(localDNS, externalName)
+		if err != nil || addr != externalIP || ttl != 30 {
+			return fmt.Errorf("%s: %s TTL %d, %v", externalName, addr, ttl, err)
+		}
+		return nil
+	})
+	// The snapshot written after it (every 5 s when the cache took entries).
+	poll(t, 15*time.Second, func() error {
+		m, _ := filepath.Glob(snapshotFiles("cache.snapshot"))
+		for _, f := range m {
+			if st, err := os.Stat(f); err == nil && st.ModTime().After(asked) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no snapshot written since %s: %v", asked.Format("15:04:05.000"), m)
+	})
+	// A second at least, so that an answer from the snapshot shows less
+	// than the full TTL.
+	time.Sleep(time.Until(asked.Add(1500 * time.Millisecond)))
+	restarts := func() string {
+		return mustKubectl(t, "-n", "kube-system", "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].restartCount}")
+	}
+	r0 := restarts()
+	if err := syscall.Kill(daemonPID(t), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	// The restarted container serving (whatever else answers meanwhile).
+	var logs string
+	poll(t, 60*time.Second, func() error {
+		if r := restarts(); r == r0 {
+			return fmt.Errorf("restartCount still %s", r)
+		}
+		logs, _ = kubectl("-n", "kube-system", "logs", pod)
+		if !strings.Contains(logs, "msg=serving") {
+			return fmt.Errorf("the restarted container does not serve yet")
+		}
+		return nil
+	})
+	var ttl int
+	poll(t, 10*time.Second, func() error {
+		addr, tt, err := digTTL(localDNS, externalName)
+		if err != nil || addr != externalIP {
+			return fmt.Errorf("%s: %s, %v", externalName, addr, err)
+		}
+		ttl = tt
+		return nil
+	})
+	line := ""
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "cache snapshot") {
+			line = l
+		}
+	}
+	t.Logf("kill -9 %v after the lookup; the restarted container served %v later, answered with TTL %d; its log: %s",
+		killed.Sub(asked).Round(time.Millisecond), time.Since(killed).Round(time.Millisecond), ttl, line)
+	if !strings.Contains(line, "loaded the cache snapshot") || strings.Contains(line, " kept=0 ") {
+		t.Errorf("the restarted daemon loaded no snapshot:\n%s", logs)
+	}
+	if ttl >= 30 {
+		t.Errorf("%s answered with TTL %d after the restart: fetched again, not from the snapshot", externalName, ttl)
+	}
+	mustKubectl(t, "-n", "kube-system", "wait", "--for=condition=Ready", "pod/"+pod, "--timeout=60s")
 }
 
 // TestDeleteDaemonSetCleansUp runs last: it deletes the DaemonSet.

@@ -37,6 +37,8 @@ cluster_prepare
 
 log "images (test/e2e/images.sh: buildah, no Docker engine)"
 test/e2e/images.sh "$work/images"
+# logind's part in the kubelet's graceful node shutdown (node.sh).
+go build -o "$work/logind" ./test/e2e/logind
 
 cluster_up
 
@@ -48,6 +50,7 @@ runtests() { # go test flags...
 		NLD_E2E_KUBEDNS="$kubedns" NLD_E2E_LOCALDNS="$localdns" NLD_E2E_STUB="$stub_ip" \
 		NLD_E2E_MANIFEST="$work/nodelocaldns.yaml" NLD_E2E_IMAGE=localhost/nodelocaldns:e2e \
 		NLD_E2E_STOCK_MANIFEST="$work/stock.yaml" NLD_E2E_STOCK_IMAGE="$stock_image" NLD_E2E_STOCK_MISSING="$stock_missing" \
+		NLD_E2E_PROXY_MODE="$proxy_mode" \
 		"$work/e2e.test" -test.v -test.count=1 -test.timeout=20m "$@" 2>&1 | tee -a "$work/logs/tests.log"
 	local rc=${PIPESTATUS[0]}
 	set -e
