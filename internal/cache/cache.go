@@ -2,6 +2,7 @@ package cache
 
 import (
 	"math"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,7 +85,10 @@ type shard struct {
 	stats     shardStats
 	// tags[t] counts the entries of Policy.Tag t (grown by Put).
 	tags []TagStats
-	_    [64]byte // keep neighbouring shards' locks off one cache line
+	// owners: the clients whose misses stored the shard's entries
+	// (owner.go).
+	owners map[netip.Addr]*owner
+	_      [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 type shardStats struct {
@@ -122,6 +126,7 @@ func New(cfg Config) *Cache {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.items = make(map[uint64]*Entry)
+		s.owners = make(map[netip.Addr]*owner)
 		for k := range s.lru {
 			s.lru[k].next, s.lru[k].prev = &s.lru[k], &s.lru[k]
 		}
@@ -144,7 +149,8 @@ const (
 )
 
 // Get returns the fresh entry answering q at now (unix ns), or nil, and
-// counts a hit. A miss is not counted here: only the caller knows whether
+// counts a hit of q.Client's (one more client of the entry's, if it is
+// new: its popularity). A miss is not counted here: only the caller knows whether
 // it is answered stale, from the upstream or not at all. prefetch is true, once per entry, when this hit
 // makes a popular entry (PrefetchHits hits) that is in the last tenth of
 // its lifetime due for a background refresh. The returned entry is
@@ -168,6 +174,7 @@ func (c *Cache) Get(q *wire.Query, now int64) (e *Entry, prefetch bool) {
 		e.CountServed() // a hit that a denial would have replaced but for prefer_positive
 	}
 	e.hits++
+	e.clients |= clientBit(q.Client)
 	e.lastUsed = now
 	need, pct := c.prefetchHits, int64(10)
 	if e.pfSet {
@@ -218,11 +225,19 @@ func (c *Cache) RefreshFailed(q *wire.Query, now, recheck int64) {
 	s.mu.Unlock()
 }
 
-// Put stores e, replacing any entry for the same question, and evicts
-// entries (evict: expired ones first, else the least hit of a sample) to
-// stay within the capacities. Uncacheable entries are ignored. It reports whether e was
-// stored.
-func (c *Cache) Put(e *Entry) bool {
+// Put stores e, replacing any entry for the same question (whose owner
+// and clients it keeps: a refresh, an import), and evicts entries (evict)
+// to stay within the capacities. Uncacheable entries are ignored. It
+// reports whether e was stored.
+func (c *Cache) Put(e *Entry) bool { return c.put(e, netip.Addr{}, false) }
+
+// PutFor is Put of an entry that the miss of client (its key, package
+// fair) fetched: it is the client's, whatever it replaces, and makes room
+// from the client's own entries when the client holds its equal part of
+// the shard or more (evict).
+func (c *Cache) PutFor(e *Entry, client netip.Addr) bool { return c.put(e, client, true) }
+
+func (c *Cache) put(e *Entry, client netip.Addr, owned bool) bool {
 	if e.kind >= numKinds || e.expires <= e.stored {
 		return false
 	}
@@ -239,24 +254,32 @@ func (c *Cache) Put(e *Entry) bool {
 		if e.kind == ServFail && old.kind != ServFail && e.stored < old.staleUntil {
 			return false
 		}
+		if !owned {
+			client = old.own.key
+		}
+		e.clients |= old.clients
 		c.remove(s, old)
 	}
+	ins := s.owners[client]
 	// Make room in this shard. The global bounds may be exceeded by at
 	// most one entry per shard (when this shard has nothing of the kind to
 	// give back) and by concurrent inserts in other shards.
 	k := e.kind
 	for s.count[k] > 0 && (s.count[k] >= s.capacity[k] || c.entries[k].Load() >= c.capacity[k]) {
-		c.evict(s, k, e.stored)
+		c.evict(s, k, e.stored, ins)
+		ins = s.owners[client] // gone when its last entry was
 	}
 	for c.maxBytes > 0 && c.bytes.Load()+size > c.maxBytes {
 		victim := s.largestKind()
 		if victim >= numKinds {
 			break
 		}
-		c.evict(s, victim, e.stored)
+		c.evict(s, victim, e.stored, ins)
+		ins = s.owners[client]
 	}
 	s.items[e.hash] = e
 	s.pushFront(e)
+	s.own(e, s.ownerOf(client), size)
 	if int(e.tag) >= len(s.tags) {
 		s.tags = append(s.tags, make([]TagStats, int(e.tag)+1-len(s.tags))...)
 	}
@@ -270,14 +293,23 @@ func (c *Cache) Put(e *Entry) bool {
 	return true
 }
 
-// evict removes entries of kind k to make room: every expired one of the
-// shard when a sweep is due (see sweep), else one sampled at random (Go map
-// iteration starts at a random slot): the first expired one the sample
-// meets, or the least hit of evictSample, the least recently used of them
-// on a tie. Plain LRU evicts exactly the entry a cyclic workload (clients
-// walking a list of names slightly longer than the cache) asks for next,
-// so every query of it misses; sampling breaks the cycle, and the hit
-// counts keep popular names in.
+// evict removes entries of kind k to make room for an insert of ins's
+// (nil: a client with nothing in the shard): every expired one of the
+// shard when a sweep is due (see sweep), else one of the target owner's
+// (target: ins's own when it holds its equal part of the shard or more,
+// else the heaviest owner's), sampled at random (Go map iteration starts
+// at a random slot): the first expired one the sample meets, or the least
+// valuable of evictSample, fewest distinct clients first, least recently
+// used on a tie. An owner the sample does not meet gives its least
+// recently used entry.
+//
+// Plain LRU evicts exactly the entry a cyclic workload (clients walking a
+// list of names slightly longer than the cache) asks for next, so every
+// query of it misses; sampling breaks the cycle, and the client counts
+// keep names many clients use in. Counting clients, not hits, and making
+// room from the heavy owner's entries, keeps one client that asks its own
+// new names many times (issue 37: 2,000 a second, 12 times each) from
+// pushing out what the other clients use.
 //
 // Eviction used to look at the eight least recently used entries for an
 // expired one first: thirteen entries read per eviction, each a cache miss
@@ -285,7 +317,7 @@ func (c *Cache) Put(e *Entry) bool {
 // 10k misses/s, bench/MISS-PROFILE.md). The bound on the soonest expiry says
 // when there can be no expired entry at all, which under a storm of new
 // names (every entry younger than its TTL) is always.
-func (c *Cache) evict(s *shard, k Kind, now int64) {
+func (c *Cache) evict(s *shard, k Kind, now int64, ins *owner) {
 	head := &s.lru[k]
 	if head.prev == head {
 		return
@@ -293,22 +325,34 @@ func (c *Cache) evict(s *shard, k Kind, now int64) {
 	if now >= s.soonest[k] && now-s.lastSweep[k] >= sweepEvery && c.sweep(s, k, now) > 0 {
 		return
 	}
-	victim := head.prev
-	seen := 0
+	o := s.target(k, ins)
+	var victim *Entry
+	seen, scanned := 0, 0
 	for _, e := range s.items {
-		if e.kind != k {
+		if scanned++; scanned > evictScan {
+			break
+		}
+		if e.kind != k || e.own != o {
 			continue
 		}
 		if e.Expired(now) {
 			victim = e
 			break
 		}
-		if seen == 0 || e.hits < victim.hits || (e.hits == victim.hits && e.lastUsed < victim.lastUsed) {
+		if victim == nil || lessValuable(e, victim) {
 			victim = e
 		}
 		if seen++; seen == evictSample {
 			break
 		}
+	}
+	for e := head.prev; victim == nil && e != head; e = e.prev {
+		if e.own == o {
+			victim = e
+		}
+	}
+	if victim == nil { // o has an entry of the kind: not reached
+		victim = head.prev
 	}
 	s.tags[victim.tag].Evictions[victim.kind]++
 	c.remove(s, victim)
@@ -363,6 +407,7 @@ func (c *Cache) remove(s *shard, e *Entry) {
 	}
 	size := e.size()
 	s.bytes -= size
+	s.disown(e, size)
 	c.entries[e.kind].Add(-1)
 	c.bytes.Add(-size)
 }

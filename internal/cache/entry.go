@@ -86,6 +86,11 @@ type Entry struct {
 	prev, next   *Entry
 	lastUsed     int64 // unix ns of the last hit (eviction tie-break)
 	refreshAfter int64
+	// own: the client whose miss stored it (owner.go; the shard lock);
+	// clients: the distinct clients that hit it, one bit per client's
+	// hash (its popularity for eviction: the bits set).
+	own     *owner
+	clients uint64
 	// lkg and kept: the zone's prefer_positive counters, and whether a
 	// refresh that did not answer the question was refused in favour of
 	// this entry (see Keep).
@@ -112,7 +117,7 @@ type Entry struct {
 	// ede: the Extended DNS Error options (RFC 8914) of the answer, on the
 	// entry a fetch's own clients get (BuildFetched, Pass), never cached.
 	ede *[]byte
-	// Fields ordered by size: 160 bytes, the 160-byte size class.
+	// Fields ordered by size: 176 bytes, the 176-byte size class.
 }
 
 // Kind reports what the entry answers.
@@ -134,9 +139,10 @@ func (e *Entry) size() int64 {
 	return int64(cap(e.msg)) + int64(cap(e.rrs))*int64(unsafe.Sizeof(rrField{})) + entryOverhead
 }
 
-// entryOverhead is the Entry struct (~136 B), the map slot (~24 B) and
-// allocator rounding of the two buffers, rounded up.
-const entryOverhead = 208
+// entryOverhead is the Entry struct (176 B), the map slot (~24 B) and
+// allocator rounding of the two buffers, rounded up (the owners, a few
+// per shard, are in the rounding: TestMemoryBound).
+const entryOverhead = 240
 
 // Policy caps the lifetime of entries in one part of the name space.
 type Policy struct {

@@ -42,6 +42,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/config"
 	"github.com/nodelocaldns/nodelocaldns/internal/endpoints"
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/metrics"
 	"github.com/nodelocaldns/nodelocaldns/internal/netsetup"
 	"github.com/nodelocaldns/nodelocaldns/internal/nodestatus"
@@ -66,9 +67,13 @@ type Daemon struct {
 	stopping    atomic.Bool
 	stopHTTP    context.CancelFunc
 	stopNet     context.CancelFunc
-	bg          sync.WaitGroup
-	opt         Options
-	clock       clock.Clock // opt.Clock, never nil
+	// clients maps the node's addresses to one client (nodeaddrs.go);
+	// stopAddrs ends their refresh.
+	clients   *fair.Clients
+	stopAddrs context.CancelFunc
+	bg        sync.WaitGroup
+	opt       Options
+	clock     clock.Clock // opt.Clock, never nil
 
 	// Lifecycle with twins (internal/statedir, handover.go).
 	reg      *statedir.Registry // nil without -state-dir
@@ -127,7 +132,7 @@ type Options struct {
 // New builds every part from cfg without touching the node or the network.
 func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	opt.Clock = clock.Or(opt.Clock)
-	d := &Daemon{cfg: cfg, log: log, clock: opt.Clock}
+	d := &Daemon{cfg: cfg, log: log, clock: opt.Clock, clients: fair.NewClients(nodeAddrs())}
 	d.Cache = cache.New(cache.Config{
 		SuccessCapacity: cfg.Cache.SuccessCapacity,
 		DenialCapacity:  cfg.Cache.DenialCapacity,
@@ -151,12 +156,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		return nil, err
 	}
 	ap := d.serverAutopath()
-	var sockAddrs []netip.Addr
-	var sockPorts []int
-	for _, ap := range cfg.Sockets() {
-		sockAddrs = append(sockAddrs, ap.Addr())
-		sockPorts = append(sockPorts, int(ap.Port()))
-	}
+	sockAddrs, sockPorts := sockets(cfg)
 	srv, err = server.New(server.Config{
 		Addrs:            sockAddrs,
 		Port:             cfg.Port,
@@ -175,6 +175,7 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 		QueryLog:         queryLog(cfg, log),
 		CoreDNSZones:     running.CoreDNSZones(cdBlocks), // a query counts under its block's (resolve.Block.Metric)
 		Autopath:         ap,
+		Clients:          d.clients,
 	})
 	if err != nil {
 		run.Close()
@@ -200,6 +201,15 @@ func New(cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
 	d.opt = opt
 	d.fallback = newFallback(d)
 	return d, nil
+}
+
+// sockets are the addresses the server listens on and the port of each.
+func sockets(cfg *config.Config) (addrs []netip.Addr, ports []int) {
+	for _, ap := range cfg.Sockets() {
+		addrs = append(addrs, ap.Addr())
+		ports = append(ports, int(ap.Port()))
+	}
+	return addrs, ports
 }
 
 // netConfig is the node plumbing for cfg: the interface's addresses (a
@@ -312,6 +322,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.Server.Serve()
+	d.stopAddrs = d.background(d.watchNodeAddrs)
 	d.rulesAndGate(ctx)
 	if err := d.health(ctx); err != nil {
 		return fmt.Errorf("health query through the listener: %w", err)
@@ -579,7 +590,7 @@ func (d *Daemon) shutdown(ctx context.Context, lameDuck time.Duration) error {
 		}
 	}
 	var errs []error
-	for _, stop := range []context.CancelFunc{d.stopNet, d.stopPodWatch, d.stopKubeEP, d.stopFallback} {
+	for _, stop := range []context.CancelFunc{d.stopNet, d.stopAddrs, d.stopPodWatch, d.stopKubeEP, d.stopFallback} {
 		if stop != nil {
 			stop()
 		}

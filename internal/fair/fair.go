@@ -1,24 +1,39 @@
 // Package fair apportions a bounded resource among the clients that use it
 // (questions in flight, clients waiting for a miss, TCP and HTTP
-// connections), so that one client cannot take what every other needs.
+// connections, bytes of TCP answers), so that no client, and no number of
+// clients, can take what a newcomer needs. It owns the rule and the keys a
+// client is known by (keys.go); it knows nothing of what a unit is, and
+// must not: its callers hold the units and give them back.
 //
-// The rule is bounded borrowing. Of a bound of Max units, a quarter is a
-// reserve; each client has a share of Reserve/8 (at least 1). A client
-// holding less than its share takes any free unit, the reserve included. A
-// client at or past its share may borrow only while more than the reserve
-// is free. So one client, or several heavy ones together, can hold at most
-// Max-Reserve; a newcomer always finds its share at once (as long as fewer
-// than eight newcomers at a time fill the reserve up to their shares), and
-// the bound is never exceeded. Borrowing makes it work-conserving above the
-// reserve: a lone client uses three quarters of the bound, not one share.
+// A bound of Max units has two pools. The node's (an eighth: the host's
+// own traffic, every loopback and node address, keyed by source port) and
+// the pods' (the rest). A key never takes from the other pool. In each
+// pool the rule is bounded borrowing with a newcomer's part:
+//
+//   - a quarter of the pool is its reserve, and half of the reserve is the
+//     newcomers' part; a client's share is an eighth of the reserve;
+//   - any client takes a free unit while more than the reserve stays free
+//     after it (borrowing: a lone busy client uses three quarters);
+//   - a client holding less than its share takes one of the reserve while
+//     the newcomers' part stays free after it;
+//   - a client holding nothing takes any free unit.
+//
+// So one client, or all heavy clients together, hold at most three
+// quarters; light clients together hold at most the reserve less the
+// newcomers' part, whatever their number; and a client that holds nothing
+// gets in unless as many other clients as the newcomers' part has units
+// each took one of it while holding nothing (docs/design.md, "A fair share
+// per client", states each bound's figures with N identities).
 //
 // Unbound's per-address rate limits and dnsdist's per-address rules cap a
 // client outright; a cap that low would starve a busy node agent that asks
 // much legitimately, which borrowing lets through while nobody else needs
 // the room.
 //
-// The zero netip.Addr is work nobody asked for directly (prefetches,
-// refreshes the daemon starts itself): it is held to the total bound only.
+// The prefetch key (Prefetch) is the daemon's own work: it holds at most a
+// share and never takes from the reserve. The zero netip.Addr is work no
+// client is known for (tests, callers outside the server): it is held to
+// the pods' pool's total only.
 package fair
 
 import "net/netip"
@@ -32,7 +47,8 @@ const (
 	// Full: every unit is held.
 	Full
 	// OverShare: the client holds its share or more and only the reserve
-	// is free: it is left to clients under their share.
+	// is free, or it holds some and only the newcomers' part is free: it
+	// is left to lighter clients.
 	OverShare
 )
 
@@ -46,60 +62,118 @@ func (v Verdict) String() string {
 	return "over_share"
 }
 
+// pool is one part of a bound and the units its clients hold.
+type pool struct {
+	max, reserve, share, fresh int
+	used                       int
+	held                       map[netip.Addr]int32
+}
+
+func newPool(bound int) pool {
+	reserve := bound / 4
+	return pool{max: bound, reserve: reserve, share: max(1, reserve/8), fresh: reserve / 2, held: make(map[netip.Addr]int32)}
+}
+
+// check says what taking n units for c would give, without taking.
+func (p *pool) check(c netip.Addr, n int) Verdict {
+	free := p.max - p.used - n // free after
+	if free < 0 {
+		return Full
+	}
+	h := int(p.held[c])
+	switch {
+	case c == Prefetch:
+		// The daemon's own work: a share, never the reserve.
+		if h+n > p.share || free < p.reserve {
+			return OverShare
+		}
+	case !c.IsValid(), h == 0, free >= p.reserve:
+	case h < p.share && free >= p.fresh:
+	default:
+		return OverShare
+	}
+	return Taken
+}
+
 // Shares counts the units each client holds of one bound. It is not safe
 // for concurrent use: its owner's lock guards it.
 type Shares struct {
-	max, reserve, share int
-	used                int
-	held                map[netip.Addr]int32
+	pods, node pool
 }
 
-// New returns the shares of a bound of bound units (at least 1).
+// nodePart is the node's pool's part of a bound: an eighth.
+const nodePart = 8
+
+// New returns the shares of a bound of bound units (at least 1). Bounds
+// under nodePart*4 units have no node pool: the node is a client of the
+// pods' pool under one key (Node).
 func New(bound int) *Shares {
 	bound = max(bound, 1)
-	reserve := bound / 4
-	return &Shares{max: bound, reserve: reserve, share: max(1, reserve/8), held: make(map[netip.Addr]int32)}
+	nodeMax := 0
+	if bound >= nodePart*4 {
+		nodeMax = bound / nodePart
+	}
+	return &Shares{pods: newPool(bound - nodeMax), node: newPool(nodeMax)}
 }
 
-// Max is the bound; Reserve the units kept for clients under their share;
-// Share what each client may hold before it borrows.
-func (s *Shares) Max() int     { return s.max }
-func (s *Shares) Reserve() int { return s.reserve }
-func (s *Shares) Share() int   { return s.share }
+// NewOnePool returns the shares of a bound with no node pool, for a bound
+// whose clients are keyed by address alone (the HTTP listeners: the
+// kubelet's probes come from the node's address, which a flood from
+// loopback must not share): the node's keys, if any come, are one client
+// (Node) of it.
+func NewOnePool(bound int) *Shares {
+	return &Shares{pods: newPool(max(bound, 1))}
+}
+
+// poolOf is the pool a key takes from, and the key it is counted under
+// there.
+func (s *Shares) poolOf(c netip.Addr) (*pool, netip.Addr) {
+	if !IsNode(c) {
+		return &s.pods, c
+	}
+	if s.node.max == 0 {
+		return &s.pods, Node
+	}
+	return &s.node, c
+}
+
+// Max is the bound; Reserve the units of the pods' pool kept from clients
+// at their share; Share what a pod may hold before it only borrows; Fresh
+// the units of the pods' pool only a client holding nothing takes.
+func (s *Shares) Max() int     { return s.pods.max + s.node.max }
+func (s *Shares) Reserve() int { return s.pods.reserve }
+func (s *Shares) Share() int   { return s.pods.share }
+func (s *Shares) Fresh() int   { return s.pods.fresh }
+
+// NodeMax is the node's pool (0: none, the node is one client of the
+// pods').
+func (s *Shares) NodeMax() int { return s.node.max }
 
 // Used is the number of units held by all clients.
-func (s *Shares) Used() int { return s.used }
+func (s *Shares) Used() int { return s.pods.used + s.node.used }
 
 // Held is the number of units c holds.
-func (s *Shares) Held(c netip.Addr) int { return int(s.held[c]) }
+func (s *Shares) Held(c netip.Addr) int {
+	p, k := s.poolOf(c)
+	return int(p.held[k])
+}
 
 // Clients is the number of clients holding a unit.
-func (s *Shares) Clients() int { return len(s.held) }
+func (s *Shares) Clients() int { return len(s.pods.held) + len(s.node.held) }
 
 // Take gives c one unit if it may have one.
 func (s *Shares) Take(c netip.Addr) Verdict { return s.TakeN(c, 1) }
 
-// TakeN gives c n units (n >= 1) if it may have them: all, or none. A
-// client under its share takes them while they fit in the bound; one at or
-// past it only while the reserve stays free after them. A bound counted in
-// bytes takes a buffer's size at once.
+// TakeN gives c n units (n >= 1) if it may have them: all, or none (a
+// bound counted in bytes takes a buffer's size at once), by the rule of
+// the package doc in c's pool.
 func (s *Shares) TakeN(c netip.Addr, n int) Verdict {
-	if v := s.check(c, n); v != Taken {
+	p, k := s.poolOf(c)
+	if v := p.check(k, n); v != Taken {
 		return v
 	}
-	s.used += n
-	s.held[c] += int32(n)
-	return Taken
-}
-
-// check says what TakeN would, without taking.
-func (s *Shares) check(c netip.Addr, n int) Verdict {
-	if s.used+n > s.max {
-		return Full
-	}
-	if c.IsValid() && int(s.held[c]) >= s.share && s.max-s.used-n < s.reserve {
-		return OverShare
-	}
+	p.used += n
+	p.held[k] += int32(n)
 	return Taken
 }
 
@@ -108,35 +182,46 @@ func (s *Shares) Put(c netip.Addr) { s.PutN(c, 1) }
 
 // PutN gives back n units of c's.
 func (s *Shares) PutN(c netip.Addr, n int) {
-	k, ok := s.held[c]
+	p, c := s.poolOf(c)
+	k, ok := p.held[c]
 	if !ok || int(k) < n {
 		panic("fair: Put of units not held")
 	}
-	s.used -= n
+	p.used -= n
 	if int(k) == n {
-		delete(s.held, c)
+		delete(p.held, c)
 	} else {
-		s.held[c] = k - int32(n)
+		p.held[c] = k - int32(n)
 	}
 }
 
-// MakeRoom says whose idle unit may be taken back for c when Take(c)
-// returned v (a connection closed, say, to open c's): when c holds its share
-// its own (anyone false), since a client past its share never takes
-// another's; else the heaviest client's, or when that one has none idle,
-// anyone's (anyone true). After the caller frees the unit it chose it calls
-// Replace.
+// MakeRoom says whose unit may be taken back for c when Take(c) returned
+// v (an idle or stuck connection closed, say, to open c's): when c holds
+// its share, or holds some while only the newcomers' part is free, its
+// own (anyone false), since such a client never takes another's; else the
+// heaviest client's of c's pool, or when that one has none to give,
+// anyone's in c's pool (anyone true). After the caller frees the unit it
+// chose it calls Replace.
 func (s *Shares) MakeRoom(c netip.Addr, v Verdict) (prefer netip.Addr, anyone bool) {
-	if v == OverShare || int(s.held[c]) >= s.share {
+	p, k := s.poolOf(c)
+	if v == OverShare || int(p.held[k]) >= p.share {
 		return c, false
 	}
-	top, _ := s.Heaviest()
+	top, _ := p.heaviest()
 	return top, true
 }
 
-// Replace gives c the unit that victim held (a unit MakeRoom chose): a
-// client's own passes to it as it is; another's is given back and taken,
-// which always succeeds since c is under its share.
+// SamePool reports whether a and b take from the same pool, so a unit of
+// one may make room for the other.
+func (s *Shares) SamePool(a, b netip.Addr) bool {
+	pa, _ := s.poolOf(a)
+	pb, _ := s.poolOf(b)
+	return pa == pb
+}
+
+// Replace gives c the unit that victim held (a unit MakeRoom chose, in c's
+// pool): a client's own passes to it as it is; another's is given back
+// and taken, which always succeeds since c is under its share.
 func (s *Shares) Replace(victim, c netip.Addr) {
 	if victim == c {
 		return
@@ -145,12 +230,15 @@ func (s *Shares) Replace(victim, c netip.Addr) {
 	s.Take(c)
 }
 
-// Heaviest is the client holding the most units (the zero address when
-// nobody holds any); a walk over the clients, for the rare full table.
-func (s *Shares) Heaviest() (netip.Addr, int) {
+// Heaviest is the client holding the most units of the pods' pool (the
+// zero address when nobody holds any); a walk over the clients, for the
+// rare full table.
+func (s *Shares) Heaviest() (netip.Addr, int) { return s.pods.heaviest() }
+
+func (p *pool) heaviest() (netip.Addr, int) {
 	var top netip.Addr
 	n := int32(0)
-	for c, k := range s.held {
+	for c, k := range p.held {
 		if k > n || (k == n && c.Less(top)) {
 			top, n = c, k
 		}

@@ -63,7 +63,7 @@ type limitedConn struct {
 }
 
 func newConnLimiter(ln net.Listener, max int, onReject func(string), onEvict func()) *connLimiter {
-	return &connLimiter{Listener: ln, shares: fair.New(max), conns: make(map[net.Conn]*limitedConn), onReject: onReject, onEvict: onEvict}
+	return &connLimiter{Listener: ln, shares: fair.NewOnePool(max), conns: make(map[net.Conn]*limitedConn), onReject: onReject, onEvict: onEvict}
 }
 
 // Accept returns the next connection it keeps.

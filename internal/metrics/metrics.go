@@ -273,12 +273,14 @@ var (
 	descReflector = prometheus.NewDesc(ns+"_reflector_drops_total", "UDP queries from a reflector source port (0, 7, 13, 17, 19, 37) dropped unanswered; also in dropped_queries_total.", nil, nil)
 	descTCPConns  = prometheus.NewDesc(ns+"_tcp_connections", "Open client TCP connections.", nil, nil)
 	descTCPRef    = prometheus.NewDesc(ns+"_tcp_refused_total", "Client TCP connections closed at once: -max-tcp-conns open and none of them idle to close instead.", nil, nil)
-	descShare     = prometheus.NewDesc(ns+"_client_share_rejects_total", "Requests refused because their client (source address) held its share of a bound while only the bound's reserve was free, by bound: inflight (a new question: stale answer or SERVFAIL), waiting (a miss: stale answer or SERVFAIL), tcp (a new connection, none of the client's own idle to close).", []string{"bound"}, nil)
-	descTCPEvict  = prometheus.NewDesc(ns+"_tcp_evicted_total", "Idle client TCP connections closed to make room for a new one (the client's own longest-idle one, else the heaviest client's, else the longest-idle of all).", nil, nil)
-	descTCPDrop   = prometheus.NewDesc(ns+"_tcp_answer_drops_total", "Answers to misses dropped, and their client TCP connections closed, because the answers being written to TCP clients would pass 8 MiB (server.MaxTCPAnswerBytes) or their client's share of it: a client that does not read its answers.", nil, nil)
+	descShare     = prometheus.NewDesc(ns+"_client_share_rejects_total", "Requests refused because their client (its source address; loopback and the node's addresses are the node, by source port) held its share of a bound while only the bound's reserve was free, or held some while only the newcomers' part was, by bound: inflight (a new question: stale answer or SERVFAIL), waiting (a miss: stale answer or SERVFAIL), tcp (a new connection, none of the client's own idle to close).", []string{"bound"}, nil)
+	descTCPEvict  = prometheus.NewDesc(ns+"_tcp_evicted_total", "Client TCP connections idle, or sitting on a partial query for half a second, closed to make room for a new one (the client's own longest-waiting one, else the heaviest client's, else the longest-waiting of all in its pool).", nil, nil)
+	descTCPDrop   = prometheus.NewDesc(ns+"_tcp_answer_drops_total", "Answers to misses dropped, and their client TCP connections closed, because the answers waiting to be written to TCP clients (each with its request and buffers) would pass 8 MiB (server.MaxTCPAnswerBytes) or their client's share of it: a client that does not read its answers.", nil, nil)
 	descTCPBig    = prometheus.NewDesc(ns+"_tcp_oversized_total", "Client TCP connections closed because a query announced more than 2048 bytes (server.MaxTCPQuery), before its bytes were read.", nil, nil)
 	descHits      = prometheus.NewDesc(ns+"_cache_hits_total", "Queries answered from the cache, by entry type; type=stale counts answers served stale (RFC 8767), which are not misses. hits + misses is every query that reached the cache.", []string{"type"}, nil)
 	descPrefetch  = prometheus.NewDesc(ns+"_cache_prefetches_total", "Popular entries refreshed in the background before they expired.", nil, nil)
+	descTCPQueued = prometheus.NewDesc(ns+"_tcp_answers_pending_bytes", "What the answers to misses waiting to be written to TCP clients hold (each with its request and buffers), as the bound on them (8 MiB, server.MaxTCPAnswerBytes) counts it.", nil, nil)
+	descPFSkip    = prometheus.NewDesc(ns+"_cache_prefetches_skipped_total", "Prefetches not started: the prefetches' share of the flight bound was held (a share, never the reserve), or the question's last prefetch did not answer within the client timeout and nothing answered it since.", nil, nil)
 	descLKGServed = prometheus.NewDesc(ns+"_cache_last_known_good_served_total", "Answers served from a last good answer that prefer_positive kept over a refresh that did not answer the question (NXDOMAIN, NODATA, empty, referral), by zone of the policy.", []string{"zone"}, nil)
 	descLKGKept   = prometheus.NewDesc(ns+"_cache_last_known_good_kept_total", "Refreshes that did not answer the question and did not replace the last good answer (prefer_positive), by zone of the policy.", []string{"zone"}, nil)
 	descMisses    = prometheus.NewDesc(ns+"_cache_misses_total", "Queries the cache could not answer: they waited for the upstream (or were not admitted). A stale answer is not a miss; health checks are neither.", nil, nil)
@@ -294,7 +296,7 @@ var (
 func (s *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRequests, descResponses, descMalformed, descDropped, descRejected,
 		descCoalesced, descFwdErrors, descTCPConns, descTCPRef, descHits, descMisses, descInserts, descEvictions,
-		descEntries, descBytes, descPrefetch, descLKGServed, descLKGKept, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop, descTapSent, descTapDrop, descPanics} {
+		descEntries, descBytes, descPrefetch, descLKGServed, descLKGKept, descHealth, descReflector, descShare, descTCPEvict, descTCPBig, descTCPDrop, descTCPQueued, descPFSkip, descTapSent, descTapDrop, descPanics} {
 		ch <- d
 	}
 }
@@ -328,6 +330,8 @@ func (s *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descTCPEvict, c.TCPEvicted)
 		counter(descTCPBig, c.TCPOversized)
 		counter(descTCPDrop, c.TCPAnswerDrops)
+		counter(descPFSkip, c.PrefetchSkipped)
+		gauge(descTCPQueued, c.TCPAnswerBytes)
 		counter(descHits, c.StaleServed, "stale")
 		counter(descMisses, c.CacheMisses)
 		counter(descHealth, c.HealthChecks)

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
+	"github.com/nodelocaldns/nodelocaldns/internal/clock"
 	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -34,12 +35,17 @@ type flights struct {
 	// overShare counts new questions refused because their asker held
 	// its share and only the reserve was free (Stats.ShareRejected).
 	overShare *atomic.Uint64
+	// stalled: the questions whose prefetch failed after the client
+	// timeout or later (stall.go), by key, at most max of them; clk
+	// times the flights for it.
+	stalled map[string]struct{}
+	clk     clock.Clock
 }
 
 // newFlights returns flights bounded to max questions, maxWaiters clients
 // waiting on each.
-func newFlights(max, maxWaiters int, overShare *atomic.Uint64) flights {
-	return flights{shares: fair.New(max), maxWaiters: maxWaiters, overShare: overShare}
+func newFlights(max, maxWaiters int, overShare *atomic.Uint64, clk clock.Clock) flights {
+	return flights{shares: fair.New(max), maxWaiters: maxWaiters, overShare: overShare, clk: clock.Or(clk)}
 }
 
 // maxFlightKey is the longest key: a wire name (255 bytes at most, RFC 1035
@@ -70,6 +76,7 @@ type call struct {
 	kept    bool       // entry is the one prefer_positive kept, not the upstream's answer
 	waiters int        // clients waiting on it (under flights.mu)
 	owner   netip.Addr // the first asker, whose flight share it takes
+	started int64      // unix ns (flights.clk), for stall.go
 	// finished: finish has run (under flights.mu).
 	finished bool
 
@@ -111,8 +118,7 @@ func (c *call) addWaiter(w Waiter) {
 }
 
 // join returns the call in flight for q's question, or registers a new one
-// (joined false) owned by q.From (the zero address: the daemon's own work)
-// for the question's block b.
+// (joined false) owned by q's client (owner) for the question's block b.
 // A waiting client (wait) counts against the question's waiter cap until
 // it calls leave. A call returned joined, or new with needDone, has its
 // done channel. ok is false when the call cannot be had: a new question
@@ -150,10 +156,16 @@ func (f *flights) joinWith(q *wire.Query, b *Block, wait, needDone bool, w Waite
 		}
 		return c, true, true
 	}
-	switch f.shares.Take(q.From) {
+	who := owner(q)
+	if who == fair.Prefetch && f.isStalled(k) {
+		return nil, false, false
+	}
+	switch f.shares.Take(who) {
 	case fair.Taken:
 	case fair.OverShare:
-		f.overShare.Add(1)
+		if who != fair.Prefetch { // a prefetch over its share is skipped, not a client refused
+			f.overShare.Add(1)
+		}
 		return nil, false, false
 	default:
 		return nil, false, false
@@ -162,7 +174,7 @@ func (f *flights) joinWith(q *wire.Query, b *Block, wait, needDone bool, w Waite
 	// buffer; the key string is those bytes, which nothing changes.
 	buf := make([]byte, len(k), len(k)+len(k)+upstreamQueryExtra)
 	copy(buf, k)
-	c = &call{key: unsafe.String(&buf[0], len(k)), q: *q, buf: buf, owner: q.From, blk: b}
+	c = &call{key: unsafe.String(&buf[0], len(k)), q: *q, buf: buf, owner: who, blk: b, started: f.clk.Now().UnixNano()}
 	c.q.Name = buf[:len(q.Name):len(q.Name)] // the lower-cased name starts the key
 	if needDone {
 		c.done = make(chan struct{})
@@ -175,6 +187,17 @@ func (f *flights) joinWith(q *wire.Query, b *Block, wait, needDone bool, w Waite
 	}
 	f.calls[c.key] = c
 	return c, false, true
+}
+
+// owner is the client whose share a new flight for q takes: q.Client, the
+// key the server gave it (package fair), or its address when it has none
+// (a caller outside the server); the zero address is held to the bound
+// only.
+func owner(q *wire.Query) netip.Addr {
+	if q.Client.IsValid() {
+		return q.Client
+	}
+	return q.From
 }
 
 // leave ends a client's wait on c.
@@ -199,6 +222,7 @@ func (f *flights) finish(c *call, e *cache.Entry, err error) {
 	c.entry, c.err = e, err
 	delete(f.calls, c.key)
 	f.shares.Put(c.owner)
+	f.noteStall(c, err)
 	done := c.done // no one can join (and make it) once the call is out of the map
 	w0, more := c.w0, c.more
 	c.w0, c.more = nil, nil

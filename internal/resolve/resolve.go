@@ -25,6 +25,7 @@ import (
 
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/panics"
 	"github.com/nodelocaldns/nodelocaldns/internal/wire"
 )
@@ -156,6 +157,10 @@ type Stats struct {
 	// held its share of the flight bound while only the reserve was free
 	// (package fair); the client gets its stale answer or SERVFAIL.
 	ShareRejected atomic.Uint64
+	// PrefetchSkipped: prefetches not started: the prefetches' share of
+	// the flight bound was held, the bound was full, or the question's
+	// last prefetch stalled (stall.go).
+	PrefetchSkipped atomic.Uint64
 	// UpstreamErrors: fetches that failed or returned an unusable answer.
 	UpstreamErrors atomic.Uint64
 }
@@ -190,7 +195,7 @@ func New(cfg Config) (*Resolver, error) {
 		cfg.Logger = slog.Default()
 	}
 	r := &Resolver{cfg: cfg, clk: clock.Or(cfg.Clock)}
-	r.flights = newFlights(cfg.MaxFlights, cfg.MaxWaiters, &r.stats.ShareRejected)
+	r.flights = newFlights(cfg.MaxFlights, cfg.MaxWaiters, &r.stats.ShareRejected, r.clk)
 	return r, nil
 }
 
@@ -421,12 +426,20 @@ func refreshed(e *cache.Entry) bool {
 }
 
 // prefetch refreshes a popular entry near its expiry in the background,
-// through the flights so a concurrent miss shares it. Over the flight bound
-// it is skipped: the entry is then fetched on its first miss.
+// through the flights so a concurrent miss shares it. Prefetches are the
+// daemon's own work, not the client's whose hit started one: they take
+// the prefetch key's share of the flights (package fair: a share, never
+// the reserve). Past it, or while the question's last prefetch stalled
+// (stall.go), it is skipped (counted): the entry is then fetched on its
+// first miss.
 func (r *Resolver) prefetch(q *wire.Query, b *Block) {
 	pq := *q
-	pq.From = netip.Addr{} // the daemon's own work, not the client's share
-	if c, joined, ok := r.flights.join(&pq, b, false, false); ok && !joined {
+	pq.From, pq.FromPort, pq.Client = netip.Addr{}, 0, fair.Prefetch
+	c, joined, ok := r.flights.join(&pq, b, false, false)
+	switch {
+	case !ok:
+		r.stats.PrefetchSkipped.Add(1)
+	case !joined:
 		go r.run(c)
 	}
 }
@@ -515,7 +528,11 @@ func (r *Resolver) store(q *wire.Query, pol *Policy, resp []byte, err error) (_ 
 			return old, true, nil
 		}
 	}
-	r.cfg.Cache.Put(e)
+	if who := owner(q); who.IsValid() && who != fair.Prefetch {
+		r.cfg.Cache.PutFor(e, fair.Owner(who)) // the first asker's entry
+	} else {
+		r.cfg.Cache.Put(e) // a prefetch: the entry it refreshes keeps its owner
+	}
 	if !refreshed(e) {
 		r.refreshFailed(q, pol)
 	}

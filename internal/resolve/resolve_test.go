@@ -496,7 +496,7 @@ func BenchmarkHit(b *testing.B) {
 // A miss nobody joins costs the flights two allocations (the call and its
 // key), and a joined call is found without allocating.
 func TestFlightsAllocs(t *testing.T) {
-	f := newFlights(10, 10, new(atomic.Uint64))
+	f := newFlights(10, 10, new(atomic.Uint64), nil)
 	q := question(t, "Alloc.Example.com.")
 	allocs := testing.AllocsPerRun(100, func() {
 		c, joined, ok := f.join(q, flightBlock, true, false)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
@@ -100,51 +101,57 @@ func readRcode(t *testing.T, c *net.UDPConn) (uint16, int) {
 }
 
 // TestOneClientCannotHoldTheFlightBound: a client asking many names the
-// upstream never answers holds at most the flight bound less its reserve;
-// past that it gets SERVFAIL at once (counted as a share reject), and
-// another client's new question is still sent upstream.
+// upstream never answers holds at most the flight bound's pods' pool less
+// its reserve; past that it gets SERVFAIL at once (counted as a share
+// reject), and another client's new question is still sent upstream.
 func TestOneClientCannotHoldTheFlightBound(t *testing.T) {
-	s, asked := stuckServer(t, nil, func(c *resolve.Config) { c.MaxFlights = 64 }) // reserve 16, share 2
+	const max = 64
+	sh := fair.New(max) // the node's pool 8; the pods' 56: reserve 14
+	held := sh.Max() - sh.NodeMax() - sh.Reserve()
+	s, asked := stuckServer(t, nil, func(c *resolve.Config) { c.MaxFlights = max })
 	hog := udpFrom(t, s, "127.0.0.2")
 	for i := range 60 {
 		sendQ(t, hog, uint16(i), fmt.Sprintf("stuck%d.example.", i))
 	}
-	for range 60 - 48 {
+	for range 60 - held {
 		if _, rc := readRcode(t, hog); rc != dns.RcodeServerFailure {
 			t.Fatalf("hog past its share: rcode %d, want SERVFAIL", rc)
 		}
 	}
-	for deadline := time.Now().Add(3 * time.Second); len(asked) < 48; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(3 * time.Second); len(asked) < held; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d upstream questions, want 48", len(asked))
+			t.Fatalf("%d upstream questions, want %d", len(asked), held)
 		}
 	}
 	good := udpFrom(t, s, "127.0.0.3")
 	sendQ(t, good, 1, "fresh.example.")
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(time.Millisecond) {
-		if len(asked) == 49 {
+		if len(asked) == held+1 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the other client's question was not sent upstream (%d asked)", len(asked))
 		}
 	}
-	if c := s.Snapshot(); c.ShareRejectsFlights != 12 || c.Rejected != 12 {
-		t.Fatalf("share rejects %d rejected %d, want 12 and 12", c.ShareRejectsFlights, c.Rejected)
+	if c := s.Snapshot(); c.ShareRejectsFlights != uint64(60-held) || c.Rejected != uint64(60-held) {
+		t.Fatalf("share rejects %d rejected %d, want %d and %d", c.ShareRejectsFlights, c.Rejected, 60-held, 60-held)
 	}
 }
 
 // TestOneClientCannotHoldTheWaitingBound: a client sending many queries
 // for a few names the upstream never answers (one flight each, so the
-// flight bound does not stop it) holds at most the waiting bound less its
-// reserve; another client's miss is still admitted.
+// flight bound does not stop it) holds at most the waiting bound's pods'
+// pool less its reserve; another client's miss is still admitted.
 func TestOneClientCannotHoldTheWaitingBound(t *testing.T) {
-	s, asked := stuckServer(t, func(c *Config) { c.MaxWaiting = 64 }, nil)
+	const max = 64
+	sh := fair.New(max)
+	held := sh.Max() - sh.NodeMax() - sh.Reserve()
+	s, asked := stuckServer(t, func(c *Config) { c.MaxWaiting = max }, nil)
 	hog := udpFrom(t, s, "127.0.0.2")
 	for i := range 60 {
 		sendQ(t, hog, uint16(i), fmt.Sprintf("stuck%d.example.", i%3))
 	}
-	for range 60 - 48 {
+	for range 60 - held {
 		if _, rc := readRcode(t, hog); rc != dns.RcodeServerFailure {
 			t.Fatalf("hog past its share: rcode %d, want SERVFAIL", rc)
 		}
@@ -156,8 +163,8 @@ func TestOneClientCannotHoldTheWaitingBound(t *testing.T) {
 			t.Fatalf("the other client's question was not sent upstream (%d asked)", len(asked))
 		}
 	}
-	if c := s.Snapshot(); c.ShareRejectsWaiting != 12 {
-		t.Fatalf("waiting share rejects %d, want 12", c.ShareRejectsWaiting)
+	if c := s.Snapshot(); c.ShareRejectsWaiting != uint64(60-held) {
+		t.Fatalf("waiting share rejects %d, want %d", c.ShareRejectsWaiting, 60-held)
 	}
 }
 
@@ -210,7 +217,7 @@ func TestTCPAnswersThatAreNotReadAreBounded(t *testing.T) {
 	s.tcpOutMu.Lock()
 	held := s.tcpOut.Held(netip.MustParseAddr("127.0.0.2"))
 	s.tcpOutMu.Unlock()
-	if max := (MaxTCPAnswerBytes >> 10) * 3 / 4; held > max {
+	if max := (MaxTCPAnswerBytes >> 10) * 7 / 8 * 3 / 4; held > max { // the pods' pool less its reserve
 		t.Fatalf("the client holds %d KiB of answers, more than %d", held, max)
 	}
 	// Another client gets its large answer at once.

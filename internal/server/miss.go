@@ -123,23 +123,25 @@ func (s *Server) startMiss(m *missReq) (ready bool) {
 			panics.Recovered(panics.Miss, p, m.raw)
 			if !handed {
 				if admitted {
-					s.release(m.q.From)
+					s.release(m.q.Client)
 				}
 				s.finishMiss(s.recoveredMiss(m))
 			}
 		}
 	}()
-	if !m.q.From.IsValid() {
+	if !m.tcp {
 		// Every miss knows its client: the shares of the waiting and the
-		// flight bounds are per client.
-		m.q.From = m.client().Addr()
+		// flight bounds are per client (its key: the node's by port,
+		// package fair); over TCP the connection's.
+		ap := m.client()
+		m.q.From, m.q.Client = ap.Addr(), s.cfg.Clients.Key(ap.Addr(), ap.Port())
 	}
 	if len(m.blk.Answer.Forwarders()) > 0 {
 		// The client's port goes with the question to its upstream fetch
 		// (dnstap's FORWARDER_* name the first asker, as CoreDNS's do).
 		m.q.FromPort = m.client().Port()
 	}
-	if !s.admit(m.q.From) {
+	if !s.admit(m.q.Client) {
 		m.source = answer.FromOverload
 		m.out = s.shed(m)
 		handed = true
@@ -188,7 +190,7 @@ func (s *Server) missWorker(m *missReq) {
 	var idle *time.Timer // real time: when to exit is not what tests observe
 	for {
 		s.resolveGuarded(m)
-		s.release(m.q.From)
+		s.release(m.q.Client)
 		s.finishMiss(m)
 		if idle == nil {
 			idle = time.NewTimer(missWorkerIdle)
@@ -243,17 +245,10 @@ func (s *Server) recoveredMiss(m *missReq) *missReq {
 func (m *missReq) Resolved(e *cache.Entry, err error) {
 	s := m.srv
 	m.out = s.written(m, e, false, err)
-	s.release(m.q.From)
-	if m.tcp {
-		// A TCP client that stops reading would block the write (up to
-		// its timeout), and with it every answer behind this one on the
-		// upstream's reader: its own goroutine writes it.
-		go func() {
-			s.finishMiss(m)
-			s.missWG.Done()
-		}()
-		return
-	}
+	s.release(m.q.Client)
+	// Over TCP the answer is queued for the connection's writer
+	// (tcpanswers.go): a client that stops reading blocks neither this
+	// goroutine nor the answers behind this one.
 	s.finishMiss(m)
 	s.missWG.Done()
 }

@@ -111,6 +111,11 @@ type Config struct {
 	// Autopath, when set, answers pods' search-path queries (autopath.go);
 	// nil costs one comparison per query.
 	Autopath Autopath
+	// Clients maps a client's address to its key in every bound's shares
+	// and in the cache (package fair: loopback and the node's own
+	// addresses are the node, by source port); nil: every address is its
+	// own client.
+	Clients *fair.Clients
 }
 
 func (c *Config) setDefaults() {
@@ -276,12 +281,13 @@ type request struct {
 	t   time.Time // when it arrived
 	now int64     // t in unix ns
 	// from is the client's address when askers are recorded
-	// (SetRecordAskers), else zero.
-	from netip.Addr
-	tcp  bool
-	st   *Stats
-	cd   cdObserver
-	k    cdKey
+	// (SetRecordAskers), else zero; owner is the client as the cache
+	// counts its clients (wire.Query.Client on a hit: hitKey).
+	from, owner netip.Addr
+	tcp         bool
+	st          *Stats
+	cd          cdObserver
+	k           cdKey
 	// res is the resolver of the query's view and blk its block (nil: no
 	// block: a malformed query, the health name), found once, right after
 	// parsing; depth is how many of blk.Answer's handlers let the query
@@ -392,7 +398,7 @@ func (s *Server) answer(r *request, out []byte) ([]byte, verdict, int) {
 	r.blk, r.depth, r.res = nil, 0, nil
 	start := len(out)
 	err := wire.ParseQuery(raw, q)
-	q.From = r.from
+	q.From, q.Client = r.from, r.owner
 	st.countRequest(tcp)
 	if err != nil {
 		rcode, how := wire.RcodeFormErr, ansMalformed
@@ -465,6 +471,17 @@ func (s *Server) maxSize(q *wire.Query, tcp bool) int {
 		return wire.MinUDPSize
 	}
 	return int(min(q.Size, s.cfg.MaxClientUDPSize))
+}
+
+// hitKey is the client of a hit as the cache counts an entry's clients
+// (its popularity): a loopback address is the node, any other its own
+// (the node's other addresses, a few, count as clients of their own: the
+// hit path does not look them up). Constant time, no allocation.
+func (s *Server) hitKey(a netip.Addr) netip.Addr {
+	if s.cfg.Clients != nil && a.IsLoopback() {
+		return fair.Node
+	}
+	return a
 }
 
 // admit takes a waiting slot for a miss of client c, or reports false

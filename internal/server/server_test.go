@@ -18,6 +18,7 @@ import (
 	"github.com/nodelocaldns/nodelocaldns/internal/answer"
 	"github.com/nodelocaldns/nodelocaldns/internal/cache"
 	"github.com/nodelocaldns/nodelocaldns/internal/clock"
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/internal/resolve"
 )
 
@@ -192,22 +193,26 @@ func TestTCPConnectionBound(t *testing.T) {
 // table loses its own longest-idle connection to a new one of its own,
 // never another client's; a newcomer takes the heaviest client's.
 func TestTCPShareEvictsTheClientsOwn(t *testing.T) {
-	s, _ := startServer(t, func(c *Config) { c.MaxTCPConns = 40 }) // reserve 10, share 1
+	const max = 40
+	sh := fair.New(max) // the node's pool 5; the pods' 35: reserve 8, share 1
+	pods := sh.Max() - sh.NodeMax()
+	s, _ := startServer(t, func(c *Config) { c.MaxTCPConns = max })
 	dialFrom := func(src string) net.Conn { return tcpFrom(t, s, src) }
 	waitConns := func(n int64) { waitTCPConns(t, s, n) }
 	other := dialFrom("127.0.0.3")
 	waitConns(1)
 	var hog []net.Conn
-	for i := range 30 { // 40 less the reserve (10) less other's 1: 29, then full of its own
+	held := pods - sh.Reserve() // the pods' pool less the reserve: other's 1 and the hog's
+	for i := range held {       // the last one: full of its own
 		hog = append(hog, dialFrom("127.0.0.2"))
-		waitConns(int64(min(i+2, 30)))
+		waitConns(int64(min(i+2, held)))
 	}
 	// The last one took the hog's own longest-idle connection: the count
-	// stays 30, so wait for the eviction itself.
+	// stays, so wait for the eviction itself.
 	for deadline := time.Now().Add(3 * time.Second); s.Snapshot().TCPEvicted == 0 && time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 	}
-	if c := s.Snapshot(); c.TCPConns != 30 || c.ShareRejectsTCP != 0 || c.TCPEvicted != 1 {
-		t.Fatalf("conns %d share rejects %d evicted %d, want 30, 0, 1", c.TCPConns, c.ShareRejectsTCP, c.TCPEvicted)
+	if c := s.Snapshot(); c.TCPConns != int64(held) || c.ShareRejectsTCP != 0 || c.TCPEvicted != 1 {
+		t.Fatalf("conns %d share rejects %d evicted %d, want %d, 0, 1", c.TCPConns, c.ShareRejectsTCP, c.TCPEvicted, held)
 	}
 	_ = other.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	if _, err := other.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -218,22 +223,22 @@ func TestTCPShareEvictsTheClientsOwn(t *testing.T) {
 		t.Fatalf("the hog's longest-idle connection: %v, want it closed", err)
 	}
 	// Newcomers get in at once, from the reserve.
-	for i := range 10 {
+	for i := range sh.Reserve() {
 		dialFrom(fmt.Sprintf("127.0.1.%d", i+1))
 	}
-	waitConns(40)
-	// The table is full: one more newcomer takes the heaviest client's
-	// longest-idle connection.
+	waitConns(int64(pods))
+	// The pods' pool is full: one more newcomer takes the heaviest
+	// client's longest-idle connection.
 	dialFrom("127.0.2.1")
 	_ = hog[1].SetReadDeadline(time.Now().Add(3 * time.Second))
 	if _, err := hog[1].Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("the heaviest client's longest-idle connection: %v, want it closed", err)
 	}
 	// The evicted connection may close before the newcomer is counted in
-	// its place (39 for a moment): wait for the count, then check.
-	waitConns(40)
-	if c := s.Snapshot(); c.TCPConns != 40 || c.TCPEvicted != 2 || c.TCPRefused != 0 {
-		t.Fatalf("conns %d evicted %d refused %d, want 40, 2, 0", c.TCPConns, c.TCPEvicted, c.TCPRefused)
+	// its place (one less for a moment): wait for the count, then check.
+	waitConns(int64(pods))
+	if c := s.Snapshot(); c.TCPConns != int64(pods) || c.TCPEvicted != 2 || c.TCPRefused != 0 {
+		t.Fatalf("conns %d evicted %d refused %d, want %d, 2, 0", c.TCPConns, c.TCPEvicted, c.TCPRefused, pods)
 	}
 }
 

@@ -85,6 +85,12 @@ type Counters struct {
 	// client held its share and no idle connection of its could go).
 	ShareRejectsFlights, ShareRejectsWaiting, ShareRejectsTCP uint64
 	TCPEvicted, TCPOversized, TCPAnswerDrops                  uint64
+	// PrefetchSkipped: prefetches not started (the prefetches' share of
+	// the flights held, or the question's last prefetch stalled).
+	PrefetchSkipped uint64
+	// TCPAnswerBytes: what the answers waiting to be written to TCP
+	// clients hold now, as the bound on them counts it (MaxTCPAnswerBytes).
+	TCPAnswerBytes int64
 }
 
 func (c *Counters) add(st *Stats) {
@@ -115,8 +121,11 @@ func (s *Server) Snapshot() Counters {
 	all := s.allRes
 	c.Rejected, c.Coalesced, c.UpstreamErrors = s.retired.Rejected, s.retired.Coalesced, s.retired.UpstreamErrors
 	c.CacheMisses, c.StaleServed = s.retired.CacheMisses, s.retired.StaleServed
-	c.ShareRejectsFlights = s.retired.ShareRejectsFlights
+	c.ShareRejectsFlights, c.PrefetchSkipped = s.retired.ShareRejectsFlights, s.retired.PrefetchSkipped
 	s.mu.Unlock()
+	s.tcpOutMu.Lock()
+	c.TCPAnswerBytes = int64(s.tcpOut.Used()) << 10
+	s.tcpOutMu.Unlock()
 	for _, r := range all {
 		addResolverStats(&c, r)
 	}
@@ -135,6 +144,7 @@ func addResolverStats(c *Counters, r *resolve.Resolver) {
 	c.CacheMisses += rs.Misses.Load()
 	c.StaleServed += rs.Stale.Load()
 	c.ShareRejectsFlights += rs.ShareRejected.Load()
+	c.PrefetchSkipped += rs.PrefetchSkipped.Load()
 }
 
 // RcodeLabel names index i of Counters.Responses.

@@ -53,7 +53,8 @@ func (s *Server) serveTCP(l *tcpListener) {
 		}
 		// Accepted during Shutdown: the client has sent, or is sending, its
 		// query; it is answered (the connection drains like the others).
-		tc := &tcpConn{c: c, client: remoteAddrPort(c).Addr(), addrIdx: addrIdx, wild: wild, slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout, wtimeout: s.cfg.TCPWriteTimeout}
+		client := remoteAddrPort(c).Addr()
+		tc := &tcpConn{c: c, client: client, key: s.cfg.Clients.Key(client, 0), addrIdx: addrIdx, wild: wild, slots: make(chan struct{}, s.cfg.MaxTCPPipeline), timeout: s.cfg.TCPReadTimeout, wtimeout: s.cfg.TCPWriteTimeout}
 		tc.idleSince.Store(time.Now().UnixNano())
 		if !s.addConn(tc) {
 			_ = c.Close()
@@ -68,21 +69,23 @@ func (s *Server) serveTCP(l *tcpListener) {
 }
 
 // addConn admits a new connection: within its client's share of
-// MaxTCPConns (package fair) it is taken. Otherwise an idle connection
-// makes room (closed, counted in TCPEvicted): the client's own longest-idle
-// one when the client holds its share, else the longest-idle one of the
-// heaviest client, else the longest-idle one of all. With none idle it is
-// refused (TCPShareRejects when it was its client's share, TCPRefused when
-// the table was full): a client then retries or uses UDP, and the server
-// keeps its memory.
+// MaxTCPConns (package fair) it is taken. Otherwise a connection that is
+// idle, or has sat on a partial query for tcpStuckAfter, makes room
+// (closed, counted in TCPEvicted): the client's own longest-waiting one
+// when the client holds its share, else the longest-waiting one of the
+// heaviest client, else the longest-waiting one of all in its pool. With
+// none it is refused (TCPShareRejects when it was its client's share,
+// TCPRefused when the table was full): a client then retries or uses UDP,
+// and the server keeps its memory.
 func (s *Server) addConn(tc *tcpConn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if v := s.tcpShares.Take(tc.client); v != fair.Taken {
-		prefer, anyone := s.tcpShares.MakeRoom(tc.client, v)
-		victim := s.longestIdle(func(o *tcpConn) bool { return o.client == prefer })
+	if v := s.tcpShares.Take(tc.key); v != fair.Taken {
+		prefer, anyone := s.tcpShares.MakeRoom(tc.key, v)
+		now := time.Now().UnixNano()
+		victim := s.longestIdle(now, func(o *tcpConn) bool { return o.key == prefer })
 		if victim == nil && anyone {
-			victim = s.longestIdle(func(*tcpConn) bool { return true })
+			victim = s.longestIdle(now, func(o *tcpConn) bool { return s.tcpShares.SamePool(o.key, tc.key) })
 		}
 		if victim == nil {
 			if v == fair.OverShare {
@@ -93,7 +96,7 @@ func (s *Server) addConn(tc *tcpConn) bool {
 			return false
 		}
 		s.evict(victim)
-		s.tcpShares.Replace(victim.client, tc.client)
+		s.tcpShares.Replace(victim.key, tc.key)
 	}
 	s.stats.TCPConns.Add(1)
 	s.conns[tc.c] = tc
@@ -101,22 +104,37 @@ func (s *Server) addConn(tc *tcpConn) bool {
 	return true
 }
 
-// longestIdle is the connection, among those ok accepts, that has been
-// idle the longest (waiting for a query, none of its misses outstanding),
-// or nil. s.mu is held; a walk over the connections, for a full table.
-func (s *Server) longestIdle(ok func(*tcpConn) bool) *tcpConn {
+// longestIdle is the connection, among those ok accepts and none of whose
+// misses are outstanding, that has waited the longest: for a query
+// (idle), or on the rest of one that began tcpStuckAfter ago or more
+// (stuck: a client that sends a byte of a query and no more holds its
+// place only that long when others need it). nil when there is none. s.mu
+// is held; a walk over the connections, for a full table.
+func (s *Server) longestIdle(now int64, ok func(*tcpConn) bool) *tcpConn {
 	var best *tcpConn
 	var since int64
 	for _, o := range s.conns {
-		if o.evicted || o.state.Load() == connBusy || len(o.slots) > 0 || !ok(o) {
+		if o.evicted || len(o.slots) > 0 || !ok(o) {
 			continue
 		}
-		if t := o.idleSince.Load(); best == nil || t < since {
+		t := o.idleSince.Load()
+		if o.state.Load() == connBusy {
+			if t = o.busySince.Load(); now-t < int64(tcpStuckAfter) {
+				continue
+			}
+		}
+		if best == nil || t < since {
 			best, since = o, t
 		}
 	}
 	return best
 }
+
+// tcpStuckAfter is how long a connection may sit on a partial query before
+// it may be closed to make room for another client's: a query is one
+// segment, or a few sent at once; a client whose query has not all
+// arrived within half a second is not sending it.
+const tcpStuckAfter = 500 * time.Millisecond
 
 // evict closes an idle connection to make room; its place is given up at
 // once (s.mu is held; its unit goes to the new connection: Replace), its
@@ -137,7 +155,7 @@ func (s *Server) removeConn(tc *tcpConn) {
 		return
 	}
 	delete(s.conns, tc.c)
-	s.tcpShares.Put(tc.client)
+	s.tcpShares.Put(tc.key)
 	s.stats.TCPConns.Add(-1)
 }
 
@@ -146,22 +164,33 @@ func (s *Server) removeConn(tc *tcpConn) {
 // their upstream answers.
 type tcpConn struct {
 	c      net.Conn
-	client netip.Addr // the remote address, whose share it takes
+	client netip.Addr // the remote address
+	// key is the client's key (package fair): the remote address, or the
+	// node's for loopback and the node's addresses; its share is taken.
+	key netip.Addr
 	// addrIdx: its listener's index in Config.Addrs; wild: the listener
 	// is the wildcard one.
 	addrIdx int
 	wild    bool
-	// idleSince: when it last began waiting for a query (unix ns), for
-	// choosing the longest-idle connection; evicted (under Server.mu):
+	// idleSince: when it last began waiting for a query, busySince: when
+	// the query it is reading began (unix ns), for choosing the
+	// connection to close (longestIdle); evicted (under Server.mu):
 	// closed to make room, its place already given up.
 	idleSince atomic.Int64
+	busySince atomic.Int64
 	evicted   bool
 	wmu       sync.Mutex
-	pending   sync.WaitGroup
-	slots     chan struct{}
-	timeout   time.Duration // reading a query
-	wtimeout  time.Duration // writing answers
-	state     atomic.Int32  // connFirst, connIdle or connBusy
+	// The answers to misses waiting to be written, in order, and whether
+	// a writer drains them (under qmu; tcpanswers.go).
+	qmu      sync.Mutex
+	queue    []*missReq
+	writing  bool
+	broken   bool // a write failed: the rest are dropped
+	pending  sync.WaitGroup
+	slots    chan struct{}
+	timeout  time.Duration // reading a query
+	wtimeout time.Duration // writing answers
+	state    atomic.Int32  // connFirst, connIdle or connBusy
 }
 
 // States of a TCP connection, for draining.
@@ -219,7 +248,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 	state := connFirst
 	addrIdx := tc.addrIdx
 	req.wild, req.v6 = tc.wild, tc.client.Is6()
-	req.client, req.local = remoteAddrPort(c), localAddr(c)
+	req.client, req.local, req.owner = remoteAddrPort(c), localAddr(c), fair.Owner(tc.key)
 	if s.cd != nil {
 		req.cd = cdObserver{c: s.cd, srv: addrIdx}
 	}
@@ -270,7 +299,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			return
 		}
 		m := newMiss(req)
-		m.q.From = tc.client
+		m.q.From, m.q.Client = tc.client, tc.key
 		m.tc = tc
 		tc.pending.Add(1)
 		s.startMiss(m)
@@ -297,6 +326,7 @@ func (s *Server) waitQuery(tc *tcpConn, r *bufio.Reader, state int32) bool {
 	if _, err := r.Peek(1); err != nil {
 		return false
 	}
+	tc.busySince.Store(time.Now().UnixNano())
 	tc.state.Store(connBusy)
 	_ = c.SetReadDeadline(time.Now().Add(s.cfg.TCPReadTimeout))
 	return true
@@ -382,43 +412,6 @@ func readMsg(r *bufio.Reader, buf []byte) ([]byte, error) {
 	return buf, nil
 }
 
-// deliverTCP writes a miss's answer within the bound on TCP answers being
-// written (MaxTCPAnswerBytes, by client share). An answer that would pass
-// it, or its client's share while only the reserve is free, is dropped and
-// its connection closed: a client whose answers pile up does not read
-// them, and what it leaves unread must not grow without bound (answers
-// wait for a blocked write up to the read timeout, each a goroutine with
-// its buffer: 32 per connection of up to 64 KiB).
-func (s *Server) deliverTCP(m *missReq) {
-	tc := m.tc
-	kib := (len(m.out) + 1023) >> 10
-	s.tcpOutMu.Lock()
-	v := s.tcpOut.TakeN(tc.client, kib)
-	s.tcpOutMu.Unlock()
-	if v != fair.Taken {
-		s.stats.TCPAnswerDrops.Add(1)
-		_ = tc.c.Close()
-		m.out = m.out[:2] // dropped
-		tc.deliver(m)
-		return
-	}
-	tc.deliver(m)
-	s.tcpOutMu.Lock()
-	s.tcpOut.PutN(tc.client, kib)
-	s.tcpOutMu.Unlock()
-}
-
-// deliver writes a miss's answer, frees its pipeline slot and returns it
-// to the pool.
-func (tc *tcpConn) deliver(m *missReq) {
-	if len(m.out) > 2 { // only the length's room: dropped (autopath.go)
-		tc.write(m.out)
-	}
-	<-tc.slots
-	tc.pending.Done()
-	putMiss(m)
-}
-
 // flush writes the pending answers, if any.
 func (tc *tcpConn) flush(pend *[]byte) bool {
 	if len(*pend) == 0 {
@@ -454,17 +447,6 @@ func buffered(r *bufio.Reader) bool {
 	}
 	lb, _ := r.Peek(2)
 	return r.Buffered() >= 2+int(binary.BigEndian.Uint16(lb))
-}
-
-// write sends one answer (out starts with two bytes of room for the length
-// prefix) under the connection's write lock.
-func (tc *tcpConn) write(out []byte) bool {
-	n := len(out) - 2
-	if n > 0xFFFF {
-		return false
-	}
-	binary.BigEndian.PutUint16(out, uint16(n))
-	return tc.writeRaw(out)
 }
 
 // writeRaw sends length-prefixed answers under the connection's write lock.

@@ -407,10 +407,11 @@ func (s *Server) answerBatch(l *udpListener, b *batch, n, addrIdx int) (handed b
 			}
 		}
 		start := len(b.out)
+		src := sockaddrAddrPort(name).Addr()
 		if askers {
-			from = sockaddrAddrPort(name).Addr()
+			from = src
 		}
-		req.raw, req.from, req.sa = raw, from, name
+		req.raw, req.from, req.owner, req.sa = raw, from, s.hitKey(src), name
 		out, v := s.answerGuarded(req, b.out)
 		switch v {
 		case dropped:

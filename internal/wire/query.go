@@ -129,6 +129,12 @@ type Query struct {
 	// (the Corefile's dnstap names the first asker's address and port in
 	// the upstream exchange's messages); ParseQuery clears it.
 	FromPort uint16
+	// Client is the client's key for fairness (package fair: its
+	// address, or one of the node's keys for loopback and the node's own
+	// addresses), set by the transport after parsing; ParseQuery clears
+	// it. A hit counts it among the entry's clients (its popularity), a
+	// miss's flight and the entry it stores are its.
+	Client netip.Addr
 	// View is not read from the packet (ParseQuery keeps it): the server
 	// sets it from the address the query arrived on (the Corefile's blocks
 	// seen there). It is part of the cache key, so two views keep separate

@@ -11,23 +11,36 @@ import (
 // metric returns the value of an unlabelled series on the daemon's /metrics.
 func (d *daemon) metric(t *testing.T, name string) float64 {
 	t.Helper()
+	v, ok := d.metrics2(t, name)[name]
+	if !ok {
+		t.Fatalf("no %s on /metrics", name)
+	}
+	return v
+}
+
+// metrics2 returns the values of the unlabelled series names on the
+// daemon's /metrics (absent: not served, an older build's).
+func (d *daemon) metrics2(t *testing.T, names ...string) map[string]float64 {
+	t.Helper()
 	resp, err := http.Get("http://" + d.metrics + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
+		for _, name := range names {
+			if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				out[name] = f
 			}
-			return f
 		}
 	}
-	t.Fatalf("no %s on /metrics", name)
-	return 0
+	return out
 }
 
 // The binary's garbage-collector policy (internal/gcfloor, set in main):

@@ -19,17 +19,15 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/nodelocaldns/nodelocaldns/internal/fair"
 	"github.com/nodelocaldns/nodelocaldns/test/testhost"
 )
 
 const (
 	// maxInflight is the daemon's default -max-inflight (resolve.DefaultMaxInflight).
 	maxInflight = 1024
-	// hostileConns client TCP connections announce the longest query the
-	// daemon takes (2048 bytes, server.MaxTCPQuery: a longer one is closed
-	// at once) and send 2 bytes of it: 10 under the default -max-tcp-conns
-	// (1000), so the test's own TCP clients get in.
-	hostileConns = 990
+	// maxTCPConns is the daemon's default -max-tcp-conns.
+	maxTCPConns = 1000
 	// bigAnswer is the size of the large answers kube-dns sends (close to
 	// the 65,535 a TCP frame can hold).
 	bigAnswer = 60000
@@ -301,37 +299,60 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// perClient is how many misses or connections one source address makes:
-// the daemon apportions its bounds by client (internal/fair: a client may
-// hold 32 of the 1024 flights, 64 of the 2048 waiting clients, 31 of the
-// 1000 TCP connections while the reserve is kept), so filling a bound
-// takes many clients, as on a node with many pods.
-const perClient = 30
-
-// clientAddr is the source address of the i-th hostile client of a kind
-// (kind picks the second octet: each kind's clients are different ones).
+// clientAddr is the source address of the i-th hostile pod of a kind
+// (kind picks the second octet: each kind's pods are different ones), on
+// the pod network of the tests' network namespace (inNeighbourNetns).
 func clientAddr(kind, i int) string {
-	return fmt.Sprintf("127.%d.%d.%d", 10+kind, 1+i/250, 1+i%250)
+	return fmt.Sprintf("10.%d.%d.%d", 64+kind, i/250, 1+i%250)
 }
 
-// sendMisses sends n distinct questions under suffix over UDP, perClient
-// from each source address (clients of the given kind), without waiting
-// for answers (there are none).
-func sendMisses(t *testing.T, addr, suffix string, n, kind int) {
+// sources hands out the source addresses of misses that fill the flight
+// bound: the daemon apportions its bounds by client (internal/fair), and
+// a client that holds some gets none of a bound's last units (its
+// newcomers' part, an eighth of its pods' pool), nor of the node's pool (an
+// eighth of the bound), so filling one takes a pod per miss for the pods'
+// pool (pods), then a socket of the node's (loopback: "") per miss for
+// the node's (node).
+type sources struct {
+	kind, n    int
+	pods, node int // what is left of each pool
+}
+
+func newSources(kind int) *sources {
+	sh := fair.New(maxInflight)
+	return &sources{kind: kind, pods: sh.Max() - sh.NodeMax(), node: sh.NodeMax()}
+}
+
+// next is the next miss's source: a new pod, or "" for a new socket of
+// the node's.
+func (s *sources) next() string {
+	if s.pods > 0 {
+		s.pods--
+		s.n++
+		return clientAddr(s.kind, s.n-1)
+	}
+	s.node--
+	return ""
+}
+
+// sendMisses sends n distinct questions under suffix over UDP, each from
+// a source of src's, without waiting for answers (there are none).
+func sendMisses(t *testing.T, addr, suffix string, n int, src *sources) {
 	t.Helper()
 	dst, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c *net.UDPConn
 	for i := range n {
-		if i%perClient == 0 {
-			src := &net.UDPAddr{IP: net.ParseIP(clientAddr(kind, i/perClient))}
-			if c, err = net.DialUDP("udp", src, dst); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func(c *net.UDPConn) func() { return func() { c.Close() } }(c))
+		var laddr *net.UDPAddr
+		if a := src.next(); a != "" {
+			laddr = &net.UDPAddr{IP: net.ParseIP(a)}
 		}
+		c, err := net.DialUDP("udp", laddr, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
 		m := new(dns.Msg)
 		m.SetQuestion(fmt.Sprintf("q%d.%s", i, suffix), dns.TypeA)
 		m.SetEdns0(1232, false)
@@ -349,7 +370,7 @@ func sendMisses(t *testing.T, addr, suffix string, n, kind int) {
 // upstream (the metric of upstream queries in flight says when).
 func holdMisses(t *testing.T, d *daemon, suffix string) {
 	t.Helper()
-	sendMisses(t, d.addr, suffix, maxInflight, 1)
+	sendMisses(t, d.addr, suffix, maxInflight, newSources(1))
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d misses in flight", maxInflight), func() bool {
 		return d.inflight(t) >= maxInflight
 	})
@@ -368,6 +389,9 @@ func report(t *testing.T, d *daemon, ready int64, budgetMiB int64) {
 // -max-inflight misses to external names, outstanding against a node
 // resolver that never answers (UDP).
 func TestPeakRSSMissesUDP(t *testing.T) {
+	if !inNeighbourNetns(t, "TestPeakRSSMissesUDP") {
+		return
+	}
 	nodeIP, kube, seen, _ := silentUpstreams(t)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
@@ -379,6 +403,9 @@ func TestPeakRSSMissesUDP(t *testing.T) {
 // -max-inflight misses to cluster names, outstanding against kube-dns that
 // reads them over TCP and never answers.
 func TestPeakRSSMissesTCP(t *testing.T) {
+	if !inNeighbourNetns(t, "TestPeakRSSMissesTCP") {
+		return
+	}
 	nodeIP, kube, _, seen := silentUpstreams(t)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
@@ -387,19 +414,29 @@ func TestPeakRSSMissesTCP(t *testing.T) {
 	report(t, d, ready, budgetMisses)
 }
 
-// Everything hostile at once: -max-inflight misses outstanding (half to a
-// silent node resolver over UDP, half to a silent kube-dns over TCP),
-// 990 client TCP connections each announcing a 2,048-byte query and
-// sending 2 bytes of it, and clients fetching ~60 KB answers from kube-dns
-// over TCP.
+// Everything hostile at once: the flight bound held (half to a silent node
+// resolver over UDP, half to a silent kube-dns over TCP) but for the
+// newcomers' part of its pods' pool and the large answers' flights, the
+// client TCP connection table full but for 10 (each announcing a
+// 2,048-byte query and sending 2 bytes of it), and clients fetching ~60 KB
+// answers from kube-dns over TCP.
 func TestPeakRSSEverythingHostile(t *testing.T) {
+	if !inNeighbourNetns(t, "TestPeakRSSEverythingHostile") {
+		return
+	}
 	nodeIP, kube, _, _ := silentUpstreams(t)
 	d := startDaemon(t, nodeIP, kube)
 	ready := d.status(t, "VmRSS")
 
-	// The hostile TCP clients, perClient connections per source address.
-	for i := range hostileConns {
-		dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(clientAddr(50, i/perClient))}}
+	// The hostile TCP clients: a pod each, 10 short of the pods' pool, and
+	// as many as the node may hold of its pool from loopback.
+	conns := fair.New(maxTCPConns)
+	podConns := conns.Max() - conns.NodeMax() - 10
+	for i := range podConns + conns.NodeMax()*3/4 {
+		var dl net.Dialer
+		if i < podConns {
+			dl.LocalAddr = &net.TCPAddr{IP: net.ParseIP(clientAddr(50, i))}
+		}
 		c, err := dl.Dial("tcp", d.addr)
 		if err != nil {
 			t.Fatalf("hostile connection %d: %v", i, err)
@@ -410,25 +447,29 @@ func TestPeakRSSEverythingHostile(t *testing.T) {
 		}
 	}
 
-	// The misses: -max-inflight less the 64 the large answers use, half
-	// each way, so the flight bound is full while large answers flow.
-	silent := maxInflight - bigClients*bigPipeline
-	sendMisses(t, d.addr, "silent.example.com.", silent/2, 1)
-	sendMisses(t, d.addr, "silent.default.svc.cluster.local.", silent/2, 2)
+	// The misses: a pod each in the pods' pool but for its newcomers' part
+	// and the 64 the large answers use, and the node's pool, half each
+	// way.
+	src := newSources(1)
+	src.pods -= fair.New(maxInflight).Fresh() + bigClients*bigPipeline
+	silent := src.pods + src.node
+	sendMisses(t, d.addr, "silent.example.com.", silent/2, src)
+	sendMisses(t, d.addr, "silent.default.svc.cluster.local.", silent-silent/2, src)
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d misses in flight", silent), func() bool {
 		return d.inflight(t) >= float64(silent)
 	})
 
-	// Large answers: bigClients TCP clients (within -max-tcp-conns with
-	// the hostile ones) each fetch distinct ~60 KB answers from kube-dns,
-	// bigPipeline at a time, for 8 rounds.
+	// Large answers: bigClients TCP clients, a pod each (within
+	// -max-tcp-conns with the hostile ones), each fetch distinct ~60 KB
+	// answers from kube-dns, bigPipeline at a time, for 8 rounds.
 	var got atomic.Int64
 	var wg sync.WaitGroup
 	for c := range bigClients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := net.Dial("tcp", d.addr)
+			dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(clientAddr(3, c))}}
+			conn, err := dl.Dial("tcp", d.addr)
 			if err != nil {
 				t.Error(err)
 				return
