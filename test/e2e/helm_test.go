@@ -120,6 +120,15 @@ func TestHelmUpgradeLosesNoLookup(t *testing.T) {
 		"crd/podmonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
 	before := nldPods(t)
 	local := startResolver(t)
+	// Both loops end on the pod's /tmp/stop, which the first removes as
+	// it starts (an earlier test's stop leaves it): the second starts only
+	// after, or it would see the old file and end at once (0 lookups).
+	poll(t, 30*time.Second, func() error {
+		if !strings.Contains(local.out.String(), "started") {
+			return fmt.Errorf("lookup loop not started: %s", local.out.String())
+		}
+		return nil
+	})
 	cluster := startResolverIn(t, clientPod, strings.Replace(lrpLoop(kubeDNSIP), "rm -f /tmp/stop; ", "", 1))
 	poll(t, 30*time.Second, func() error {
 		if !strings.Contains(local.out.String(), "started") || !strings.Contains(cluster.out.String(), "started") {
