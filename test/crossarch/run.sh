@@ -49,7 +49,7 @@ pkgs=(./internal/wire ./internal/cache ./internal/server ./internal/forward ./in
 # Every test of netsetup that asks for a link by name (LinkByName and the
 # link dump send RTM_GETLINK): on s390x QEMU hands the kernel a
 # big-endian request, which it refuses (EINVAL).
-s390x_skip='^(TestDNSWithoutConntrack|TestEnsureLinkAdopt|TestEnsureLinkDummy|TestEnsureLinkNoDummy|TestLinkRepair|TestRules|TestRulesExtraPort|TestLockWait)$'
+s390x_skip='^(TestDNSWithoutConntrack|TestFallbackLifecycle|TestNodeListenerFallsBackToTheNodeResolvers|TestEnsureLinkAdopt|TestEnsureLinkDummy|TestEnsureLinkNoDummy|TestLinkRepair|TestRules|TestRulesExtraPort|TestLockWait)$'
 # emutest ARCH EMULATOR [go test args]: the tests under the emulator, their
 # verbose output kept in $out and shown whole when they fail. netsetup's
 # re-executed children are bounded (50 s) and one killed is tried once more
